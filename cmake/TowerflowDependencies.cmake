@@ -1,0 +1,93 @@
+# Finds every dependency once. Each optional backend is AUTO|ON|OFF: AUTO uses what it finds,
+# ON fails here with what is missing and how to install it, OFF skips the search.
+find_package(Threads REQUIRED)
+
+find_package(Eigen3 3.3 CONFIG QUIET)
+if(NOT Eigen3_FOUND)
+  message(FATAL_ERROR "Eigen 3 was not found. Install it with: sudo apt-get install libeigen3-dev "
+                      "(or run scripts/install_deps.sh)")
+endif()
+find_package(nlohmann_json 3 CONFIG QUIET)
+if(NOT nlohmann_json_FOUND)
+  message(FATAL_ERROR "nlohmann-json was not found. Install it with: sudo apt-get install nlohmann-json3-dev "
+                      "(or run scripts/install_deps.sh)")
+endif()
+find_package(CLI11 CONFIG QUIET)
+if(NOT CLI11_FOUND)
+  message(FATAL_ERROR "CLI11 was not found. Install it with: sudo apt-get install libcli11-dev "
+                      "(or run scripts/install_deps.sh)")
+endif()
+find_package(JPEG QUIET)
+find_package(PNG QUIET)
+set(TW_HAVE_JPEG ${JPEG_FOUND})
+set(TW_HAVE_PNG ${PNG_FOUND})
+
+if(TOWERFLOW_BUILD_TESTS)
+  find_package(Catch2 2 CONFIG QUIET)
+  if(NOT Catch2_FOUND)
+    message(FATAL_ERROR "Catch2 was not found. Install it with: sudo apt-get install catch2 "
+                        "(or configure with -DTOWERFLOW_BUILD_TESTS=OFF)")
+  endif()
+endif()
+if(TOWERFLOW_BUILD_BENCH)
+  find_package(benchmark CONFIG QUIET)
+  set(TW_HAVE_GBENCH ${benchmark_FOUND})
+endif()
+
+# ---- CUDA ------------------------------------------------------------------------------------
+set(TW_HAVE_CUDA OFF)
+string(TOUPPER "${TOWERFLOW_CUDA}" _tw_cuda)
+if(NOT _tw_cuda STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)   # A100 and H100; extend with -DCMAKE_CUDA_ARCHITECTURES=...
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    find_path(TW_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/cuda/include)
+    find_library(TW_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+    find_path(TW_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include /usr/local/cuda/include)
+    find_library(TW_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
+    set(_tw_missing "")
+    if(NOT TW_CUDNN_INCLUDE OR NOT TW_CUDNN_LIBRARY)
+      list(APPEND _tw_missing "cuDNN 9 (cudnn.h, libcudnn.so)")
+    endif()
+    if(NOT TW_NCCL_INCLUDE OR NOT TW_NCCL_LIBRARY)
+      list(APPEND _tw_missing "NCCL (nccl.h, libnccl.so)")
+    endif()
+    if(_tw_missing)
+      if(_tw_cuda STREQUAL "ON")
+        message(FATAL_ERROR "TOWERFLOW_CUDA=ON but ${_tw_missing} not found next to the CUDA toolkit "
+                            "(${CUDAToolkit_LIBRARY_DIR}). Install NVIDIA's cudnn9-cuda-13 and libnccl-dev "
+                            "packages, or configure with -DTOWERFLOW_CUDA=OFF.")
+      endif()
+      message(STATUS "CUDA found but ${_tw_missing} missing: building without CUDA")
+    else()
+      set(TW_HAVE_CUDA ON)
+    endif()
+  elseif(_tw_cuda STREQUAL "ON")
+    message(FATAL_ERROR "TOWERFLOW_CUDA=ON but no CUDA compiler (nvcc) was found. Install the CUDA "
+                        "toolkit under /usr/local/cuda, pass -DCMAKE_CUDA_COMPILER=/path/to/nvcc, "
+                        "or configure with -DTOWERFLOW_CUDA=OFF.")
+  endif()
+endif()
+
+# ---- MPI -------------------------------------------------------------------------------------
+set(TW_HAVE_MPI OFF)
+string(TOUPPER "${TOWERFLOW_MPI}" _tw_mpi)
+if(NOT _tw_mpi STREQUAL "OFF")
+  find_package(MPI COMPONENTS CXX QUIET)
+  if(MPI_CXX_FOUND)
+    set(TW_HAVE_MPI ON)
+  elseif(_tw_mpi STREQUAL "ON")
+    message(FATAL_ERROR "TOWERFLOW_MPI=ON but no MPI was found. Install OpenMPI with: "
+                        "sudo apt-get install libopenmpi-dev openmpi-bin, or configure with -DTOWERFLOW_MPI=OFF.")
+  endif()
+endif()

@@ -1,0 +1,40 @@
+# tw_add_library(NAME SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+#   A static archive of one area of the library; added to towerflow::towerflow.
+function(tw_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                                            $<INSTALL_INTERFACE:include/towerflow>)
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS} tw_build_flags)
+  set_property(GLOBAL APPEND PROPERTY TW_ALL_LIBRARIES ${name})
+endfunction()
+
+# tw_add_test(NAME SOURCES ... [LIBS ...])
+#   A Catch2 executable whose test cases are registered one by one with CTest.
+function(tw_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE tw_catch_main ${ARG_LIBS} tw_build_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
+  catch_discover_tests(${name} TEST_PREFIX "${name}:" DISCOVERY_TIMEOUT 60
+                       PROPERTIES ENVIRONMENT "TOWERFLOW_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/fixtures")
+endfunction()
+
+# tw_add_bench(NAME SOURCES ... [LIBS ...])
+function(tw_add_bench name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} tw_build_flags)
+endfunction()
+
+# Flags every towerflow target compiles with (not exported to users' code).
+add_library(tw_build_flags INTERFACE)
+target_compile_options(tw_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${TOWERFLOW_WERROR}>>:-Werror>)
+if(TOWERFLOW_NATIVE)
+  target_compile_options(tw_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()
+if(TW_HAVE_CUDA)
+  target_compile_definitions(tw_build_flags INTERFACE TOWERFLOW_HAVE_CUDA=1)
+endif()

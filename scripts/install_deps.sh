@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages towerflow builds with. Idempotent; needs root (or sudo).
+# The CUDA toolkit, cuDNN and NCCL are not Debian packages: where /usr/local/cuda exists the
+# build uses them, and without them it builds the CPU backend only.
+set -euo pipefail
+packages=(
+  cmake ninja-build g++ pkg-config
+  libeigen3-dev          # CPU kernels
+  catch2                 # tests
+  libcli11-dev           # command-line flags
+  nlohmann-json3-dev     # JSON output, platform descriptions, checkpoint metadata
+  libbenchmark-dev       # micro-benchmarks
+  libjpeg-dev libpng-dev # image-folder datasets
+  libopenmpi-dev openmpi-bin  # multi-process runs
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+sudo_cmd=""
+[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+echo "install_deps: installing ${missing[*]}"
+$sudo_cmd apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
