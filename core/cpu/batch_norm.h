@@ -1,0 +1,57 @@
+#pragma once
+// Batch normalisation on the CPU over `rows` rows of `c` channels (NHWC: rows = n*h*w).
+//
+// Contract:
+// - Training uses the batch statistics with the biased variance (divide by rows) for
+//   normalisation, as PyTorch does; save_mean / save_invstd [c] receive the mean and
+//   1/sqrt(var + eps), which backward needs. Updating running statistics (with the unbiased
+//   variance, PyTorch's rule) is the caller's job: var_unbiased = (1/invstd^2 - eps) * rows/(rows-1).
+// - Outputs are overwritten; inputs and outputs must not overlap, except that y may equal x
+//   (in place) in the forward kernels and dx may equal dy in backward.
+// - Statistics are accumulated in double, so results do not depend on the number of threads
+//   beyond float rounding of the final values.
+// - rows < 1 or c < 1 or eps < 0 throws towerflow::InvalidArgument naming the value.
+
+#include <cstdint>
+
+#include "core/cpu/context.h"
+
+namespace towerflow::cpu {
+
+void batch_norm_forward_training(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                 const float* gamma, const float* beta, float eps, float* y,
+                                 float* save_mean, float* save_invstd);
+
+void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                  const float* gamma, const float* beta,
+                                  const float* running_mean, const float* running_var, float eps,
+                                  float* y);
+
+// Overwrites dx, dgamma, dbeta.
+void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                         const float* dy, const float* gamma, const float* save_mean,
+                         const float* save_invstd, float* dx, float* dgamma, float* dbeta);
+
+// ---- fused variants (one pass less over memory each) -----------------------------------------
+
+// y = relu(batch_norm(x)), training statistics as batch_norm_forward_training.
+void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
+                                      const float* x, const float* gamma, const float* beta,
+                                      float eps, float* y, float* save_mean, float* save_invstd);
+
+// y = relu(batch_norm(x) + residual): the tail of a ResNet basic block. residual [rows, c].
+void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
+                                          const float* x, const float* residual,
+                                          const float* gamma, const float* beta, float eps,
+                                          float* y, float* save_mean, float* save_invstd);
+
+// Backward of the two fused forwards above: y is their output (the ReLU mask is y > 0), dy the
+// gradient of y. Gives dx, dgamma, dbeta as batch_norm_backward applied to dy * (y > 0);
+// d_pre_relu (nullable) receives dy * (y > 0) itself, which is the residual's gradient in the
+// add variant. d_pre_relu may equal dy.
+void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                              const float* y, const float* dy, const float* gamma,
+                              const float* save_mean, const float* save_invstd, float* dx,
+                              float* dgamma, float* dbeta, float* d_pre_relu);
+
+}  // namespace towerflow::cpu

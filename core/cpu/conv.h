@@ -1,0 +1,60 @@
+#pragma once
+// 2-D convolution kernels on the CPU: forward, gradient of the input, gradient of the weights.
+//
+// Layouts: activations are NHWC (channels-last), weights are OIHW (PyTorch's state_dict layout),
+// all buffers dense. Why NHWC: see Note [Channels-last on the CPU] in conv.cc.
+//
+// Contract:
+// - Every kernel overwrites its output (unless named *_accumulate) and reads nothing from it.
+// - Inputs and outputs must not overlap.
+// - The work runs on ctx's threads; the call returns when it is done. One context is used by one
+//   caller at a time (CpuContext's rule); distinct contexts may run these kernels concurrently.
+// - Scratch memory is per thread and grows once to the largest shape seen; steady-state calls do
+//   not allocate.
+// - A shape with a non-positive size, a negative padding, a kernel larger than the padded input,
+//   or an output larger than 2^31 elements throws towerflow::InvalidArgument naming the field.
+
+#include <cstdint>
+#include <string>
+
+#include "core/cpu/context.h"
+
+namespace towerflow::cpu {
+
+struct Conv2dShape {
+  int n, h, w, c_in, c_out, kh, kw, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
+  int out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
+
+  // Throws InvalidArgument when the shape cannot describe a convolution.
+  void validate() const;
+  // "n=128 h=32 w=32 c_in=16 c_out=16 k=3x3 stride=1x1 pad=1x1", for messages and benchmarks.
+  std::string to_string() const;
+  // Multiply-adds of one forward pass (each of the three kernels does this many).
+  std::int64_t macs() const;
+};
+
+// y[n, oh, ow, c_out] = sum_{ci, i, j} x[n, oh*sh - ph + i, ow*sw - pw + j, ci] * w[c_out, ci, i, j]
+// (no bias; positions outside the input count as zero).
+void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    float* y);
+
+// dx = conv_transpose(dy, w): the gradient of conv2d_forward with respect to x. Overwrites dx.
+void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx);
+
+// dw = correlate(x, dy): the gradient of conv2d_forward with respect to w. Overwrites dw
+// [c_out, c_in, kh, kw].
+void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw);
+
+// ---- fused variants ------------------------------------------------------------------------
+
+// As conv2d_forward, then y[..., co] += bias[co] (bias may be null: then exactly conv2d_forward).
+void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                         const float* w, const float* bias, float* y);
+
+// db[co] = sum over n, oh, ow of dy[n, oh, ow, co]: the gradient of the bias. Overwrites db.
+void conv2d_backward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* dy, float* db);
+
+}  // namespace towerflow::cpu

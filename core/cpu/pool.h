@@ -1,0 +1,44 @@
+#pragma once
+// 2-D max and average pooling on the CPU, NHWC (channels-last), dense buffers.
+//
+// Contract:
+// - Output sizes use floor mode (PyTorch's default): out = (in + 2*pad - k) / stride + 1.
+// - Max pool counts padding as -inf (PyTorch); average pool counts padding as zeros and always
+//   divides by kh*kw (count_include_pad = true, PyTorch's default).
+// - Ties in max pool go to the first element in (row, column) order.
+// - Backward kernels overwrite dx. Inputs and outputs must not overlap. Work runs on ctx's
+//   threads; the call returns when it is done.
+// - A shape with a non-positive size or stride, a negative padding, padding larger than half the
+//   kernel (PyTorch's rule), or a window larger than the padded input throws
+//   towerflow::InvalidArgument naming the field.
+
+#include <cstdint>
+#include <string>
+
+#include "core/cpu/context.h"
+
+namespace towerflow::cpu {
+
+struct Pool2dShape {
+  int n, h, w, c, kh, kw, stride_h, stride_w, pad_h = 0, pad_w = 0;
+  int out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
+  int out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
+
+  void validate() const;
+  std::string to_string() const;
+};
+
+// Max pool. argmax (nullable) receives, per output element, the flat input index h*w_in + w of
+// the chosen element within its image and channel (what PyTorch's return_indices gives).
+void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                      std::int32_t* argmax);
+// dx[argmax] += dy for every output element; dx is zeroed first. Overwrites dx.
+void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
+                       const std::int32_t* argmax, float* dx);
+
+// Average pool, count_include_pad = true.
+void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y);
+// Overwrites dx.
+void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy, float* dx);
+
+}  // namespace towerflow::cpu
