@@ -1,0 +1,197 @@
+#pragma once
+// Backend: the private interface every device kind implements (ggml's pattern). Tensor ops
+// (core/tensor/ops.h) check shapes, allocate outputs from the device's allocator and call one
+// of these raw functions over device pointers; a backend never sees a Tensor.
+//
+// Implementations: the CPU backend (core/tensor/cpu_backend.cc, over core/cpu kernels and Eigen)
+// and the CUDA backend (core/cuda/, which defines make_gpu_backend below; a build without CUDA
+// defines it as a stub that throws DeviceError with gpu::kNoCudaBuildMessage).
+//
+// Contract (every method):
+// - Layouts: activations NHWC (channels-last), conv weights OIHW, linear weights [out, in],
+//   everything dense and float32 unless a parameter says otherwise. `rows` means n*h*w of an
+//   NHWC tensor (or n of a [n, c] matrix) and `c` its last dimension.
+// - Pointers are memory of this backend's device from allocator() (host pointers only where a
+//   parameter is named host_*). Outputs are overwritten (never read) unless the name says
+//   accumulate; inputs and outputs do not overlap unless a method says it may.
+// - Ordering: calls on one backend run in call order as seen by the device (the CPU runs them
+//   before returning; a GPU queues them on its stream). copy_to_host() and synchronize() return
+//   when every earlier call has finished. One backend is driven by one thread at a time (the
+//   tower's); distinct backends run concurrently.
+// - Shapes are validated by the caller (ops.cc); a backend may still throw InvalidArgument for
+//   data errors only it can see (a label out of range) and DeviceError / CudaError for failures.
+// - supports(op) says whether the backend has a kernel for an op; ops.cc asks before calling and
+//   falls back to the CPU under soft placement (see Note [Soft placement of ops] in ops.cc).
+//   Calling a method whose op is not supported throws DeviceError.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/cpu/conv.h"
+#include "core/cpu/pool.h"
+#include "core/device.h"
+
+namespace towerflow {
+
+class Allocator;
+
+// The op kinds a backend may or may not implement; one per group of methods below.
+enum class OpKind {
+  kConv2d,          // conv2d_* including the bias variants
+  kMaxPool,         // max_pool_*
+  kAvgPool,         // avg_pool_*
+  kBatchNorm,       // batch_norm_* including the fused relu / add_relu variants
+  kGemm,            // gemm
+  kElementwise,     // fill, add, mul, scale, axpy, relu_*, bias_add, sum_rows, sum, transposes
+  kDropout,         // dropout_*
+  kSoftmaxXent,     // softmax_cross_entropy_*
+  kTopK,            // top_k_correct
+};
+std::string_view to_string(OpKind op);
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const Device& device() const = 0;
+  virtual Allocator& allocator() const = 0;  // where tensors of this device get their memory
+  virtual std::string name() const = 0;      // "CPU (2 threads, Eigen)", "CUDA (cuDNN 9)"
+  virtual bool supports(OpKind op) const = 0;
+
+  // ---- memory ----------------------------------------------------------------------------
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  // Returns when the bytes are in host_dst.
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  // Within this device. dst and src may not overlap.
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;
+  // From another device's memory (src_backend's) into this device's. Returns when dst may be
+  // used by later calls on this backend and src may be reused by later calls on src_backend.
+  virtual void copy_from_device(void* dst, Backend& src_backend, const void* src,
+                                std::size_t bytes) = 0;
+  // Waits for every earlier call (a no-op on the CPU).
+  virtual void synchronize() = 0;
+
+  // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
+  virtual void fill(std::int64_t n, float value, float* y) = 0;
+  virtual void add(std::int64_t n, const float* a, const float* b, float* y) = 0;
+  virtual void mul(std::int64_t n, const float* a, const float* b, float* y) = 0;
+  virtual void scale(std::int64_t n, float alpha, const float* x, float* y) = 0;  // y = alpha*x
+  virtual void axpy(std::int64_t n, float alpha, const float* x, float* y) = 0;   // y += alpha*x
+  virtual void relu_forward(std::int64_t n, const float* x, float* y) = 0;
+  // dx = dy where y > 0 else 0 (y is relu's output). dx may equal dy.
+  virtual void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) = 0;
+  // y[r, j] = x[r, j] + bias[j] over [rows, c].
+  virtual void bias_add(std::int64_t rows, int c, const float* x, const float* bias,
+                        float* y) = 0;
+  // out[j] = sum_r x[r, j]. Overwrites out[c].
+  virtual void sum_rows(std::int64_t rows, int c, const float* x, float* out) = 0;
+  // out[0] = sum of x (accumulated in double). Overwrites the one float at out.
+  virtual void sum(std::int64_t n, const float* x, float* out) = 0;
+  // NHWC [n, hw, c] <-> NCHW [n, c, hw] (hw = h*w): flatten in PyTorch's (C, H, W) order.
+  virtual void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) = 0;
+  virtual void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) = 0;
+
+  // ---- convolution (kConv2d); the arguments of core/cpu/conv.h ----------------------------
+  virtual void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+                              const float* bias_or_null, float* y) = 0;
+  virtual void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+                                     float* dx) = 0;
+  virtual void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+                                      float* dw) = 0;
+  virtual void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) = 0;
+
+  // ---- pooling (kMaxPool, kAvgPool); the arguments of core/cpu/pool.h ----------------------
+  virtual void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+                                std::int32_t* argmax) = 0;
+  virtual void max_pool_backward(const cpu::Pool2dShape& s, const float* dy,
+                                 const std::int32_t* argmax, float* dx) = 0;
+  virtual void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) = 0;
+  virtual void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) = 0;
+
+  // ---- batch norm (kBatchNorm); the arguments of core/cpu/batch_norm.h --------------------
+  // Training also updates the running statistics when running_mean is not null:
+  //   running = (1 - momentum) * running + momentum * batch_stat, with the unbiased variance
+  // (PyTorch's rule). residual (nullable) and relu select the fused variants:
+  //   y = relu?(bn(x) + residual?).
+  virtual void batch_norm_forward_training(std::int64_t rows, int c, const float* x,
+                                           const float* residual_or_null, bool relu,
+                                           const float* gamma, const float* beta, float eps,
+                                           float momentum, float* running_mean,
+                                           float* running_var, float* y, float* save_mean,
+                                           float* save_invstd) = 0;
+  virtual void batch_norm_forward_inference(std::int64_t rows, int c, const float* x,
+                                            const float* gamma, const float* beta,
+                                            const float* running_mean, const float* running_var,
+                                            float eps, float* y) = 0;
+  // Without relu: batch_norm_backward. With relu: y is the fused forward's output and the
+  // gradient goes through the relu mask (y > 0) first; d_pre_relu (nullable) receives that
+  // masked gradient (the residual's gradient). dx may not alias dy.
+  virtual void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y,
+                                   bool relu, const float* dy, const float* gamma,
+                                   const float* save_mean, const float* save_invstd, float* dx,
+                                   float* dgamma, float* dbeta, float* d_pre_relu) = 0;
+
+  // ---- matrix product (kGemm); the arguments of core/cpu/gemm.h (row-major) ----------------
+  virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+
+  // ---- dropout (kDropout) --------------------------------------------------------------------
+  // Inverted dropout: element i is kept (y = x / (1 - p), mask = 1) iff
+  // dropout_keeps(seed, offset + i, p), else y = 0, mask = 0. p in [0, 1).
+  virtual void dropout_forward(std::int64_t n, float p, std::uint64_t seed, std::uint64_t offset,
+                               const float* x, float* y, std::uint8_t* mask) = 0;
+  // dx = dy * mask / (1 - p). dx may equal dy.
+  virtual void dropout_backward(std::int64_t n, float p, const std::uint8_t* mask,
+                                const float* dy, float* dx) = 0;
+
+  // ---- loss (kSoftmaxXent) -------------------------------------------------------------------
+  // With q = (1 - smoothing) * onehot(label) + smoothing / classes:
+  //   loss_out[0] = (1 / scale) * sum_r sum_j -q[r, j] * log_softmax(logits[r])[j]
+  //   probs[r, :] = softmax(logits[r]) (saved for backward).
+  // A label outside [0, classes) throws InvalidArgument naming it (the CPU at once; a GPU may
+  // report it at synchronize()).
+  virtual void softmax_cross_entropy_forward(std::int64_t rows, int classes, const float* logits,
+                                             const std::int32_t* labels, float scale,
+                                             float smoothing, float* loss_out, float* probs) = 0;
+  // dlogits = dloss[0] / scale * (probs - q). dloss is a device pointer to one float.
+  virtual void softmax_cross_entropy_backward(std::int64_t rows, int classes, const float* probs,
+                                              const std::int32_t* labels, float scale,
+                                              float smoothing, const float* dloss,
+                                              float* dlogits) = 0;
+
+  // ---- accuracy (kTopK) ----------------------------------------------------------------------
+  // correct_out[0] = number of rows whose label is among the k largest logits (ties count
+  // against the label: a logit equal to the label's and earlier in the row ranks above it).
+  virtual void top_k_correct(std::int64_t rows, int classes, const float* logits,
+                             const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
+};
+
+// The keep decision of dropout for element `index`: a counter-based hash, so a mask is a pure
+// function of (seed, index) on every backend and thread count.
+inline bool dropout_keeps(std::uint64_t seed, std::uint64_t index, float p) {
+  std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
+  return u >= p;
+}
+
+// The backend of a GPU device, defined by core/cuda. `allocator` is that device's allocator
+// (the registry's) and outlives the backend. In a build without CUDA: throws DeviceError with
+// gpu::kNoCudaBuildMessage.
+std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator& allocator);
+
+// The backend of a logical device (created on first use, one per device, thread-safe; lives
+// until the process ends). Throws NotFound for a device the registry does not know (placement
+// decisions are made earlier, by the caller, through place()).
+Backend& backend_for(const Device& device);
+
+// Tests only: makes `device` use `backend` (for example a GPU-like backend over host memory
+// that lacks some ops, to test soft placement without a GPU). nullptr removes the override.
+void set_backend_for_testing(const Device& device, std::unique_ptr<Backend> backend);
+
+}  // namespace towerflow
