@@ -1,0 +1,35 @@
+#pragma once
+// Autograd: the recorded graph behind Tensor::backward().
+//
+// Each differentiable op that sees an input requiring grad (while grad_enabled()) records a Node:
+// its differentiable inputs and a closure that maps the gradient of its one output to the
+// gradients of those inputs. Nodes are numbered in creation order, so the graph reachable from a
+// loss, sorted by that number, descending, is the tape played backwards: every node runs after
+// all the nodes that consume its output. See Note [Tape order] in autograd.cc.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace towerflow {
+
+struct Node {
+  std::string name;          // the op's name, "Conv2D"
+  std::uint64_t sequence;    // creation order
+  std::vector<Tensor> inputs;  // the inputs gradients flow to (undefined entries allowed)
+  // Gradients for `inputs`, in order; an undefined entry means "no gradient".
+  std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+};
+
+// True when an op with these inputs must record history.
+bool needs_grad(std::initializer_list<const Tensor*> inputs);
+
+// Makes `output` the result of a differentiable op: output.grad_fn = a new Node. Call only when
+// needs_grad(...) was true.
+void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
+            std::function<std::vector<Tensor>(const Tensor&)> backward);
+
+}  // namespace towerflow

@@ -1,0 +1,52 @@
+#pragma once
+// DType: the element types a Tensor may hold. float32 is what every op computes in today;
+// int32 holds labels and pooling indices, uint8 dropout masks; bf16 / fp16 are reserved so that
+// storage, copies and views already handle them when mixed-precision kernels arrive.
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string_view>
+
+namespace towerflow {
+
+enum class DType : std::uint8_t { kFloat32, kInt32, kUInt8, kBFloat16, kFloat16 };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kUInt8:
+      return 1;
+    case DType::kBFloat16:
+    case DType::kFloat16:
+      return 2;
+  }
+  return 0;
+}
+
+constexpr std::string_view to_string(DType t) {
+  switch (t) {
+    case DType::kFloat32: return "float32";
+    case DType::kInt32: return "int32";
+    case DType::kUInt8: return "uint8";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat16: return "float16";
+  }
+  return "?";
+}
+
+inline std::ostream& operator<<(std::ostream& os, DType t) { return os << to_string(t); }
+
+// The DType of a C++ element type, for Tensor::data<T>() checks.
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::kFloat32; }
+template <>
+constexpr DType dtype_of<std::int32_t>() { return DType::kInt32; }
+template <>
+constexpr DType dtype_of<std::uint8_t>() { return DType::kUInt8; }
+
+}  // namespace towerflow

@@ -1,0 +1,115 @@
+#pragma once
+// The op set: differentiable functions over Tensors.
+//
+// Contract (every op):
+// - Runs on the device its inputs live on; inputs on different devices throw InvalidArgument
+//   naming both devices. When that device's backend has no kernel for the op, the op runs on
+//   /cpu:0 under allow_soft_placement (inputs copied there, outputs copied back, logged once per
+//   op and device); without it, DeviceError naming the op, the device and the option.
+//   With log_device_placement, each named op (see OpScope) is logged once, TensorFlow-style:
+//   "layer1.0.conv1/Conv2D: (Conv2D): /job:localhost/replica:0/task:0/device:CPU:0".
+// - Outputs are new contiguous tensors from the device's allocator.
+// - Records autograd history when grad_enabled() and an input requires grad.
+// - Shape mismatches throw InvalidArgument printing every shape involved.
+// - Activations are NHWC [n, h, w, c]; conv weights OIHW; linear weights [out, in].
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor/tensor.h"
+
+namespace towerflow {
+
+// ---- naming (for log_device_placement) -------------------------------------------------------
+// Names the ops issued on this thread while it lives: "layer1.0.conv1" makes a convolution log
+// as "layer1.0.conv1/Conv2D". Scopes nest by replacement (the innermost wins).
+class OpScope {
+ public:
+  explicit OpScope(std::string name);
+  ~OpScope();
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+  static const std::string& current();
+
+ private:
+  std::string previous_;
+};
+
+// ---- layers' ops ------------------------------------------------------------------------------
+struct Conv2dOptions {
+  int stride = 1;
+  int padding = 0;
+};
+// x [n, h, w, c_in], w [c_out, c_in, kh, kw], bias [c_out] or undefined -> [n, oh, ow, c_out].
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions opts = {});
+
+// x [n, in], w [out, in], bias [out] or undefined -> x w^T + bias, [n, out].
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// a [m, k], b [k, n] -> [m, n].
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [..., c] + bias [c].
+Tensor bias_add(const Tensor& x, const Tensor& bias);
+
+Tensor relu(const Tensor& x);
+Tensor add(const Tensor& a, const Tensor& b);  // same shapes
+Tensor mul(const Tensor& a, const Tensor& b);  // same shapes, elementwise
+Tensor sum(const Tensor& x);                   // a one-element tensor [1]
+
+struct Pool2dOptions {
+  int kernel = 2;
+  int stride = 2;
+  int padding = 0;
+};
+// Floor mode; max pool pads with -inf, average pool counts padding (PyTorch's defaults).
+Tensor max_pool2d(const Tensor& x, Pool2dOptions opts);
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts);
+// [n, h, w, c] -> [n, c]: the mean over h and w.
+Tensor global_avg_pool(const Tensor& x);
+
+struct BatchNormOptions {
+  bool training = true;   // batch statistics (and running-average update) vs running statistics
+  float momentum = 0.1f;  // PyTorch's convention: running = (1 - m) * running + m * batch
+  float eps = 1e-5f;
+};
+// Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
+// In training, running_mean / running_var (if defined) are updated in place, with the unbiased
+// variance (PyTorch's rule); they are never differentiated.
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, BatchNormOptions opts);
+// relu(batch_norm(x)) in one pass (forward and backward).
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var,
+                       BatchNormOptions opts);
+// relu(batch_norm(x) + residual) in one pass: the tail of a ResNet basic block.
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma,
+                           const Tensor& beta, const Tensor& running_mean,
+                           const Tensor& running_var, BatchNormOptions opts);
+
+// [n, ...] -> [n, prod(...)]. A 4-D NHWC tensor is flattened in PyTorch's (c, h, w) order, so a
+// following linear layer has PyTorch's weight layout; when h = w = 1 this is a view.
+Tensor flatten(const Tensor& x);
+
+// Inverted dropout with drop probability p in [0, 1): in training, element i is kept iff
+// dropout_keeps(seed, offset + i, p) (backend_impl.h) and scaled by 1/(1-p); otherwise (or p = 0)
+// returns x itself. p outside [0, 1) throws InvalidArgument.
+Tensor dropout(const Tensor& x, float p, bool training, std::uint64_t seed,
+               std::uint64_t offset = 0);
+
+// ---- loss and metrics ------------------------------------------------------------------------
+struct SoftmaxCrossEntropyOptions {
+  // The loss is sum over the rows / scale. 0 means the number of rows (the mean over the batch).
+  // Towers pass the global batch size: see Note [Why towers scale loss by B] in tower/.
+  float scale = 0.0f;
+  float label_smoothing = 0.0f;  // in [0, 1): targets (1 - s) * onehot + s / classes
+};
+// logits [n, classes] float32, labels [n] int32 in [0, classes) -> a one-element tensor.
+// A label out of range throws InvalidArgument naming it.
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                             SoftmaxCrossEntropyOptions opts = {});
+
+// The number of rows whose label is among the k largest logits (no autograd).
+std::int64_t top_k_correct(const Tensor& logits, const Tensor& labels, int k = 1);
+// top_k_correct / n.
+double accuracy(const Tensor& logits, const Tensor& labels, int k = 1);
+
+}  // namespace towerflow
