@@ -48,7 +48,7 @@ void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t ro
 // Backward of the two fused forwards above: y is their output (the ReLU mask is y > 0), dy the
 // gradient of y. Gives dx, dgamma, dbeta as batch_norm_backward applied to dy * (y > 0);
 // d_pre_relu (nullable) receives dy * (y > 0) itself, which is the residual's gradient in the
-// add variant. d_pre_relu may equal dy.
+// add variant. d_pre_relu may equal dy (not dx); dx may equal dy.
 void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
                               const float* save_mean, const float* save_invstd, float* dx,

@@ -1,0 +1,246 @@
+#include "core/cpu/batch_norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/cpu/simd_impl.h"
+#include "core/error.h"
+
+// Batch norm is memory-bound: each kernel makes two passes over [rows, c] (statistics, then the
+// elementwise transform), and the fused variants fold ReLU, the residual add and the ReLU mask
+// into those passes instead of adding passes of their own.
+//
+// Note [Batch norm reductions]
+// Per-channel sums are taken over fixed blocks of kRowsPerBlock rows, in double, one partial per
+// block, then the partials are added in block order. The blocks do not depend on the thread
+// count, so neither do the results. Sums of squares are taken around a per-channel shift (the
+// first row), which keeps E[x^2] - E[x]^2 accurate when |mean| is large against the spread.
+
+namespace towerflow::cpu {
+
+using detail::Scratch;
+using detail::scratch;
+
+namespace {
+
+constexpr std::int64_t kRowsPerBlock = 512;
+
+void check_args(const char* kernel, std::int64_t rows, int c, float eps) {
+  if (rows < 1)
+    raise<InvalidArgument>(kernel, ": rows = ", rows,
+                           " must be at least 1; rows is n*h*w of the NHWC input");
+  if (c < 1) raise<InvalidArgument>(kernel, ": channels c = ", c, " must be at least 1");
+  if (!(eps >= 0.0f))
+    raise<InvalidArgument>(kernel, ": eps = ", eps, " must be non-negative (PyTorch uses 1e-5)");
+}
+
+// Runs fn(row_begin, row_end, partial) for every block, partial pointing at `width` doubles
+// (zeroed) for that block; returns the block-ordered sums in out[width].
+template <typename Fn>
+void blocked_sums(const CpuContext& ctx, std::int64_t rows, int width, double* out, Fn fn) {
+  const std::int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  double* partial = reinterpret_cast<double*>(
+      scratch(Scratch::kAux, static_cast<std::size_t>(2 * blocks * width)));
+  const std::int64_t min_blocks = std::max<std::int64_t>(1, 64 * 1024 / (kRowsPerBlock * width));
+  ctx.parallel_for(blocks, min_blocks, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      double* p = partial + b * width;
+      std::fill(p, p + width, 0.0);
+      fn(b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock), p);
+    }
+  });
+  std::fill(out, out + width, 0.0);
+  for (std::int64_t b = 0; b < blocks; ++b)
+    for (int i = 0; i < width; ++i) out[i] += partial[b * width + i];
+}
+
+template <typename Fn>
+void rows_parallel(const CpuContext& ctx, std::int64_t rows, int c, Fn fn) {
+  ctx.parallel_for(rows, std::max<std::int64_t>(1, 32 * 1024 / c), fn);
+}
+
+// Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
+// first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
+void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                    const float* gamma, const float* beta, float eps, float* save_mean,
+                    float* save_invstd, float* scale, float* shift) {
+  // sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  const float* k = x;
+  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, double* p) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * c;
+      for (int ch = 0; ch < c; ++ch) {
+        const double d = static_cast<double>(row[ch]) - k[ch];
+        p[ch] += d;
+        p[c + ch] += d * d;
+      }
+    }
+  });
+  for (int ch = 0; ch < c; ++ch) {
+    const double m = sums[ch] / rows;
+    const double var = std::max(0.0, sums[c + ch] / rows - m * m);
+    const double mean = m + k[ch];
+    const double invstd = 1.0 / std::sqrt(var + eps);
+    save_mean[ch] = static_cast<float>(mean);
+    save_invstd[ch] = static_cast<float>(invstd);
+    scale[ch] = static_cast<float>(gamma[ch] * invstd);
+    shift[ch] = beta[ch];
+  }
+}
+
+// The scale/shift arrays live in the caller's scratch and are read by every thread.
+float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(c)); }
+
+}  // namespace
+
+void batch_norm_forward_training(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                 const float* gamma, const float* beta, float eps, float* y,
+                                 float* save_mean, float* save_invstd) {
+  check_args("batch_norm_forward_training", rows, c, eps);
+  float* scale = affine_scratch(c);
+  float* shift = scale + c;
+  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (int ch = 0; ch < c; ++ch)
+        y[r * c + ch] = (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch];
+  });
+}
+
+void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
+                                      const float* x, const float* gamma, const float* beta,
+                                      float eps, float* y, float* save_mean, float* save_invstd) {
+  check_args("batch_norm_relu_forward_training", rows, c, eps);
+  float* scale = affine_scratch(c);
+  float* shift = scale + c;
+  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (int ch = 0; ch < c; ++ch)
+        y[r * c + ch] = std::max(0.0f, (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch]);
+  });
+}
+
+void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
+                                          const float* x, const float* residual,
+                                          const float* gamma, const float* beta, float eps,
+                                          float* y, float* save_mean, float* save_invstd) {
+  check_args("batch_norm_add_relu_forward_training", rows, c, eps);
+  float* scale = affine_scratch(c);
+  float* shift = scale + c;
+  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (int ch = 0; ch < c; ++ch)
+        y[r * c + ch] =
+            std::max(0.0f, (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch] +
+                               residual[r * c + ch]);
+  });
+}
+
+void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                  const float* gamma, const float* beta,
+                                  const float* running_mean, const float* running_var, float eps,
+                                  float* y) {
+  check_args("batch_norm_forward_inference", rows, c, eps);
+  float* scale = affine_scratch(c);
+  for (int ch = 0; ch < c; ++ch) {
+    if (!(running_var[ch] + eps > 0.0f))
+      raise<InvalidArgument>("batch_norm_forward_inference: running_var[", ch, "] + eps = ",
+                             running_var[ch] + eps,
+                             " must be positive; the running statistics are corrupt or eps is 0");
+    scale[ch] = static_cast<float>(gamma[ch] / std::sqrt(static_cast<double>(running_var[ch]) + eps));
+  }
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (int ch = 0; ch < c; ++ch)
+        y[r * c + ch] = (x[r * c + ch] - running_mean[ch]) * scale[ch] + beta[ch];
+  });
+}
+
+namespace {
+
+// Shared by the plain and the ReLU backward. With y != nullptr the incoming gradient is masked
+// by y > 0 (and stored in d_pre_relu when that is not null) before batch norm's own backward.
+void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                   const float* y, const float* dy, const float* gamma, const float* save_mean,
+                   const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                   float* d_pre_relu) {
+  // sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the (masked) gradient.
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, double* p) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * c;
+      const float* gr = dy + r * c;
+      if (y) {
+        const float* yr = y + r * c;
+        float* dr = d_pre_relu ? d_pre_relu + r * c : nullptr;
+        for (int ch = 0; ch < c; ++ch) {
+          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          if (dr) dr[ch] = g;
+          p[ch] += g;
+          p[c + ch] += static_cast<double>(g) * (xr[ch] - save_mean[ch]);
+        }
+      } else {
+        for (int ch = 0; ch < c; ++ch) {
+          p[ch] += gr[ch];
+          p[c + ch] += static_cast<double>(gr[ch]) * (xr[ch] - save_mean[ch]);
+        }
+      }
+    }
+  });
+  // dx = gamma*invstd * ((g - mean(g)) - (x - mean) * invstd * mean(g * xhat)), kept in this
+  // centred form: folding it into one a*g + b*x + k cancels catastrophically when dx is small.
+  float* coef = scratch(Scratch::kOutput, 3 * std::size_t(c));
+  float* a = coef;
+  float* mean_g = coef + c;
+  float* b = coef + 2 * c;
+  for (int ch = 0; ch < c; ++ch) {
+    const double invstd = save_invstd[ch];
+    const double sum_g = sums[ch], sum_gx = sums[c + ch];
+    dbeta[ch] = static_cast<float>(sum_g);
+    dgamma[ch] = static_cast<float>(sum_gx * invstd);
+    a[ch] = static_cast<float>(gamma[ch] * invstd);
+    mean_g[ch] = static_cast<float>(sum_g / rows);
+    b[ch] = static_cast<float>(invstd * invstd * sum_gx / rows);
+  }
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * c;
+      const float* gr = dy + r * c;
+      float* dr = dx + r * c;
+      if (y) {
+        const float* yr = y + r * c;
+        for (int ch = 0; ch < c; ++ch) {
+          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          dr[ch] = a[ch] * ((g - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
+        }
+      } else {
+        for (int ch = 0; ch < c; ++ch)
+          dr[ch] = a[ch] * ((gr[ch] - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                         const float* dy, const float* gamma, const float* save_mean,
+                         const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+  check_args("batch_norm_backward", rows, c, 0.0f);
+  backward_impl(ctx, rows, c, x, nullptr, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                nullptr);
+}
+
+void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                              const float* y, const float* dy, const float* gamma,
+                              const float* save_mean, const float* save_invstd, float* dx,
+                              float* dgamma, float* dbeta, float* d_pre_relu) {
+  check_args("batch_norm_relu_backward", rows, c, 0.0f);
+  backward_impl(ctx, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
+                d_pre_relu);
+}
+
+}  // namespace towerflow::cpu

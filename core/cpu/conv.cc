@@ -1,0 +1,494 @@
+#include "core/cpu/conv.h"
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <utility>
+
+#include "core/cpu/gemm_impl.h"
+#include "core/cpu/simd_impl.h"
+#include "core/error.h"
+
+// Note [Channels-last on the CPU]
+// With NHWC activations the kw*c_in values that one kernel row touches for one output pixel are
+// contiguous in memory, so a convolution is an implicit GEMM with no im2col buffer: for a tile of
+// P neighbouring output pixels and B = 8*V output channels, the inner loop walks q over those
+// kw*c_in contiguous inputs, broadcasts x[pixel p, q] and multiplies it by one packed weight
+// vector w[q, B channels]. The accumulators (P x V vectors) stay in registers for the whole
+// reduction; every loaded weight vector is used P times and every broadcast V times. The working
+// set is one (padded) image and one block of packed weights, which stay in L1/L2 -- the reason a
+// whole-batch im2col GEMM is memory-bound at 16 channels and this is not. With NCHW the same
+// reduction would gather kw values from kw different cache lines per channel.
+//
+// The three convolutions map onto two register kernels:
+//   forward                  direct_conv over x with weights packed [c_out/B][kh][kw*c_in][B]
+//   backward input, stride 1 direct_conv over dy with the kernel flipped and its channels
+//                            swapped, padding kh-1-pad_h: the transposed convolution
+//   backward input, stride>1 per image: dcol = dy * W (GEMM), then col2im (scatter-add)
+//   backward weight          weight_grad: accumulators are a tile of Q inputs q x B channels,
+//                            summed over every output pixel, the same register shape as forward
+//
+// Note [Deterministic reductions]
+// Every output element is computed by one thread in a fixed order (forward and backward input
+// split output rows over threads; backward weight splits the dw tiles over threads, each summing
+// over the images in order), so results are bitwise identical for any thread count.
+
+namespace towerflow::cpu {
+
+using detail::load8;
+using detail::round_up;
+using detail::Scratch;
+using detail::scratch;
+using detail::splat8;
+using detail::store8;
+using detail::Vec8;
+
+// ---- shape ---------------------------------------------------------------------------------
+
+std::string Conv2dShape::to_string() const {
+  return str("n=", n, " h=", h, " w=", w, " c_in=", c_in, " c_out=", c_out, " k=", kh, "x", kw,
+             " stride=", stride_h, "x", stride_w, " pad=", pad_h, "x", pad_w);
+}
+
+std::int64_t Conv2dShape::macs() const {
+  return std::int64_t{n} * out_h() * out_w() * c_out * c_in * kh * kw;
+}
+
+void Conv2dShape::validate() const {
+  auto at_least = [&](const char* field, int value, int minimum, const char* fix) {
+    if (value < minimum)
+      raise<InvalidArgument>("conv2d shape {", to_string(), "}: ", field, " = ", value,
+                             " must be at least ", minimum, "; ", fix);
+  };
+  at_least("n", n, 1, "pass the batch size");
+  at_least("h", h, 1, "pass the input height");
+  at_least("w", w, 1, "pass the input width");
+  at_least("c_in", c_in, 1, "pass the input channels");
+  at_least("c_out", c_out, 1, "pass the output channels");
+  at_least("kh", kh, 1, "pass the kernel height");
+  at_least("kw", kw, 1, "pass the kernel width");
+  at_least("stride_h", stride_h, 1, "strides start at 1");
+  at_least("stride_w", stride_w, 1, "strides start at 1");
+  at_least("pad_h", pad_h, 0, "padding cannot be negative");
+  at_least("pad_w", pad_w, 0, "padding cannot be negative");
+  if (kh > h + 2 * pad_h)
+    raise<InvalidArgument>("conv2d shape {", to_string(), "}: kernel height kh = ", kh,
+                           " is larger than the padded input height h + 2*pad_h = ", h + 2 * pad_h,
+                           "; use a smaller kernel or more padding");
+  if (kw > w + 2 * pad_w)
+    raise<InvalidArgument>("conv2d shape {", to_string(), "}: kernel width kw = ", kw,
+                           " is larger than the padded input width w + 2*pad_w = ", w + 2 * pad_w,
+                           "; use a smaller kernel or more padding");
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
+  const std::int64_t in = std::int64_t{n} * h * w * c_in;
+  const std::int64_t out = std::int64_t{n} * out_h() * out_w() * c_out;
+  const std::int64_t weights = std::int64_t{c_out} * c_in * kh * kw;
+  if (in > kMax || out > kMax || weights > kMax)
+    raise<InvalidArgument>("conv2d shape {", to_string(), "}: a tensor has more than 2^31 ",
+                           "elements (input ", in, ", output ", out, ", weights ", weights,
+                           "); split the batch");
+}
+
+namespace {
+
+// Largest tile widths: P*V accumulators + V weights + 1 broadcast fit AVX2's 16 registers.
+template <int V>
+constexpr int kMaxPixels = 12 / V;
+
+// ---- the forward register kernel -----------------------------------------------------------
+
+// Computes P output pixels x 8V channels. xp points at the first input of pixel 0 for kernel
+// row 0; pixel p starts pix_step floats later, kernel row i row_step floats later. wp is the
+// block's packed weights [kh][q_len][8V]. bias (nullable) holds 8V values.
+template <int P, int V>
+void conv_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t row_step, int kh,
+               int q_len, const float* __restrict wp, const float* bias, float* __restrict out,
+               std::int64_t ld_out, int lanes) {
+  Vec8 acc[P][V];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[p][v] = bias ? load8(bias + 8 * v) : splat8(0.0f);
+  for (int i = 0; i < kh; ++i) {
+    const float* xr = xp + i * row_step;
+    const float* wr = wp + static_cast<std::int64_t>(i) * q_len * 8 * V;
+    for (int q = 0; q < q_len; ++q, wr += 8 * V) {
+      Vec8 wv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) wv[v] = load8(wr + 8 * v);
+#pragma GCC unroll 16
+      for (int p = 0; p < P; ++p) {
+        const Vec8 b = splat8(xr[p * pix_step + q]);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[p][v] += b * wv[v];
+      }
+    }
+  }
+  if (lanes == 8 * V) {
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) store8(out + p * ld_out + 8 * v, acc[p][v]);
+  } else {
+    for (int p = 0; p < P; ++p) {
+      alignas(32) float tmp[8 * V];
+      for (int v = 0; v < V; ++v) store8(tmp + 8 * v, acc[p][v]);
+      std::copy(tmp, tmp + lanes, out + p * ld_out);
+    }
+  }
+}
+
+using ConvTileFn = void (*)(const float*, std::int64_t, std::int64_t, int, int, const float*,
+                            const float*, float*, std::int64_t, int);
+
+template <int V, std::size_t... P>
+constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
+  return {&conv_tile<static_cast<int>(P) + 1, V>...};
+}
+
+// Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
+// which is laid out [h + 2*pad_h][w + 2*pad_w][c], zeroing the border.
+void pad_rows(const float* img, int h, int w, int c, int pad_h, int pad_w, int row_begin,
+              int row_end, float* dst) {
+  const std::int64_t wp = w + 2 * pad_w;
+  for (int r = row_begin; r < row_end; ++r) {
+    float* d = dst + r * wp * c;
+    const int src_row = r - pad_h;
+    if (src_row < 0 || src_row >= h) {
+      std::fill(d, d + wp * c, 0.0f);
+      continue;
+    }
+    std::fill(d, d + std::int64_t{pad_w} * c, 0.0f);
+    std::copy(img + std::int64_t{src_row} * w * c, img + std::int64_t{src_row + 1} * w * c,
+              d + std::int64_t{pad_w} * c);
+    std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, 0.0f);
+  }
+}
+
+// Packs weights for direct_conv: dst[cob][i][j*c_in + ci][b] = get(co = cob*B + b, ci, i, j),
+// zero where co >= c_out.
+template <typename Get>
+void pack_weights(int c_out, int c_in, int kh, int kw, int block, float* dst, Get get) {
+  const int blocks = (c_out + block - 1) / block;
+  std::int64_t o = 0;
+  for (int cb = 0; cb < blocks; ++cb)
+    for (int i = 0; i < kh; ++i)
+      for (int j = 0; j < kw; ++j)
+        for (int ci = 0; ci < c_in; ++ci)
+          for (int b = 0; b < block; ++b, ++o) {
+            const int co = cb * block + b;
+            dst[o] = co < c_out ? get(co, ci, i, j) : 0.0f;
+          }
+}
+
+// y = conv(x, w) (+ bias) for shape s, with w already packed by pack_weights in blocks of 8V.
+// Parallel over output rows; each output element is written once by one thread.
+template <int V>
+void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* wp,
+                 const float* bias_padded, float* y) {
+  constexpr int kBlock = 8 * V;
+  constexpr int kP = kMaxPixels<V>;
+  static constexpr auto kTiles = conv_tiles<V>(std::make_index_sequence<kP>{});
+  const int oh = s.out_h(), ow = s.out_w();
+  const int blocks = (s.c_out + kBlock - 1) / kBlock;
+  const int q_len = s.kw * s.c_in;
+  const std::int64_t wblock = static_cast<std::int64_t>(s.kh) * q_len * kBlock;
+  const bool padded = s.pad_h > 0 || s.pad_w > 0;
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * q_len;
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
+    std::int64_t current = -1;
+    const float* img = nullptr;
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / oh;
+      const int row = static_cast<int>(r % oh);
+      if (n != current) {
+        current = n;
+        if (padded) {
+          // Only the padded rows this chunk reads from this image.
+          const int last = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh)) - 1;
+          pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, row * s.stride_h,
+                   std::min(hp, last * s.stride_h + s.kh), buf);
+          img = buf;
+        } else {
+          img = x + n * image_in;
+        }
+      }
+      const float* xrow = img + std::int64_t{row} * s.stride_h * row_step;
+      float* yrow = y + (n * oh + row) * std::int64_t{ow} * s.c_out;
+      for (int cb = 0; cb < blocks; ++cb) {
+        const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
+        const float* wb = wp + cb * wblock;
+        const float* bb = bias_padded ? bias_padded + cb * kBlock : nullptr;
+        for (int c0 = 0; c0 < ow; c0 += kP) {
+          const int p = std::min(kP, ow - c0);
+          kTiles[p - 1](xrow + c0 * pix_step, pix_step, row_step, s.kh, q_len, wb, bb,
+                        yrow + std::int64_t{c0} * s.c_out + cb * kBlock, s.c_out, lanes);
+        }
+      }
+    }
+  });
+}
+
+// Runs direct_conv with the block width that wastes fewest lanes: 8 channels when c_out <= 8,
+// else 16. get(co, ci, i, j) gives the weight of the convolution described by s.
+template <typename Get>
+void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
+                float* y, Get get) {
+  const int block = s.c_out <= 8 ? 8 : 16;
+  const std::int64_t blocks = (s.c_out + block - 1) / block;
+  float* wp = scratch(Scratch::kWeights,
+                      static_cast<std::size_t>(blocks * block * s.c_in * s.kh * s.kw));
+  pack_weights(s.c_out, s.c_in, s.kh, s.kw, block, wp, get);
+  float* bias_padded = nullptr;
+  if (bias) {
+    bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * block));
+    std::fill(bias_padded, bias_padded + blocks * block, 0.0f);
+    std::copy(bias, bias + s.c_out, bias_padded);
+  }
+  if (block == 8)
+    direct_conv<1>(ctx, s, x, wp, bias_padded, y);
+  else
+    direct_conv<2>(ctx, s, x, wp, bias_padded, y);
+}
+
+// ---- the weight-gradient register kernel ---------------------------------------------------
+
+// acc[q][v] += sum over `rows` output rows and `ow` pixels of x[pixel, q0 + q] * dy[pixel, 8v..].
+// xp points at x for (row 0, pixel 0, kernel row i, q0); dyp at dy for (row 0, pixel 0, block).
+template <int Q, int V>
+void weight_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t x_row_step,
+                 const float* __restrict dyp, std::int64_t ld_dy, std::int64_t dy_row_step,
+                 int rows, int ow, float* __restrict acc_mem, std::int64_t ld_acc) {
+  Vec8 acc[Q][V];
+#pragma GCC unroll 16
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[q][v] = load8(acc_mem + q * ld_acc + 8 * v);
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = xp + r * x_row_step;
+    const float* dr = dyp + r * dy_row_step;
+    for (int c = 0; c < ow; ++c, xr += pix_step, dr += ld_dy) {
+      Vec8 d[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) d[v] = load8(dr + 8 * v);
+#pragma GCC unroll 16
+      for (int q = 0; q < Q; ++q) {
+        const Vec8 b = splat8(xr[q]);
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[q][v] += b * d[v];
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) store8(acc_mem + q * ld_acc + 8 * v, acc[q][v]);
+}
+
+using WeightTileFn = void (*)(const float*, std::int64_t, std::int64_t, const float*,
+                              std::int64_t, std::int64_t, int, int, float*, std::int64_t);
+
+template <int V, std::size_t... Q>
+constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequence<Q...>) {
+  return {&weight_tile<static_cast<int>(Q) + 1, V>...};
+}
+
+// dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
+// of output channels), split into tiles of Q q-values x B channels that threads own whole; each
+// tile sums over the images in order (Note [Deterministic reductions]).
+template <int V>
+void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                 float* dw) {
+  constexpr int kBlock = 8 * V;
+  constexpr int kQ = kMaxPixels<V>;
+  static constexpr auto kTiles = weight_tiles<V>(std::make_index_sequence<kQ>{});
+  const int oh = s.out_h(), ow = s.out_w();
+  const int blocks = (s.c_out + kBlock - 1) / kBlock;
+  const int q_len = s.kw * s.c_in;
+  const int q_tiles = (q_len + kQ - 1) / kQ;
+  const std::int64_t ld_acc = std::int64_t{blocks} * kBlock;
+  const std::int64_t k_rows = std::int64_t{s.kh} * q_len;
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
+  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+
+  const bool padded = s.pad_h > 0 || s.pad_w > 0;
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const bool dy_dense = s.c_out % kBlock == 0;
+  const std::int64_t ld_dy = dy_dense ? s.c_out : ld_acc;
+  const std::int64_t image_out = std::int64_t{oh} * ow;
+  // Rows per pass: about 256 pixels, so one block's dy slice stays in L1 across the tiles.
+  const int rows_per_pass = std::max(1, std::min(oh, 256 / ow));
+
+  // Tiles ordered block-major, so consecutive tiles of a thread reuse the same dy slice.
+  const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
+  const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
+  const std::int64_t min_tiles = std::max<std::int64_t>(1, 200000 / macs_per_tile);
+  ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) {
+    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
+    float* dybuf = dy_dense ? nullptr : scratch(Scratch::kOutput, static_cast<std::size_t>(image_out * ld_dy));
+    for (int n = 0; n < s.n; ++n) {
+      const float* img = x + n * image_in;
+      if (padded) {
+        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+        img = xbuf;
+      }
+      const float* dimg = dy + n * image_out * s.c_out;
+      if (!dy_dense) {
+        for (std::int64_t p = 0; p < image_out; ++p) {
+          std::copy(dimg + p * s.c_out, dimg + (p + 1) * s.c_out, dybuf + p * ld_dy);
+          std::fill(dybuf + p * ld_dy + s.c_out, dybuf + (p + 1) * ld_dy, 0.0f);
+        }
+        dimg = dybuf;
+      }
+      for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
+        const int rows = std::min(rows_per_pass, oh - r0);
+        for (std::int64_t t = t0; t < t1; ++t) {
+          const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
+          const int i = static_cast<int>(t / q_tiles % s.kh);
+          const int qt = static_cast<int>(t % q_tiles);
+          const int q0 = qt * kQ;
+          const int q = std::min(kQ, q_len - q0);
+          kTiles[q - 1](img + (std::int64_t{r0} * s.stride_h + i) * row_step + q0, pix_step,
+                        s.stride_h * row_step, dimg + std::int64_t{r0} * ow * ld_dy + cb * kBlock,
+                        ld_dy, ow * ld_dy, rows, ow,
+                        dwp + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
+        }
+      }
+    }
+  });
+
+  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
+              dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
+}
+
+// ---- backward input for strides > 1 ---------------------------------------------------------
+
+// Per image: dcol[pixel, (i, j, ci)] = dy[pixel, :] * wm[:, (i, j, ci)], then every dcol row is
+// added into the input positions its window covers. Parallel over images.
+void backward_input_col2im(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  const int oh = s.out_h(), ow = s.out_w();
+  const int k = s.kh * s.kw * s.c_in;
+  float* wm = scratch(Scratch::kWeights, static_cast<std::size_t>(s.c_out) * k);
+  for (int co = 0; co < s.c_out; ++co)
+    for (int i = 0; i < s.kh; ++i)
+      for (int j = 0; j < s.kw; ++j)
+        for (int ci = 0; ci < s.c_in; ++ci)
+          wm[std::int64_t{co} * k + (i * s.kw + j) * s.c_in + ci] =
+              w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow;
+  const std::int64_t macs_per_image = image_out * s.c_out * k;
+  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 100000 / macs_per_image),
+                   [&](std::int64_t n0, std::int64_t n1) {
+    float* dcol = scratch(Scratch::kOutput, static_cast<std::size_t>(image_out * k));
+    for (std::int64_t n = n0; n < n1; ++n) {
+      detail::gemm_serial(false, false, static_cast<int>(image_out), k, s.c_out, 1.0f,
+                          dy + n * image_out * s.c_out, s.c_out, wm, k, 0.0f, dcol, k);
+      float* img = dx + n * image_in;
+      std::fill(img, img + image_in, 0.0f);
+      for (int r = 0; r < oh; ++r)
+        for (int c = 0; c < ow; ++c) {
+          const float* col = dcol + (std::int64_t{r} * ow + c) * k;
+          for (int i = 0; i < s.kh; ++i) {
+            const int ih = r * s.stride_h - s.pad_h + i;
+            if (ih < 0 || ih >= s.h) continue;
+            for (int j = 0; j < s.kw; ++j) {
+              const int iw = c * s.stride_w - s.pad_w + j;
+              if (iw < 0 || iw >= s.w) continue;
+              float* d = img + (std::int64_t{ih} * s.w + iw) * s.c_in;
+              const float* src = col + (i * s.kw + j) * s.c_in;
+              for (int ci = 0; ci < s.c_in; ++ci) d[ci] += src[ci];
+            }
+          }
+        }
+    }
+  });
+}
+
+}  // namespace
+
+// ---- public kernels ------------------------------------------------------------------------
+
+void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    float* y) {
+  conv2d_forward_bias(ctx, s, x, w, nullptr, y);
+}
+
+void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                         const float* w, const float* bias, float* y) {
+  s.validate();
+  run_direct(ctx, s, x, bias, y, [&](int co, int ci, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  });
+}
+
+void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  s.validate();
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw) {
+    // The transposed convolution as a forward one (Note [Channels-last on the CPU]).
+    const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
+                        .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
+                        .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
+    run_direct(ctx, t, dy, nullptr, dx, [&](int ci, int co, int i, int j) {
+      return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
+    });
+    return;
+  }
+  backward_input_col2im(ctx, s, dy, w, dx);
+}
+
+void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw) {
+  s.validate();
+  if (s.c_out <= 8)
+    weight_grad<1>(ctx, s, x, dy, dw);
+  else
+    weight_grad<2>(ctx, s, x, dy, dw);
+}
+
+void conv2d_backward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                          float* db) {
+  s.validate();
+  // Fixed blocks of rows summed in double, then added in block order: the result does not
+  // depend on the thread count.
+  constexpr std::int64_t kRowsPerBlock = 1024;
+  const std::int64_t rows = std::int64_t{s.n} * s.out_h() * s.out_w();
+  const std::int64_t nblocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  double* partial = reinterpret_cast<double*>(
+      scratch(Scratch::kAux, static_cast<std::size_t>(2 * nblocks * s.c_out)));
+  ctx.parallel_for(nblocks, 8, [&](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      double* acc = partial + b * s.c_out;
+      std::fill(acc, acc + s.c_out, 0.0);
+      const std::int64_t r_end = std::min(rows, (b + 1) * kRowsPerBlock);
+      for (std::int64_t r = b * kRowsPerBlock; r < r_end; ++r) {
+        const float* row = dy + r * s.c_out;
+        for (int c = 0; c < s.c_out; ++c) acc[c] += row[c];
+      }
+    }
+  });
+  for (int c = 0; c < s.c_out; ++c) {
+    double total = 0.0;
+    for (std::int64_t b = 0; b < nblocks; ++b) total += partial[b * s.c_out + c];
+    db[c] = static_cast<float>(total);
+  }
+}
+
+}  // namespace towerflow::cpu

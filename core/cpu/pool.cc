@@ -1,0 +1,184 @@
+#include "core/cpu/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+// In NHWC every window position is a contiguous run of c channels, so each kernel below works on
+// whole channel rows: the inner loops run over c and vectorise; windows are clipped to the image
+// once per output pixel instead of testing every element. Forward kernels split output rows over
+// threads; backward kernels, which scatter into overlapping windows, split images, so every dx
+// element is written by one thread in a fixed order and results do not depend on the thread
+// count.
+
+namespace towerflow::cpu {
+
+std::string Pool2dShape::to_string() const {
+  return str("n=", n, " h=", h, " w=", w, " c=", c, " k=", kh, "x", kw, " stride=", stride_h,
+             "x", stride_w, " pad=", pad_h, "x", pad_w);
+}
+
+void Pool2dShape::validate() const {
+  auto at_least = [&](const char* field, int value, int minimum, const char* fix) {
+    if (value < minimum)
+      raise<InvalidArgument>("pool2d shape {", to_string(), "}: ", field, " = ", value,
+                             " must be at least ", minimum, "; ", fix);
+  };
+  at_least("n", n, 1, "pass the batch size");
+  at_least("h", h, 1, "pass the input height");
+  at_least("w", w, 1, "pass the input width");
+  at_least("c", c, 1, "pass the channels");
+  at_least("kh", kh, 1, "pass the window height");
+  at_least("kw", kw, 1, "pass the window width");
+  at_least("stride_h", stride_h, 1, "strides start at 1 (PyTorch's default stride is the window)");
+  at_least("stride_w", stride_w, 1, "strides start at 1 (PyTorch's default stride is the window)");
+  at_least("pad_h", pad_h, 0, "padding cannot be negative");
+  at_least("pad_w", pad_w, 0, "padding cannot be negative");
+  if (2 * pad_h > kh || 2 * pad_w > kw)
+    raise<InvalidArgument>("pool2d shape {", to_string(), "}: padding ", pad_h, "x", pad_w,
+                           " is more than half the window ", kh, "x", kw,
+                           "; use pad <= k/2 (PyTorch's rule)");
+  if (kh > h + 2 * pad_h || kw > w + 2 * pad_w)
+    raise<InvalidArgument>("pool2d shape {", to_string(), "}: window ", kh, "x", kw,
+                           " is larger than the padded input ", h + 2 * pad_h, "x",
+                           w + 2 * pad_w, "; use a smaller window or more padding");
+  const std::int64_t in = std::int64_t{n} * h * w * c;
+  if (in > std::numeric_limits<std::int32_t>::max() ||
+      std::int64_t{h} * w > std::numeric_limits<std::int32_t>::max())
+    raise<InvalidArgument>("pool2d shape {", to_string(), "}: the input has more than 2^31 ",
+                           "elements; split the batch");
+}
+
+namespace {
+
+// The part of a window inside the image: rows [h0, h1), columns [w0, w1).
+struct Window {
+  int h0, h1, w0, w1;
+};
+
+inline Window clip(const Pool2dShape& s, int oh, int ow) {
+  const int hs = oh * s.stride_h - s.pad_h, ws = ow * s.stride_w - s.pad_w;
+  return {std::max(hs, 0), std::min(hs + s.kh, s.h), std::max(ws, 0), std::min(ws + s.kw, s.w)};
+}
+
+std::int64_t min_rows(const Pool2dShape& s) {
+  const std::int64_t work = std::int64_t{s.out_w()} * s.c * s.kh * s.kw;
+  return std::max<std::int64_t>(1, 20000 / std::max<std::int64_t>(1, work));
+}
+
+}  // namespace
+
+void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                      std::int32_t* argmax) {
+  s.validate();
+  const int oh = s.out_h(), ow = s.out_w(), c = s.c;
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows(s), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / oh;
+      const int row = static_cast<int>(r % oh);
+      const float* img = x + n * s.h * s.w * c;
+      for (int col = 0; col < ow; ++col) {
+        const Window win = clip(s, row, col);
+        const std::int64_t o = (r * ow + col) * c;
+        float* best = y + o;
+        // Start from the first element of the window, then take strictly greater values (the
+        // first maximum wins) or NaN (NaN propagates), as PyTorch does.
+        const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
+        std::copy(first, first + c, best);
+        if (argmax) {
+          std::int32_t* idx = argmax + o;
+          std::fill(idx, idx + c, win.h0 * s.w + win.w0);
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw) {
+              const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
+              const std::int32_t pos = ih * s.w + iw;
+              for (int ch = 0; ch < c; ++ch) {
+                const bool take = v[ch] > best[ch] || std::isnan(v[ch]);
+                best[ch] = take ? v[ch] : best[ch];
+                idx[ch] = take ? pos : idx[ch];
+              }
+            }
+        } else {
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw) {
+              const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
+              for (int ch = 0; ch < c; ++ch)
+                best[ch] = (v[ch] > best[ch] || std::isnan(v[ch])) ? v[ch] : best[ch];
+            }
+        }
+      }
+    }
+  });
+}
+
+void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
+                       const std::int32_t* argmax, float* dx) {
+  s.validate();
+  TW_CHECK(argmax != nullptr, "max_pool_backward needs the argmax of max_pool_forward");
+  const int oh = s.out_h(), ow = s.out_w(), c = s.c;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * c;
+  const std::int64_t image_out = std::int64_t{oh} * ow * c;
+  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 20000 / image_out), [&](std::int64_t n0, std::int64_t n1) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      float* img = dx + n * image_in;
+      std::fill(img, img + image_in, 0.0f);
+      const float* g = dy + n * image_out;
+      const std::int32_t* idx = argmax + n * image_out;
+      for (std::int64_t p = 0; p < image_out; p += c)
+        for (int ch = 0; ch < c; ++ch) img[std::int64_t{idx[p + ch]} * c + ch] += g[p + ch];
+    }
+  });
+}
+
+void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y) {
+  s.validate();
+  const int oh = s.out_h(), ow = s.out_w(), c = s.c;
+  const float scale = 1.0f / static_cast<float>(s.kh * s.kw);  // count_include_pad
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows(s), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / oh;
+      const int row = static_cast<int>(r % oh);
+      const float* img = x + n * s.h * s.w * c;
+      for (int col = 0; col < ow; ++col) {
+        const Window win = clip(s, row, col);
+        float* out = y + (r * ow + col) * c;
+        std::fill(out, out + c, 0.0f);
+        for (int ih = win.h0; ih < win.h1; ++ih)
+          for (int iw = win.w0; iw < win.w1; ++iw) {
+            const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
+            for (int ch = 0; ch < c; ++ch) out[ch] += v[ch];
+          }
+        for (int ch = 0; ch < c; ++ch) out[ch] *= scale;
+      }
+    }
+  });
+}
+
+void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy, float* dx) {
+  s.validate();
+  const int oh = s.out_h(), ow = s.out_w(), c = s.c;
+  const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * c;
+  const std::int64_t image_out = std::int64_t{oh} * ow * c;
+  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 20000 / (image_out * s.kh * s.kw)),
+                   [&](std::int64_t n0, std::int64_t n1) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      float* img = dx + n * image_in;
+      std::fill(img, img + image_in, 0.0f);
+      for (int row = 0; row < oh; ++row)
+        for (int col = 0; col < ow; ++col) {
+          const Window win = clip(s, row, col);
+          const float* g = dy + n * image_out + (std::int64_t{row} * ow + col) * c;
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw) {
+              float* d = img + (std::int64_t{ih} * s.w + iw) * c;
+              for (int ch = 0; ch < c; ++ch) d[ch] += g[ch] * scale;
+            }
+        }
+    }
+  });
+}
+
+}  // namespace towerflow::cpu

@@ -1,0 +1,58 @@
+#pragma once
+// Private helpers shared by the CPU kernels (conv, pool, batch norm, GEMM): an 8-lane float
+// vector and per-thread scratch buffers. Not part of the public API.
+//
+// The vector type uses GCC/Clang vector extensions rather than intrinsics so that the same code
+// compiles to AVX2+FMA with -march=native and to paired SSE instructions on a portable build;
+// the kernel library is compiled with -ffp-contract=fast so that `acc += a * b` becomes an FMA.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+
+namespace towerflow::cpu::detail {
+
+constexpr int kLanes = 8;
+// aligned(4): loads and stores through this type may be unaligned.
+typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+
+inline Vec8 load8(const float* p) {
+  Vec8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+inline Vec8 splat8(float s) { return Vec8{s, s, s, s, s, s, s, s}; }
+inline Vec8 max8(Vec8 a, Vec8 b) { return a > b ? a : b; }
+
+// Per-thread scratch that grows to the largest request and is then reused, so steady-state
+// kernel calls do not allocate. Each slot is an independent buffer; a kernel uses distinct slots
+// for buffers that are alive at the same time on the same thread. The returned memory is
+// 64-byte aligned and uninitialised; it stays valid until the same thread asks for the same
+// slot again.
+enum class Scratch : int { kWeights = 0, kInput, kOutput, kAux, kCount };
+
+inline float* scratch(Scratch slot, std::size_t floats) {
+  struct Buffer {
+    float* data = nullptr;
+    std::size_t size = 0;
+    ~Buffer() { ::operator delete[](data, std::align_val_t{64}); }
+  };
+  thread_local Buffer buffers[static_cast<int>(Scratch::kCount)];
+  Buffer& b = buffers[static_cast<int>(slot)];
+  if (b.size < floats) {
+    ::operator delete[](b.data, std::align_val_t{64});
+    // Grow geometrically so that a slowly increasing sequence of shapes settles quickly.
+    std::size_t grown = std::max(floats, b.size + b.size / 2);
+    b.data = static_cast<float*>(::operator new[](grown * sizeof(float), std::align_val_t{64}));
+    b.size = grown;
+  }
+  return b.data;
+}
+
+inline std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
+
+}  // namespace towerflow::cpu::detail

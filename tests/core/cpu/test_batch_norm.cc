@@ -1,0 +1,251 @@
+#include <catch2/catch.hpp>
+
+#include "core/cpu/batch_norm.h"
+#include "core/cpu/kernel_test_util.h"
+#include "core/error.h"
+
+using namespace towerflow::cpu;
+using namespace towerflow::cpu::testing;
+
+namespace {
+
+struct RefForward {
+  std::vector<double> y, mean, invstd;
+};
+
+// Textbook batch norm in double: mean, biased variance, normalise, scale and shift.
+RefForward ref_forward(std::int64_t rows, int c, const std::vector<float>& x,
+                       const std::vector<float>& gamma, const std::vector<float>& beta, double eps) {
+  RefForward r{std::vector<double>(x.size()), std::vector<double>(c), std::vector<double>(c)};
+  for (int ch = 0; ch < c; ++ch) {
+    double m = 0.0, v = 0.0;
+    for (std::int64_t i = 0; i < rows; ++i) m += x[i * c + ch];
+    m /= rows;
+    for (std::int64_t i = 0; i < rows; ++i) v += (x[i * c + ch] - m) * (x[i * c + ch] - m);
+    v /= rows;
+    r.mean[ch] = m;
+    r.invstd[ch] = 1.0 / std::sqrt(v + eps);
+    for (std::int64_t i = 0; i < rows; ++i)
+      r.y[i * c + ch] = (x[i * c + ch] - m) * r.invstd[ch] * gamma[ch] + beta[ch];
+  }
+  return r;
+}
+
+// The standard closed form of the batch-norm gradient, written from its derivation.
+void ref_backward(std::int64_t rows, int c, const std::vector<float>& x, const std::vector<double>& g,
+                  const std::vector<float>& gamma, const RefForward& f, std::vector<double>& dx,
+                  std::vector<double>& dgamma, std::vector<double>& dbeta) {
+  dx.assign(x.size(), 0.0);
+  dgamma.assign(c, 0.0);
+  dbeta.assign(c, 0.0);
+  for (int ch = 0; ch < c; ++ch) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const double xhat = (x[i * c + ch] - f.mean[ch]) * f.invstd[ch];
+      dbeta[ch] += g[i * c + ch];
+      dgamma[ch] += g[i * c + ch] * xhat;
+    }
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const double xhat = (x[i * c + ch] - f.mean[ch]) * f.invstd[ch];
+      dx[i * c + ch] = gamma[ch] * f.invstd[ch] / rows *
+                       (rows * g[i * c + ch] - dbeta[ch] - xhat * dgamma[ch]);
+    }
+  }
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+TEST_CASE("batch norm training forward and backward match the reference", "[cpu][bn]") {
+  CpuContext ctx(2);
+  // Odd row counts and channel counts, a large mean (shifted sums must keep the variance), and
+  // enough rows to span several reduction blocks.
+  struct Case {
+    std::int64_t rows;
+    int c;
+    float offset;
+  };
+  for (const Case& k : {Case{1, 3, 0.0f}, Case{7, 5, 0.0f}, Case{2000, 19, 100.0f}, Case{4099, 16, -3.0f}}) {
+    INFO("rows " << k.rows << " c " << k.c << " offset " << k.offset);
+    auto x = random_vector(std::size_t(k.rows * k.c), 10, 2.0f);
+    for (auto& v : x) v += k.offset;
+    const auto gamma = random_vector(std::size_t(k.c), 11);
+    const auto beta = random_vector(std::size_t(k.c), 12);
+    const auto dy = random_vector(x.size(), 13);
+    const float eps = 1e-5f;
+    std::vector<float> y(x.size(), NAN), mean(k.c, NAN), invstd(k.c, NAN);
+    batch_norm_forward_training(ctx, k.rows, k.c, x.data(), gamma.data(), beta.data(), eps,
+                                y.data(), mean.data(), invstd.data());
+    const auto ref = ref_forward(k.rows, k.c, x, gamma, beta, eps);
+    const auto cy = compare(y, ref.y), cm = compare(mean, ref.mean), ci = compare(invstd, ref.invstd);
+    INFO("y: " << cy.describe() << "; mean: " << cm.describe() << "; invstd: " << ci.describe());
+    // One row: the variance is 0 and y = beta exactly.
+    const double tol = k.offset != 0.0f ? 2e-4 : 1e-5;
+    CHECK(cy.max_error < tol);
+    CHECK(cm.max_error < 1e-6);
+    CHECK(ci.max_error < tol);
+
+    std::vector<float> dx(x.size(), NAN), dgamma(k.c, NAN), dbeta(k.c, NAN);
+    batch_norm_backward(ctx, k.rows, k.c, x.data(), dy.data(), gamma.data(), mean.data(),
+                        invstd.data(), dx.data(), dgamma.data(), dbeta.data());
+    std::vector<double> rdx, rdg, rdb;
+    ref_backward(k.rows, k.c, x, to_double(dy), gamma, ref, rdx, rdg, rdb);
+    const auto cdx = compare(dx, rdx), cdg = compare(dgamma, rdg), cdb = compare(dbeta, rdb);
+    INFO("dx: " << cdx.describe() << "; dgamma: " << cdg.describe() << "; dbeta: " << cdb.describe());
+    CHECK(cdx.max_error < tol * 10);
+    CHECK(cdg.max_error < tol);
+    CHECK(cdb.max_error < 1e-6);
+  }
+}
+
+TEST_CASE("batch norm backward matches finite differences of the forward", "[cpu][bn]") {
+  CpuContext ctx(1);
+  const std::int64_t rows = 6;
+  const int c = 3;
+  auto x = random_vector(rows * c, 20);
+  auto gamma = random_vector(c, 21);
+  auto beta = random_vector(c, 22);
+  const auto g = random_vector(rows * c, 23);
+  std::vector<float> y(rows * c), mean(c), invstd(c), dx(rows * c), dgamma(c), dbeta(c);
+  auto loss = [&] {
+    batch_norm_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                y.data(), mean.data(), invstd.data());
+    return dot(g, y);
+  };
+  loss();
+  batch_norm_backward(ctx, rows, c, x.data(), g.data(), gamma.data(), mean.data(), invstd.data(),
+                      dx.data(), dgamma.data(), dbeta.data());
+  const float h = 2e-3f;
+  auto check_fd = [&](std::vector<float>& v, const std::vector<float>& grad, const char* name) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const float keep = v[i];
+      v[i] = keep + h;
+      const double up = loss();
+      v[i] = keep - h;
+      const double down = loss();
+      v[i] = keep;
+      const double fd = (up - down) / (2 * h);
+      INFO(name << "[" << i << "] = " << grad[i] << ", finite difference " << fd);
+      CHECK(std::abs(grad[i] - fd) < 5e-3 * (1 + std::abs(fd)));
+    }
+  };
+  check_fd(x, dx, "dx");
+  check_fd(gamma, dgamma, "dgamma");
+  check_fd(beta, dbeta, "dbeta");
+}
+
+TEST_CASE("fused batch norm + ReLU (+ residual) equal the unfused composition", "[cpu][bn]") {
+  CpuContext ctx(2);
+  const std::int64_t rows = 1500;
+  const int c = 21;
+  const auto x = random_vector(rows * c, 30);
+  const auto residual = random_vector(rows * c, 31);
+  const auto gamma = random_vector(c, 32);
+  const auto beta = random_vector(c, 33);
+  const auto dy = random_vector(rows * c, 34);
+  const float eps = 1e-3f;
+  const auto ref = ref_forward(rows, c, x, gamma, beta, eps);
+
+  for (bool add : {false, true}) {
+    INFO((add ? "batch_norm_add_relu" : "batch_norm_relu"));
+    std::vector<float> y(x.size(), NAN), mean(c), invstd(c);
+    if (add)
+      batch_norm_add_relu_forward_training(ctx, rows, c, x.data(), residual.data(), gamma.data(),
+                                           beta.data(), eps, y.data(), mean.data(), invstd.data());
+    else
+      batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), eps,
+                                       y.data(), mean.data(), invstd.data());
+    std::vector<double> want(x.size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      want[i] = std::max(0.0, ref.y[i] + (add ? residual[i] : 0.0f));
+    const auto cy = compare(y, want);
+    INFO("forward: " << cy.describe());
+    CHECK(cy.max_error < 1e-5);
+
+    // Backward: the gradient masked by y > 0, then plain batch-norm backward.
+    std::vector<double> masked(x.size());
+    for (std::size_t i = 0; i < masked.size(); ++i) masked[i] = y[i] > 0.0f ? dy[i] : 0.0;
+    std::vector<double> rdx, rdg, rdb;
+    ref_backward(rows, c, x, masked, gamma, ref, rdx, rdg, rdb);
+    std::vector<float> dx(x.size(), NAN), dgamma(c, NAN), dbeta(c, NAN), dpre(x.size(), NAN);
+    batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(),
+                             mean.data(), invstd.data(), dx.data(), dgamma.data(), dbeta.data(),
+                             dpre.data());
+    const auto cdx = compare(dx, rdx), cdg = compare(dgamma, rdg), cdb = compare(dbeta, rdb);
+    INFO("dx: " << cdx.describe() << "; dgamma: " << cdg.describe() << "; dbeta: " << cdb.describe());
+    CHECK(cdx.max_error < 1e-4);
+    CHECK(cdg.max_error < 1e-5);
+    CHECK(cdb.max_error < 1e-6);
+    CHECK(compare(dpre, masked).max_error == 0.0);
+
+    // In place: d_pre_relu = dy, dx separate.
+    std::vector<float> dy_inplace = dy, dx2(x.size());
+    batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy_inplace.data(), gamma.data(),
+                             mean.data(), invstd.data(), dx2.data(), dgamma.data(), dbeta.data(),
+                             dy_inplace.data());
+    CHECK(dx2 == dx);
+    CHECK(dy_inplace == dpre);
+  }
+}
+
+TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {
+  CpuContext ctx(2);
+  const std::int64_t rows = 33;
+  const int c = 9;
+  const auto x = random_vector(rows * c, 40);
+  const auto gamma = random_vector(c, 41);
+  const auto beta = random_vector(c, 42);
+  const auto rmean = random_vector(c, 43);
+  auto rvar = random_vector(c, 44);
+  for (auto& v : rvar) v = v * v + 0.1f;
+  std::vector<float> y(x.size(), NAN);
+  batch_norm_forward_inference(ctx, rows, c, x.data(), gamma.data(), beta.data(), rmean.data(),
+                               rvar.data(), 1e-5f, y.data());
+  std::vector<double> want(x.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const int ch = int(i % c);
+    want[i] = (x[i] - double(rmean[ch])) / std::sqrt(double(rvar[ch]) + 1e-5) * gamma[ch] + beta[ch];
+  }
+  const auto cy = compare(y, want);
+  INFO(cy.describe());
+  CHECK(cy.max_error < 1e-6);
+}
+
+TEST_CASE("batch norm results are identical for 1 and 3 threads", "[cpu][bn]") {
+  CpuContext one(1), three(3);
+  const std::int64_t rows = 40000;
+  const int c = 16;
+  const auto x = random_vector(rows * c, 50);
+  const auto gamma = random_vector(c, 51);
+  const auto beta = random_vector(c, 52);
+  const auto dy = random_vector(rows * c, 53);
+  std::vector<float> out[2][6];
+  const CpuContext* ctxs[2] = {&one, &three};
+  for (int t = 0; t < 2; ++t) {
+    auto& o = out[t];
+    o[0].resize(x.size()); o[1].resize(c); o[2].resize(c);
+    o[3].resize(x.size()); o[4].resize(c); o[5].resize(c);
+    batch_norm_forward_training(*ctxs[t], rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                o[0].data(), o[1].data(), o[2].data());
+    batch_norm_backward(*ctxs[t], rows, c, x.data(), dy.data(), gamma.data(), o[1].data(),
+                        o[2].data(), o[3].data(), o[4].data(), o[5].data());
+  }
+  for (int k = 0; k < 6; ++k) CHECK(out[0][k] == out[1][k]);
+}
+
+TEST_CASE("batch norm rejects bad arguments with the value named", "[cpu][bn]") {
+  CpuContext ctx(1);
+  std::vector<float> buf(64, 1.0f);
+  float* p = buf.data();
+  CHECK_THROWS_WITH(batch_norm_forward_training(ctx, 0, 4, p, p, p, 1e-5f, p, p, p),
+                    Catch::Contains("rows = 0"));
+  CHECK_THROWS_AS(batch_norm_forward_training(ctx, 0, 4, p, p, p, 1e-5f, p, p, p),
+                  towerflow::InvalidArgument);
+  CHECK_THROWS_WITH(batch_norm_backward(ctx, 4, 0, p, p, p, p, p, p, p, p),
+                    Catch::Contains("channels c = 0"));
+  CHECK_THROWS_WITH(batch_norm_relu_forward_training(ctx, 4, 4, p, p, p, -1.0f, p, p, p),
+                    Catch::Contains("eps = -1"));
+  std::vector<float> var = {1.0f, -2.0f};
+  CHECK_THROWS_WITH(batch_norm_forward_inference(ctx, 4, 2, p, p, p, p, var.data(), 1e-5f, p),
+                    Catch::Contains("running_var[1]"));
+}

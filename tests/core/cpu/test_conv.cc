@@ -1,0 +1,249 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "core/cpu/conv.h"
+#include "core/error.h"
+#include "core/cpu/kernel_test_util.h"
+
+using namespace towerflow::cpu;
+using namespace towerflow::cpu::testing;
+
+namespace {
+
+// ---- naive double-precision references: the definition of a convolution, loop by loop -------
+
+std::int64_t xi(const Conv2dShape& s, int n, int h, int w, int c) {
+  return ((std::int64_t{n} * s.h + h) * s.w + w) * s.c_in + c;
+}
+std::int64_t yi(const Conv2dShape& s, int n, int h, int w, int c) {
+  return ((std::int64_t{n} * s.out_h() + h) * s.out_w() + w) * s.c_out + c;
+}
+std::int64_t wi(const Conv2dShape& s, int co, int ci, int i, int j) {
+  return ((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j;
+}
+
+// Calls fn(n, oh, ow, co, ci, i, j, ih, iw) for every term of the convolution sum whose input
+// position is inside the image.
+template <typename Fn>
+void for_each_term(const Conv2dShape& s, Fn fn) {
+  for (int n = 0; n < s.n; ++n)
+    for (int oh = 0; oh < s.out_h(); ++oh)
+      for (int ow = 0; ow < s.out_w(); ++ow)
+        for (int co = 0; co < s.c_out; ++co)
+          for (int ci = 0; ci < s.c_in; ++ci)
+            for (int i = 0; i < s.kh; ++i)
+              for (int j = 0; j < s.kw; ++j) {
+                const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+                if (ih >= 0 && ih < s.h && iw >= 0 && iw < s.w) fn(n, oh, ow, co, ci, i, j, ih, iw);
+              }
+}
+
+std::vector<double> ref_forward(const Conv2dShape& s, const std::vector<float>& x,
+                                const std::vector<float>& w) {
+  std::vector<double> y(static_cast<std::size_t>(std::int64_t{s.n} * s.out_h() * s.out_w() * s.c_out));
+  for_each_term(s, [&](int n, int oh, int ow, int co, int ci, int i, int j, int ih, int iw) {
+    y[yi(s, n, oh, ow, co)] += double(x[xi(s, n, ih, iw, ci)]) * w[wi(s, co, ci, i, j)];
+  });
+  return y;
+}
+
+std::vector<double> ref_backward_input(const Conv2dShape& s, const std::vector<float>& dy,
+                                       const std::vector<float>& w) {
+  std::vector<double> dx(static_cast<std::size_t>(std::int64_t{s.n} * s.h * s.w * s.c_in));
+  for_each_term(s, [&](int n, int oh, int ow, int co, int ci, int i, int j, int ih, int iw) {
+    dx[xi(s, n, ih, iw, ci)] += double(dy[yi(s, n, oh, ow, co)]) * w[wi(s, co, ci, i, j)];
+  });
+  return dx;
+}
+
+std::vector<double> ref_backward_weight(const Conv2dShape& s, const std::vector<float>& x,
+                                        const std::vector<float>& dy) {
+  std::vector<double> dw(static_cast<std::size_t>(std::int64_t{s.c_out} * s.c_in * s.kh * s.kw));
+  for_each_term(s, [&](int n, int oh, int ow, int co, int ci, int i, int j, int ih, int iw) {
+    dw[wi(s, co, ci, i, j)] += double(x[xi(s, n, ih, iw, ci)]) * dy[yi(s, n, oh, ow, co)];
+  });
+  return dw;
+}
+
+std::size_t x_size(const Conv2dShape& s) { return std::size_t(s.n) * s.h * s.w * s.c_in; }
+std::size_t y_size(const Conv2dShape& s) { return std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out; }
+std::size_t w_size(const Conv2dShape& s) { return std::size_t(s.c_out) * s.c_in * s.kh * s.kw; }
+
+// The odd shapes of the contract: batch 1, odd sizes, channels that are not a multiple of 8 or
+// 16, 1x1, 5x5 pad 2, 3x3 stride 2 on odd inputs, unequal kernel/stride/pad per axis, padding as
+// large as the kernel, and rows wider than one register tile.
+const std::vector<Conv2dShape> kShapes = {
+    {.n = 2, .h = 5, .w = 7, .c_in = 3, .c_out = 5, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 1, .h = 9, .w = 9, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 6, .w = 5, .c_in = 7, .c_out = 17, .kh = 1, .kw = 1},
+    {.n = 2, .h = 7, .w = 7, .c_in = 8, .c_out = 12, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2},
+    {.n = 2, .h = 8, .w = 6, .c_in = 4, .c_out = 9, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+    {.n = 3, .h = 6, .w = 13, .c_in = 10, .c_out = 33, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 7, .w = 6, .c_in = 5, .c_out = 6, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 0},
+    {.n = 1, .h = 4, .w = 4, .c_in = 2, .c_out = 3, .kh = 3, .kw = 3},
+    {.n = 1, .h = 5, .w = 4, .c_in = 3, .c_out = 4, .kh = 1, .kw = 1, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 11, .w = 11, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+};
+
+struct ConvResults {
+  std::vector<float> y, dx, dw;
+};
+
+ConvResults run_all(const CpuContext& ctx, const Conv2dShape& s, const std::vector<float>& x,
+                    const std::vector<float>& w, const std::vector<float>& dy) {
+  // Outputs start as NaN: every kernel must overwrite all of its output.
+  ConvResults r{std::vector<float>(y_size(s), NAN), std::vector<float>(x_size(s), NAN),
+                std::vector<float>(w_size(s), NAN)};
+  conv2d_forward(ctx, s, x.data(), w.data(), r.y.data());
+  conv2d_backward_input(ctx, s, dy.data(), w.data(), r.dx.data());
+  conv2d_backward_weight(ctx, s, x.data(), dy.data(), r.dw.data());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d kernels match a double-precision reference on odd shapes", "[cpu][conv]") {
+  CpuContext ctx(2);
+  std::uint32_t seed = 1;
+  for (const auto& s : kShapes) {
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(x_size(s), seed++);
+    const auto w = random_vector(w_size(s), seed++);
+    const auto dy = random_vector(y_size(s), seed++);
+    const auto r = run_all(ctx, s, x, w, dy);
+    const auto fy = compare(r.y, ref_forward(s, x, w));
+    const auto fdx = compare(r.dx, ref_backward_input(s, dy, w));
+    const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
+    INFO("forward: " << fy.describe());
+    INFO("backward input: " << fdx.describe());
+    INFO("backward weight: " << fdw.describe());
+    CHECK(fy.max_error < 1e-5);
+    CHECK(fdx.max_error < 1e-5);
+    CHECK(fdw.max_error < 1e-5);
+  }
+}
+
+TEST_CASE("conv2d backward kernels match finite differences of the forward kernel", "[cpu][conv]") {
+  // L = sum(g * conv(x, w)); dL/dx = backward_input(g), dL/dw = backward_weight(x, g).
+  CpuContext ctx(1);
+  const std::vector<Conv2dShape> shapes = {
+      {.n = 1, .h = 5, .w = 4, .c_in = 2, .c_out = 3, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 5, .w = 5, .c_in = 3, .c_out = 2, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 1, .h = 4, .w = 6, .c_in = 2, .c_out = 9, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2},
+  };
+  std::uint32_t seed = 100;
+  for (const auto& s : shapes) {
+    INFO("shape " << s.to_string());
+    auto x = random_vector(x_size(s), seed++);
+    auto w = random_vector(w_size(s), seed++);
+    const auto g = random_vector(y_size(s), seed++);
+    std::vector<float> y(y_size(s)), dx(x_size(s)), dw(w_size(s));
+    conv2d_backward_input(ctx, s, g.data(), w.data(), dx.data());
+    conv2d_backward_weight(ctx, s, x.data(), g.data(), dw.data());
+    auto loss = [&] {
+      conv2d_forward(ctx, s, x.data(), w.data(), y.data());
+      return dot(g, y);
+    };
+    const float h = 1e-2f;
+    auto fd = [&](std::vector<float>& v, std::size_t i) {
+      const float keep = v[i];
+      v[i] = keep + h;
+      const double up = loss();
+      v[i] = keep - h;
+      const double down = loss();
+      v[i] = keep;
+      return (up - down) / (2.0 * h);
+    };
+    std::vector<double> fd_dx(x.size()), fd_dw(w.size());
+    for (std::size_t i = 0; i < x.size(); ++i) fd_dx[i] = fd(x, i);
+    for (std::size_t i = 0; i < w.size(); ++i) fd_dw[i] = fd(w, i);
+    const auto cx = compare(dx, fd_dx), cw = compare(dw, fd_dw);
+    INFO("dx vs finite differences: " << cx.describe());
+    INFO("dw vs finite differences: " << cw.describe());
+    CHECK(cx.max_error < 1e-3);
+    CHECK(cw.max_error < 1e-3);
+  }
+}
+
+TEST_CASE("conv2d results are identical for 1 and 3 threads", "[cpu][conv]") {
+  CpuContext one(1), three(3);
+  // Large enough that every kernel splits its work over threads.
+  const std::vector<Conv2dShape> shapes = {
+      {.n = 6, .h = 12, .w = 12, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 5, .h = 13, .w = 13, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 3, .h = 9, .w = 9, .c_in = 24, .c_out = 20, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+  };
+  std::uint32_t seed = 200;
+  for (const auto& s : shapes) {
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(x_size(s), seed++);
+    const auto w = random_vector(w_size(s), seed++);
+    const auto dy = random_vector(y_size(s), seed++);
+    const auto a = run_all(one, s, x, w, dy);
+    const auto b = run_all(three, s, x, w, dy);
+    CHECK(a.y == b.y);
+    CHECK(a.dx == b.dx);
+    CHECK(a.dw == b.dw);
+    // Repeated calls reuse scratch and give the same answer.
+    const auto c = run_all(three, s, x, w, dy);
+    CHECK(c.dw == b.dw);
+  }
+}
+
+TEST_CASE("conv2d bias variants add and reduce the bias", "[cpu][conv]") {
+  CpuContext ctx(2);
+  const Conv2dShape s{.n = 2, .h = 7, .w = 9, .c_in = 5, .c_out = 19, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2};
+  const auto x = random_vector(x_size(s), 300);
+  const auto w = random_vector(w_size(s), 301);
+  const auto bias = random_vector(std::size_t(s.c_out), 302);
+  std::vector<float> y(y_size(s), NAN);
+  conv2d_forward_bias(ctx, s, x.data(), w.data(), bias.data(), y.data());
+  auto want = ref_forward(s, x, w);
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] += bias[i % s.c_out];
+  const auto cy = compare(y, want);
+  INFO(cy.describe());
+  CHECK(cy.max_error < 1e-5);
+
+  const auto dy = random_vector(y_size(s), 303);
+  std::vector<float> db(std::size_t(s.c_out), NAN);
+  conv2d_backward_bias(ctx, s, dy.data(), db.data());
+  std::vector<double> want_db(std::size_t(s.c_out));
+  for (std::size_t i = 0; i < dy.size(); ++i) want_db[i % s.c_out] += dy[i];
+  const auto cb = compare(db, want_db);
+  INFO(cb.describe());
+  CHECK(cb.max_error < 1e-6);
+}
+
+TEST_CASE("conv2d rejects impossible shapes with the field named", "[cpu][conv]") {
+  CpuContext ctx(1);
+  std::vector<float> buf(4096);
+  auto fails_with = [&](Conv2dShape s, const std::string& field) {
+    INFO("shape " << s.to_string() << ", expecting a message about " << field);
+    try {
+      conv2d_forward(ctx, s, buf.data(), buf.data(), buf.data());
+      FAIL("no exception");
+    } catch (const towerflow::InvalidArgument& e) {
+      CHECK_THAT(e.what(), Catch::Contains(field));
+    }
+    CHECK_THROWS_AS(conv2d_backward_input(ctx, s, buf.data(), buf.data(), buf.data()),
+                    towerflow::InvalidArgument);
+    CHECK_THROWS_AS(conv2d_backward_weight(ctx, s, buf.data(), buf.data(), buf.data()),
+                    towerflow::InvalidArgument);
+  };
+  const Conv2dShape ok{.n = 1, .h = 4, .w = 4, .c_in = 2, .c_out = 2, .kh = 3, .kw = 3};
+  auto with = [&](auto change) {
+    Conv2dShape s = ok;
+    change(s);
+    return s;
+  };
+  fails_with(with([](auto& s) { s.n = 0; }), "n = 0");
+  fails_with(with([](auto& s) { s.c_in = -1; }), "c_in = -1");
+  fails_with(with([](auto& s) { s.kw = 0; }), "kw = 0");
+  fails_with(with([](auto& s) { s.stride_h = 0; }), "stride_h = 0");
+  fails_with(with([](auto& s) { s.pad_w = -1; }), "pad_w = -1");
+  fails_with(with([](auto& s) { s.kh = 5; }), "kernel height kh = 5");
+  fails_with(with([](auto& s) { s.kw = 7; s.pad_w = 1; }), "kernel width kw = 7");
+  fails_with(with([](auto& s) { s.n = 1 << 20; s.h = 64; s.w = 64; }), "2^31");
+}

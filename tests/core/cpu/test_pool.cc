@@ -1,0 +1,233 @@
+#include <catch2/catch.hpp>
+
+#include <limits>
+
+#include "core/cpu/kernel_test_util.h"
+#include "core/cpu/pool.h"
+#include "core/error.h"
+
+using namespace towerflow::cpu;
+using namespace towerflow::cpu::testing;
+
+namespace {
+
+std::size_t in_size(const Pool2dShape& s) { return std::size_t(s.n) * s.h * s.w * s.c; }
+std::size_t out_size(const Pool2dShape& s) { return std::size_t(s.n) * s.out_h() * s.out_w() * s.c; }
+
+// Reference max pool straight from the definition: padding is -inf, first maximum wins.
+void ref_max_pool(const Pool2dShape& s, const std::vector<float>& x, std::vector<double>& y,
+                  std::vector<std::int32_t>& arg) {
+  y.assign(out_size(s), 0.0);
+  arg.assign(out_size(s), -1);
+  std::size_t o = 0;
+  for (int n = 0; n < s.n; ++n)
+    for (int oh = 0; oh < s.out_h(); ++oh)
+      for (int ow = 0; ow < s.out_w(); ++ow)
+        for (int c = 0; c < s.c; ++c, ++o) {
+          double best = -std::numeric_limits<double>::infinity();
+          for (int i = 0; i < s.kh; ++i)
+            for (int j = 0; j < s.kw; ++j) {
+              const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+              if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+              const double v = x[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c + c];
+              if (v > best) {
+                best = v;
+                arg[o] = ih * s.w + iw;
+              }
+            }
+          y[o] = best;
+        }
+}
+
+// Reference average pool (count_include_pad) and its backward, scattering each output's
+// gradient over its window.
+std::vector<double> ref_avg_pool(const Pool2dShape& s, const std::vector<float>& x) {
+  std::vector<double> y(out_size(s));
+  std::size_t o = 0;
+  for (int n = 0; n < s.n; ++n)
+    for (int oh = 0; oh < s.out_h(); ++oh)
+      for (int ow = 0; ow < s.out_w(); ++ow)
+        for (int c = 0; c < s.c; ++c, ++o) {
+          double sum = 0.0;
+          for (int i = 0; i < s.kh; ++i)
+            for (int j = 0; j < s.kw; ++j) {
+              const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+              if (ih >= 0 && ih < s.h && iw >= 0 && iw < s.w)
+                sum += x[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c + c];
+            }
+          y[o] = sum / (s.kh * s.kw);
+        }
+  return y;
+}
+
+const std::vector<Pool2dShape> kShapes = {
+    {.n = 2, .h = 7, .w = 9, .c = 5, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 1, .h = 8, .w = 8, .c = 16, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
+    {.n = 3, .h = 5, .w = 6, .c = 1, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1},
+    {.n = 2, .h = 8, .w = 8, .c = 19, .kh = 8, .kw = 8, .stride_h = 1, .stride_w = 1},
+    {.n = 2, .h = 16, .w = 16, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 1, .h = 6, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 3, .stride_w = 1, .pad_h = 1, .pad_w = 1},
+};
+
+}  // namespace
+
+TEST_CASE("max pool matches the reference, argmax included", "[cpu][pool]") {
+  CpuContext ctx(2);
+  std::uint32_t seed = 1;
+  for (const auto& s : kShapes) {
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(in_size(s), seed++);
+    std::vector<double> want;
+    std::vector<std::int32_t> want_arg;
+    ref_max_pool(s, x, want, want_arg);
+    std::vector<float> y(out_size(s), NAN);
+    std::vector<std::int32_t> arg(out_size(s), -7);
+    max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+    const auto c = compare(y, want);
+    INFO(c.describe());
+    CHECK(c.max_error == 0.0);
+    CHECK(arg == want_arg);
+    std::vector<float> y2(out_size(s), NAN);
+    max_pool_forward(ctx, s, x.data(), y2.data(), nullptr);
+    CHECK(y2 == y);
+
+    // Backward: dx[argmax] accumulates dy.
+    const auto dy = random_vector(out_size(s), seed++);
+    std::vector<double> want_dx(in_size(s));
+    const std::size_t plane = std::size_t(s.out_h()) * s.out_w();
+    for (std::size_t o = 0; o < dy.size(); ++o) {
+      const std::size_t n = o / (plane * s.c), c = o % s.c;
+      want_dx[(n * s.h * s.w + want_arg[o]) * s.c + c] += dy[o];
+    }
+    std::vector<float> dx(in_size(s), NAN);
+    max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
+    const auto cd = compare(dx, want_dx);
+    INFO("backward: " << cd.describe());
+    CHECK(cd.max_error < 1e-6);
+  }
+}
+
+TEST_CASE("max pool takes the first of equal maxima and propagates NaN", "[cpu][pool]") {
+  CpuContext ctx(1);
+  const Pool2dShape s{.n = 1, .h = 2, .w = 2, .c = 2, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+  // Channel 0: all equal -> index 0. Channel 1: a NaN at position 2.
+  const std::vector<float> x = {1.0f, 0.0f, 1.0f, 5.0f, 1.0f, NAN, 1.0f, 7.0f};
+  std::vector<float> y(2);
+  std::vector<std::int32_t> arg(2);
+  max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+  CHECK(y[0] == 1.0f);
+  CHECK(arg[0] == 0);
+  CHECK(std::isnan(y[1]));
+  CHECK(arg[1] == 2);
+}
+
+TEST_CASE("average pool matches the reference; backward matches finite differences", "[cpu][pool]") {
+  CpuContext ctx(2);
+  std::uint32_t seed = 50;
+  for (const auto& s : kShapes) {
+    INFO("shape " << s.to_string());
+    auto x = random_vector(in_size(s), seed++);
+    std::vector<float> y(out_size(s), NAN);
+    avg_pool_forward(ctx, s, x.data(), y.data());
+    const auto c = compare(y, ref_avg_pool(s, x));
+    INFO(c.describe());
+    CHECK(c.max_error < 1e-6);
+
+    // Average pooling is linear: central differences of L = sum(g * y) are exact up to rounding.
+    const auto g = random_vector(out_size(s), seed++);
+    std::vector<float> dx(in_size(s), NAN);
+    avg_pool_backward(ctx, s, g.data(), dx.data());
+    std::vector<double> fd(x.size());
+    const float h = 0.5f;
+    for (std::size_t i = 0; i < x.size(); i += 1 + x.size() / 200) {
+      const float keep = x[i];
+      x[i] = keep + h;
+      avg_pool_forward(ctx, s, x.data(), y.data());
+      const double up = dot(g, y);
+      x[i] = keep - h;
+      avg_pool_forward(ctx, s, x.data(), y.data());
+      const double down = dot(g, y);
+      x[i] = keep;
+      fd[i] = (up - down) / (2 * h);
+      INFO("dx[" << i << "] = " << dx[i] << ", finite difference " << fd[i]);
+      CHECK(std::abs(dx[i] - fd[i]) < 1e-4);
+    }
+  }
+}
+
+TEST_CASE("max pool backward matches finite differences", "[cpu][pool]") {
+  CpuContext ctx(1);
+  const Pool2dShape s{.n = 2, .h = 5, .w = 5, .c = 3, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  auto x = random_vector(in_size(s), 77);
+  const auto g = random_vector(out_size(s), 78);
+  std::vector<float> y(out_size(s)), dx(in_size(s));
+  std::vector<std::int32_t> arg(out_size(s));
+  max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+  max_pool_backward(ctx, s, g.data(), arg.data(), dx.data());
+  // Random normal inputs have gaps far above h between neighbours, so the argmax does not move.
+  const float h = 1e-3f;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float keep = x[i];
+    x[i] = keep + h;
+    max_pool_forward(ctx, s, x.data(), y.data(), nullptr);
+    const double up = dot(g, y);
+    x[i] = keep - h;
+    max_pool_forward(ctx, s, x.data(), y.data(), nullptr);
+    const double down = dot(g, y);
+    x[i] = keep;
+    const double fd = (up - down) / (2 * h);
+    INFO("dx[" << i << "] = " << dx[i] << ", finite difference " << fd);
+    CHECK(std::abs(dx[i] - fd) < 1e-2 * (1 + std::abs(fd)));
+  }
+}
+
+TEST_CASE("pooling results are identical for 1 and 3 threads", "[cpu][pool]") {
+  CpuContext one(1), three(3);
+  const Pool2dShape s{.n = 7, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  const auto x = random_vector(in_size(s), 5);
+  const auto dy = random_vector(out_size(s), 6);
+  std::vector<float> results[2][4];
+  const CpuContext* ctxs[2] = {&one, &three};
+  for (int t = 0; t < 2; ++t) {
+    auto& r = results[t];
+    r[0].resize(out_size(s));
+    r[1].resize(in_size(s));
+    r[2].resize(out_size(s));
+    r[3].resize(in_size(s));
+    std::vector<std::int32_t> arg(out_size(s));
+    max_pool_forward(*ctxs[t], s, x.data(), r[0].data(), arg.data());
+    max_pool_backward(*ctxs[t], s, dy.data(), arg.data(), r[1].data());
+    avg_pool_forward(*ctxs[t], s, x.data(), r[2].data());
+    avg_pool_backward(*ctxs[t], s, dy.data(), r[3].data());
+  }
+  for (int k = 0; k < 4; ++k) CHECK(results[0][k] == results[1][k]);
+}
+
+TEST_CASE("pooling rejects impossible shapes with the field named", "[cpu][pool]") {
+  CpuContext ctx(1);
+  std::vector<float> buf(1024);
+  auto message = [&](Pool2dShape s) -> std::string {
+    try {
+      avg_pool_forward(ctx, s, buf.data(), buf.data());
+    } catch (const towerflow::InvalidArgument& e) {
+      CHECK_THROWS_AS(max_pool_forward(ctx, s, buf.data(), buf.data(), nullptr),
+                      towerflow::InvalidArgument);
+      return e.what();
+    }
+    return "no exception";
+  };
+  const Pool2dShape ok{.n = 1, .h = 4, .w = 4, .c = 2, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2};
+  Pool2dShape s = ok;
+  s.stride_w = 0;
+  CHECK_THAT(message(s), Catch::Contains("stride_w = 0"));
+  s = ok;
+  s.c = 0;
+  CHECK_THAT(message(s), Catch::Contains("c = 0"));
+  s = ok;
+  s.pad_h = 2;
+  CHECK_THAT(message(s), Catch::Contains("more than half the window"));
+  s = ok;
+  s.kh = 7;
+  s.pad_h = 1;
+  CHECK_THAT(message(s), Catch::Contains("larger than the padded input"));
+}
