@@ -1,0 +1,65 @@
+#pragma once
+// Augmentation and normalisation: uint8 HWC in, normalised float32 HWC out, in one pass.
+//
+// The order is torchvision's CIFAR recipe: random crop from the image padded with zeros
+// (RandomCrop(size, padding)), random horizontal flip, normalisation ((x/255 - mean) / std per
+// channel), then cutout (a square set to 0 after normalisation, centred anywhere in the image and
+// clipped at its edges, as DeVries & Taylor 2017). Every random choice is drawn from a generator
+// keyed by (seed, epoch, dataset index), so a sample's augmentation in an epoch does not depend
+// on the number of threads, on the batch it lands in, or on sharding.
+
+#include <array>
+#include <cstdint>
+
+#include "data/dataset.h"
+
+namespace towerflow::data {
+
+// Per-channel statistics of the CIFAR-10 training set, for pixels scaled to [0, 1].
+inline constexpr std::array<float, 3> kCifar10Mean = {0.4914f, 0.4822f, 0.4465f};
+inline constexpr std::array<float, 3> kCifar10Std = {0.2470f, 0.2435f, 0.2616f};
+
+struct Augment {
+  int crop_padding = 0;  // random crop of the image's own size from it padded by this much (0: none)
+  bool flip = false;     // horizontal flip with probability 1/2
+  int cutout = 0;        // side of the cutout square in pixels (0: none)
+  std::array<float, 3> mean = kCifar10Mean;
+  std::array<float, 3> std = kCifar10Std;
+};
+
+// Training: crop with padding 4, flip, CIFAR-10 normalisation; cutout as given (16 is usual).
+Augment cifar_augment(int cutout = 0);
+// Evaluation: normalisation only (the default of LoaderOptions).
+Augment eval_transform();
+
+// The random choices for one sample.
+struct AugmentChoice {
+  int dy = 0, dx = 0;            // crop offset in the padded image, 0..2*crop_padding
+  bool flip = false;
+  int cut_y = -1, cut_x = -1;    // cutout centre, or -1 without cutout
+};
+
+// Applies an Augment to images of one shape. Construction validates the options against the
+// shape (InvalidArgument: 3 channels expected, std > 0, padding and cutout >= 0 and sensible).
+// apply() is const and thread-safe.
+class Augmenter {
+ public:
+  Augmenter(const Augment& augment, ImageShape shape);
+
+  AugmentChoice choose(std::uint64_t seed, std::int64_t epoch, std::int64_t index) const;
+  // src: shape.bytes() uint8 HWC; dst: shape.bytes() floats HWC.
+  void apply(const std::uint8_t* src, float* dst, const AugmentChoice& choice) const;
+  void apply(const std::uint8_t* src, float* dst, std::uint64_t seed, std::int64_t epoch,
+             std::int64_t index) const {
+    apply(src, dst, choose(seed, epoch, index));
+  }
+  // The value a uint8 pixel v of channel c normalises to.
+  float normalise(int c, std::uint8_t v) const { return lut_[c][v]; }
+
+ private:
+  Augment augment_;
+  ImageShape shape_;
+  std::array<std::array<float, 256>, 3> lut_;
+};
+
+}  // namespace towerflow::data

@@ -1,0 +1,242 @@
+#include "data/image_codec.h"
+
+// jpeglib.h needs FILE and size_t declared first.
+#include <algorithm>
+#include <cmath>
+#include <csetjmp>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include <jpeglib.h>
+#include <png.h>
+
+#include "core/error.h"
+
+namespace towerflow::data {
+
+ImageFormat sniff_format(std::span<const std::uint8_t> b) {
+  if (b.size() >= 3 && b[0] == 0xFF && b[1] == 0xD8 && b[2] == 0xFF) return ImageFormat::Jpeg;
+  static constexpr std::uint8_t kPng[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  if (b.size() >= 8 && std::memcmp(b.data(), kPng, 8) == 0) return ImageFormat::Png;
+  return ImageFormat::Unknown;
+}
+
+namespace {
+
+// libjpeg reports errors through a callback that must not return; the default one calls exit().
+// Ours jumps back to the decode call. Warnings ("Premature end of JPEG file", "Corrupt JPEG
+// data") are errors too: libjpeg would otherwise fill the missing part with grey and the loader
+// would train on it.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void jpeg_on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void jpeg_on_message(j_common_ptr cinfo, int level) {
+  if (level < 0) jpeg_on_error(cinfo);  // a warning: corrupt data
+}
+
+// Only plain C objects live in this frame, so a longjmp out of libjpeg skips no destructor.
+// `out->pixels` is owned by the caller. Returns false with `message` set on failure.
+bool jpeg_decode(const std::uint8_t* data, std::size_t size, bool header_only, Image* out, char* message) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_on_error;
+  err.mgr.emit_message = jpeg_on_message;
+  if (setjmp(err.jump)) {
+    std::strncpy(message, err.message, JMSG_LENGTH_MAX);
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  out->h = static_cast<int>(cinfo.image_height);
+  out->w = static_cast<int>(cinfo.image_width);
+  out->c = 3;
+  if (!header_only) {
+    cinfo.out_color_space = JCS_RGB;
+    jpeg_start_decompress(&cinfo);
+    out->pixels.resize(static_cast<std::size_t>(out->h) * out->w * 3);
+    while (cinfo.output_scanline < cinfo.output_height) {
+      JSAMPROW row = out->pixels.data() + static_cast<std::size_t>(cinfo.output_scanline) * out->w * 3;
+      jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    jpeg_finish_decompress(&cinfo);
+  }
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+Image decode_png(std::span<const std::uint8_t> bytes, const std::string& what, bool header_only) {
+  // libpng's simplified API reports errors through its return value (no longjmp to manage).
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size()))
+    raise<DataError>("cannot decode PNG image '", what, "': ", png.message);
+  Image img{.h = static_cast<int>(png.height), .w = static_cast<int>(png.width), .c = 3, .pixels = {}};
+  if (header_only) {
+    png_image_free(&png);
+    return img;
+  }
+  // Alpha is dropped rather than composited, as PIL's convert("RGB") does.
+  const bool alpha = (png.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  png.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
+  std::vector<std::uint8_t> buffer(PNG_IMAGE_SIZE(png));
+  if (!png_image_finish_read(&png, nullptr, buffer.data(), 0, nullptr))
+    raise<DataError>("cannot decode PNG image '", what, "': ", png.message);
+  if (!alpha) {
+    img.pixels = std::move(buffer);
+  } else {
+    img.pixels.resize(static_cast<std::size_t>(img.h) * img.w * 3);
+    for (std::size_t p = 0, n = static_cast<std::size_t>(img.h) * img.w; p < n; ++p)
+      std::memcpy(&img.pixels[3 * p], &buffer[4 * p], 3);
+  }
+  return img;
+}
+
+Image decode(std::span<const std::uint8_t> bytes, const std::string& what, bool header_only) {
+  switch (sniff_format(bytes)) {
+    case ImageFormat::Jpeg: {
+      Image img;
+      char message[JMSG_LENGTH_MAX] = {};
+      if (!jpeg_decode(bytes.data(), bytes.size(), header_only, &img, message))
+        raise<DataError>("cannot decode JPEG image '", what, "': ", message);
+      if (img.h <= 0 || img.w <= 0) raise<DataError>("JPEG image '", what, "' has no pixels");
+      return img;
+    }
+    case ImageFormat::Png:
+      return decode_png(bytes, what, header_only);
+    case ImageFormat::Unknown:
+      break;
+  }
+  raise<DataError>("cannot decode image '", what, "': it is neither JPEG nor PNG (", bytes.size(),
+                   " bytes, unrecognised signature); remove it or convert it");
+}
+
+}  // namespace
+
+Image decode_image(std::span<const std::uint8_t> bytes, const std::string& what) {
+  return decode(bytes, what, false);
+}
+
+Image decode_header(std::span<const std::uint8_t> bytes, const std::string& what) {
+  return decode(bytes, what, true);
+}
+
+Image resize_bilinear(const Image& src, int h, int w) {
+  TW_CHECK(h > 0 && w > 0 && src.h > 0 && src.w > 0, "resize from ", src.h, "x", src.w, " to ", h, "x", w);
+  Image dst{.h = h, .w = w, .c = src.c, .pixels = {}};
+  if (h == src.h && w == src.w) {
+    dst.pixels = src.pixels;
+    return dst;
+  }
+  dst.pixels.resize(static_cast<std::size_t>(h) * w * src.c);
+  // Source coordinates and weights per output column, computed once.
+  struct Tap {
+    int i0, i1;
+    float t;
+  };
+  auto taps = [](int out, int in) {
+    std::vector<Tap> v(out);
+    const double scale = static_cast<double>(in) / out;
+    for (int o = 0; o < out; ++o) {
+      double s = (o + 0.5) * scale - 0.5;
+      s = std::clamp(s, 0.0, static_cast<double>(in - 1));
+      const int i0 = static_cast<int>(s);
+      v[o] = {i0, std::min(i0 + 1, in - 1), static_cast<float>(s - i0)};
+    }
+    return v;
+  };
+  const auto ty = taps(h, src.h), tx = taps(w, src.w);
+  const int c = src.c;
+  for (int y = 0; y < h; ++y) {
+    const std::uint8_t* r0 = &src.pixels[static_cast<std::size_t>(ty[y].i0) * src.w * c];
+    const std::uint8_t* r1 = &src.pixels[static_cast<std::size_t>(ty[y].i1) * src.w * c];
+    const float wy = ty[y].t;
+    for (int x = 0; x < w; ++x) {
+      const float wx = tx[x].t;
+      for (int k = 0; k < c; ++k) {
+        const float top = r0[tx[x].i0 * c + k] + wx * (r0[tx[x].i1 * c + k] - r0[tx[x].i0 * c + k]);
+        const float bot = r1[tx[x].i0 * c + k] + wx * (r1[tx[x].i1 * c + k] - r1[tx[x].i0 * c + k]);
+        dst.pixels[(static_cast<std::size_t>(y) * w + x) * c + k] =
+            static_cast<std::uint8_t>(std::lround(top + wy * (bot - top)));
+      }
+    }
+  }
+  return dst;
+}
+
+std::vector<std::uint8_t> encode_png(const Image& image) {
+  TW_CHECK(image.c == 1 || image.c == 3 || image.c == 4, "PNG encoding of ", image.c, " channels");
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = static_cast<png_uint_32>(image.w);
+  png.height = static_cast<png_uint_32>(image.h);
+  png.format = image.c == 1 ? PNG_FORMAT_GRAY : image.c == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_RGBA;
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&png, nullptr, &size, 0, image.pixels.data(), 0, nullptr))
+    raise<DataError>("PNG encoding failed: ", png.message);
+  std::vector<std::uint8_t> out(size);
+  if (!png_image_write_to_memory(&png, out.data(), &size, 0, image.pixels.data(), 0, nullptr))
+    raise<DataError>("PNG encoding failed: ", png.message);
+  out.resize(size);
+  return out;
+}
+
+namespace {
+bool jpeg_encode(const Image& image, int quality, unsigned char** buffer, unsigned long* size, char* message) {
+  jpeg_compress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_on_error;
+  if (setjmp(err.jump)) {
+    std::strncpy(message, err.message, JMSG_LENGTH_MAX);
+    jpeg_destroy_compress(&cinfo);
+    return false;
+  }
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, buffer, size);
+  cinfo.image_width = static_cast<JDIMENSION>(image.w);
+  cinfo.image_height = static_cast<JDIMENSION>(image.h);
+  cinfo.input_components = image.c;
+  cinfo.in_color_space = image.c == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<std::uint8_t*>(image.pixels.data()) +
+                   static_cast<std::size_t>(cinfo.next_scanline) * image.w * image.c;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  return true;
+}
+}  // namespace
+
+std::vector<std::uint8_t> encode_jpeg(const Image& image, int quality) {
+  TW_CHECK(image.c == 1 || image.c == 3, "JPEG encoding of ", image.c, " channels");
+  unsigned char* buffer = nullptr;
+  unsigned long size = 0;
+  char message[JMSG_LENGTH_MAX] = {};
+  const bool ok = jpeg_encode(image, quality, &buffer, &size, message);
+  std::vector<std::uint8_t> out;
+  if (ok) out.assign(buffer, buffer + size);
+  std::free(buffer);
+  if (!ok) raise<DataError>("JPEG encoding failed: ", message);
+  return out;
+}
+
+}  // namespace towerflow::data

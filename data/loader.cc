@@ -1,0 +1,228 @@
+#include "data/loader.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "data/rng.h"
+
+namespace towerflow::data {
+
+namespace {
+
+void validate(const Dataset& dataset, const LoaderOptions& o) {
+  if (o.world_size < 1) raise<InvalidArgument>("world size ", o.world_size, " must be at least 1");
+  if (o.rank < 0 || o.rank >= o.world_size)
+    raise<InvalidArgument>("rank ", o.rank, " is out of range for world size ", o.world_size, "; use 0..",
+                           o.world_size - 1);
+  if (o.batch < 1) raise<InvalidArgument>("batch size ", o.batch, " must be at least 1");
+  if (o.batch % o.world_size != 0) {
+    const int down = o.batch / o.world_size * o.world_size;
+    raise<InvalidArgument>("global batch ", o.batch, " cannot be split evenly over ", o.world_size,
+                           " ranks; use --batch_size ", down > 0 ? str(down, " or ") : std::string(),
+                           down + o.world_size);
+  }
+  if (o.threads < 0) raise<InvalidArgument>("loader threads ", o.threads, " must be >= 0 (0: no background thread)");
+  if (o.prefetch < 1) raise<InvalidArgument>("loader prefetch ", o.prefetch, " must be at least 1 batch");
+  if (dataset.size() < 1) raise<InvalidArgument>("dataset ", dataset.describe(), " is empty");
+  if (o.drop_last && dataset.size() < o.batch)
+    raise<InvalidArgument>("dataset ", dataset.describe(), " has fewer images than one batch of ", o.batch,
+                           ", so dropping the last partial batch leaves nothing; use a batch of at most ",
+                           dataset.size(), " or keep the last batch (drop_last = false)");
+}
+
+}  // namespace
+
+Loader::Loader(const Dataset& dataset, LoaderOptions options)
+    : dataset_(dataset),
+      options_(std::move(options)),
+      shape_(dataset.shape()),
+      augmenter_((validate(dataset, options_), options_.augment), shape_),
+      local_batch_(options_.batch / options_.world_size),
+      steps_(options_.drop_last ? dataset.size() / options_.batch
+                                : (dataset.size() + options_.batch - 1) / options_.batch) {
+  if (!options_.allocator.allocate) options_.allocator = aligned_host_allocator();
+  const int buffers = options_.threads == 0 ? 1 : std::max(options_.prefetch, options_.threads) + 1;
+  pool_.reserve(buffers);
+  for (int i = 0; i < buffers; ++i) {
+    Batch b;
+    b.h = shape_.h;
+    b.w = shape_.w;
+    b.c = shape_.c;
+    b.images = FloatBuffer(static_cast<std::size_t>(local_batch_) * shape_.bytes(), options_.allocator);
+    b.labels.reserve(local_batch_);
+    b.indices.reserve(local_batch_);
+    pool_.push_back(std::move(b));
+    free_.push_back(i);
+  }
+  free_.reserve(buffers);
+  slots_.resize(buffers);
+  order_.resize(static_cast<std::size_t>(dataset.size()));
+  if (options_.threads == 0) sync_scratch_.resize(shape_.bytes());
+  for (int t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { worker_main(); });
+}
+
+Loader::~Loader() {
+  {
+    std::unique_lock lock(mutex_);
+    cancel_locked(lock);
+    shutdown_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void Loader::set_epoch(std::int64_t epoch, std::int64_t start_step) {
+  if (epoch < 0) raise<InvalidArgument>("epoch ", epoch, " must be >= 0");
+  if (start_step < 0 || start_step > steps_)
+    raise<InvalidArgument>("start step ", start_step, " of epoch ", epoch, " is out of range; an epoch has ", steps_,
+                           " steps (0..", steps_ - 1, ")");
+  stop();
+  next_epoch_ = epoch;
+  next_start_step_ = start_step;
+}
+
+void Loader::stop() {
+  std::unique_lock lock(mutex_);
+  cancel_locked(lock);
+}
+
+// Cancels the running pass: workers abandon their batch at the next sample, and every buffer
+// goes back to the free list once none of them is busy.
+void Loader::cancel_locked(std::unique_lock<std::mutex>& lock) {
+  if (!active_) return;
+  cancel_ = true;
+  ready_cv_.wait(lock, [this] { return busy_ == 0; });
+  active_ = false;
+  cancel_ = false;
+  held_ = -1;
+  free_.clear();
+  for (int i = 0; i < static_cast<int>(pool_.size()); ++i) free_.push_back(i);
+  for (auto& s : slots_) s = Slot{};
+}
+
+void Loader::start() {
+  stop();
+  const std::int64_t epoch = next_epoch_;
+  // The epoch's order, the same on every rank: Fisher-Yates from (seed, epoch).
+  for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<std::int64_t>(i);
+  if (options_.shuffle) {
+    SampleRng rng(options_.seed, RngStream::Shuffle, static_cast<std::uint64_t>(epoch));
+    for (std::size_t i = order_.size() - 1; i > 0; --i)
+      std::swap(order_[i], order_[rng.below(static_cast<std::uint32_t>(i + 1))]);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    epoch_ = epoch;
+    claim_ = consume_ = next_start_step_;
+    end_step_ = steps_;
+    active_ = true;
+  }
+  next_epoch_ = epoch + 1;
+  next_start_step_ = 0;
+  work_cv_.notify_all();
+}
+
+Loader::Iterator Loader::begin() {
+  start();
+  return Iterator(this, next());
+}
+
+const Batch* Loader::next() {
+  std::unique_lock lock(mutex_);
+  if (held_ >= 0) {  // the consumer is done with the previous batch
+    free_.push_back(held_);
+    held_ = -1;
+    work_cv_.notify_one();
+  }
+  if (!active_) return nullptr;
+  if (consume_ >= end_step_) {
+    active_ = false;
+    return nullptr;
+  }
+  const std::int64_t step = consume_;
+  if (options_.threads == 0) {
+    const int buffer = free_.back();
+    free_.pop_back();
+    held_ = buffer;
+    ++consume_;
+    lock.unlock();
+    try {
+      produce(step, pool_[buffer], sync_scratch_);
+    } catch (...) {
+      stop();
+      throw;
+    }
+    return &pool_[buffer];
+  }
+  Slot& slot = slots_[static_cast<std::size_t>(step % static_cast<std::int64_t>(slots_.size()))];
+  ready_cv_.wait(lock, [&] { return slot.done; });
+  ++consume_;
+  held_ = slot.buffer;
+  std::exception_ptr error = slot.error;
+  slot = Slot{};
+  if (error) {
+    cancel_locked(lock);
+    std::rethrow_exception(error);
+  }
+  return &pool_[held_];
+}
+
+void Loader::worker_main() {
+  std::vector<std::uint8_t> scratch(shape_.bytes());
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return shutdown_ || (active_ && !cancel_ && claim_ < end_step_ && !free_.empty()); });
+    if (shutdown_) return;
+    const std::int64_t step = claim_++;
+    const int buffer = free_.back();
+    free_.pop_back();
+    ++busy_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      produce(step, pool_[buffer], scratch);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    --busy_;
+    Slot& slot = slots_[static_cast<std::size_t>(step % static_cast<std::int64_t>(slots_.size()))];
+    slot.buffer = buffer;
+    slot.error = error;
+    slot.done = true;
+    // The consumer waits for its step, and cancel_locked() for busy_ == 0.
+    ready_cv_.notify_all();
+  }
+}
+
+void Loader::produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>& scratch) {
+  const std::int64_t n = dataset_.size();
+  const std::int64_t global_begin = step * options_.batch;
+  const auto global_n = static_cast<int>(std::min<std::int64_t>(options_.batch, n - global_begin));
+  // This rank's slice: an even split of the global batch (exact for full batches).
+  const int r = options_.rank, w = options_.world_size;
+  const int begin = static_cast<int>(static_cast<std::int64_t>(global_n) * r / w);
+  const int end = static_cast<int>(static_cast<std::int64_t>(global_n) * (r + 1) / w);
+  batch.n = end - begin;
+  batch.epoch = epoch_;
+  batch.index_in_epoch = step;
+  batch.global_n = global_n;
+  batch.global_offset = begin;
+  batch.labels.resize(static_cast<std::size_t>(batch.n));
+  batch.indices.resize(static_cast<std::size_t>(batch.n));
+  const std::size_t stride = shape_.bytes();
+  for (int j = 0; j < batch.n; ++j) {
+    if (cancel_.load(std::memory_order_relaxed)) return;
+    const std::int64_t index = order_[static_cast<std::size_t>(global_begin + begin + j)];
+    const std::int32_t label = dataset_.read(index, scratch);
+    if (label < 0 || label >= dataset_.num_classes())
+      raise<DataError>(dataset_.describe(), " item ", index, " has label ", label, ", expected 0..",
+                       dataset_.num_classes() - 1);
+    batch.labels[static_cast<std::size_t>(j)] = label;
+    batch.indices[static_cast<std::size_t>(j)] = index;
+    augmenter_.apply(scratch.data(), batch.images.data() + static_cast<std::size_t>(j) * stride, options_.seed,
+                     epoch_, index);
+  }
+}
+
+}  // namespace towerflow::data

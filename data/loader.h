@@ -1,0 +1,143 @@
+#pragma once
+// Loader: shuffles, shards, augments and batches a Dataset on background threads, a bounded
+// number of batches ahead of the trainer.
+//
+//   data::Loader loader{train, {.batch = 512, .augment = data::cifar_augment(), .seed = 1}};
+//   for (int epoch = 0; epoch < 30; ++epoch)
+//     for (const data::Batch& batch : loader) trainer.step(batch);   // epochs 0, 1, 2, ...
+//
+// Epochs. Each pass (begin()) runs one epoch: the one given to set_epoch(), else the one after
+// the previous pass (the first is 0). The epoch's order is a permutation of the dataset drawn
+// from (seed, epoch), the same on every rank. set_epoch(e, k) starts epoch e at step k (resuming
+// a run mid-epoch gives exactly the batches the interrupted run would have produced from there).
+//
+// Global batches and shards. Step s of an epoch takes the global batch of rows
+// [s*batch, (s+1)*batch) of the epoch's order; rank r of world_size gets the r-th contiguous
+// slice of it (batch / world_size rows; batch must divide evenly). With drop_last the final
+// partial global batch is dropped; with keep-last it is split over the ranks as evenly as
+// possible, so a rank may get fewer rows, or none, in that step; every rank makes the same number
+// of steps. Over one epoch the ranks' slices together cover every row of the epoch exactly once
+// (drop_last: those of the full batches).
+//
+// Determinism. A batch's contents are a pure function of (dataset, options except threads,
+// prefetch and allocator, epoch, step): the same for any number of worker threads.
+//
+// Threads and memory. `threads` workers produce whole batches in parallel, into a pool of
+// max(prefetch, threads) + 1 buffers allocated once with `allocator` and recycled, so steady state
+// allocates nothing; threads = 0 produces each batch on the caller's thread inside next(). The
+// Batch a pass yields stays valid until the iterator is advanced (or next()/stop() is called);
+// its buffer is then reused. The Loader itself is used from one thread.
+//
+// Errors. Bad options throw InvalidArgument from the constructor. A worker's exception (e.g. a
+// DataError for a bad file found while reading) is rethrown by the next() that reaches that
+// batch, after the workers have stopped. Destroying the loader or calling stop() mid-epoch cancels
+// the pass promptly (workers check between samples) and joins nothing but idle threads.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "data/augment.h"
+#include "data/batch.h"
+#include "data/dataset.h"
+
+namespace towerflow::data {
+
+struct LoaderOptions {
+  int batch = 128;                  // the global batch, over all ranks
+  Augment augment = {};             // default: normalisation only (eval_transform())
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  bool drop_last = true;            // false: keep the final partial batch
+  int rank = 0, world_size = 1;     // this process's shard
+  int threads = 2;                  // background workers; 0: produce on the caller's thread
+  int prefetch = 4;                 // batches produced ahead of the consumer (the queue bound)
+  HostAllocator allocator = {};     // batch buffers; empty: aligned_host_allocator()
+};
+
+class Loader {
+ public:
+  // The dataset must outlive the loader.
+  Loader(const Dataset& dataset, LoaderOptions options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  std::int64_t steps_per_epoch() const { return steps_; }
+  int local_batch() const { return local_batch_; }  // rows per rank in a full step
+  const Dataset& dataset() const { return dataset_; }
+  const LoaderOptions& options() const { return options_; }
+
+  // The epoch (and first step) the next pass runs. Stops a pass in progress.
+  void set_epoch(std::int64_t epoch, std::int64_t start_step = 0);
+  std::int64_t next_epoch() const { return next_epoch_; }
+
+  // Explicit form of the range-for: start() begins a pass; next() returns its batches in order,
+  // then nullptr; stop() cancels it (also done by start(), set_epoch() and the destructor).
+  void start();
+  const Batch* next();
+  void stop();
+
+  class Iterator {
+   public:
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    const Batch& operator*() const { return *current_; }
+    const Batch* operator->() const { return current_; }
+    Iterator& operator++() {
+      current_ = loader_->next();
+      return *this;
+    }
+    bool operator==(std::default_sentinel_t) const { return current_ == nullptr; }
+
+   private:
+    friend class Loader;
+    Iterator(Loader* loader, const Batch* current) : loader_(loader), current_(current) {}
+    Loader* loader_;
+    const Batch* current_;
+  };
+  Iterator begin();
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  struct Slot {
+    int buffer = -1;
+    bool done = false;
+    std::exception_ptr error;
+  };
+  void worker_main();
+  void produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>& scratch);
+  void cancel_locked(std::unique_lock<std::mutex>& lock);
+
+  const Dataset& dataset_;
+  LoaderOptions options_;
+  ImageShape shape_;
+  Augmenter augmenter_;
+  int local_batch_;
+  std::int64_t steps_;
+  std::int64_t next_epoch_ = 0, next_start_step_ = 0;
+
+  std::vector<Batch> pool_;
+  std::vector<std::int64_t> order_;       // the running epoch's permutation
+  std::vector<std::uint8_t> sync_scratch_;  // for threads = 0
+
+  // Shared with the workers, under mutex_.
+  std::mutex mutex_;
+  std::condition_variable work_cv_, ready_cv_;
+  std::vector<int> free_;                 // buffers no one holds
+  std::vector<Slot> slots_;               // step s lives in slots_[s % slots_.size()]
+  bool active_ = false, shutdown_ = false;
+  std::int64_t epoch_ = 0, claim_ = 0, consume_ = 0, end_step_ = 0;
+  int busy_ = 0;                          // workers producing a batch
+  int held_ = -1;                         // the buffer the consumer holds
+  std::atomic<bool> cancel_{false};
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace towerflow::data

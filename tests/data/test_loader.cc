@@ -1,0 +1,267 @@
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "data/builtin.h"
+#include "data/loader.h"
+#include "tests/data/helpers.h"
+
+using namespace towerflow;
+using namespace towerflow::data;
+using testing::require_throws_mentioning;
+
+namespace {
+
+// A small dataset whose pixels encode the item index, so any row can be traced to its source.
+class Indexed : public Dataset {
+ public:
+  explicit Indexed(std::int64_t n, std::int64_t fail_at = -1) : n_(n), fail_at_(fail_at) {}
+  std::int64_t size() const override { return n_; }
+  int num_classes() const override { return 7; }
+  const std::vector<std::string>& class_names() const override {
+    static const std::vector<std::string> names = {"a", "b", "c", "d", "e", "f", "g"};
+    return names;
+  }
+  ImageShape shape() const override { return {4, 4, 3}; }
+  std::int32_t read(std::int64_t i, std::span<std::uint8_t> out) const override {
+    if (i == fail_at_) raise<DataError>("item ", i, " is corrupt");
+    reads_.fetch_add(1);
+    for (std::size_t p = 0; p < 48; ++p) out[p] = static_cast<std::uint8_t>((i * 13 + p) % 256);
+    return label(i);
+  }
+  std::int32_t label(std::int64_t i) const override { return static_cast<std::int32_t>(i % 7); }
+  std::string describe() const override { return "indexed"; }
+  mutable std::atomic<int> reads_{0};
+
+ private:
+  std::int64_t n_, fail_at_;
+};
+
+struct Snapshot {
+  int n, global_n, global_offset;
+  std::int64_t epoch, step;
+  std::vector<std::int32_t> labels;
+  std::vector<std::int64_t> indices;
+  std::vector<float> images;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot snap(const Batch& b) {
+  return {b.n,          b.global_n, b.global_offset, b.epoch, b.index_in_epoch, b.labels, b.indices,
+          std::vector<float>(b.valid_images().begin(), b.valid_images().end())};
+}
+
+std::vector<Snapshot> run_epoch(Loader& loader) {
+  std::vector<Snapshot> out;
+  for (const Batch& b : loader) out.push_back(snap(b));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Batches are identical for the same seed whatever the number of threads", "[data][loader]") {
+  const Builtin data(Split::Train, {.train_size = 300});
+  std::vector<std::vector<Snapshot>> runs;
+  for (int threads : {0, 1, 2, 5}) {
+    Loader loader(data, {.batch = 32, .augment = cifar_augment(8), .seed = 9, .drop_last = false,
+                         .threads = threads, .prefetch = 2});
+    run_epoch(loader);                // epoch 0
+    runs.push_back(run_epoch(loader));  // epoch 1
+  }
+  REQUIRE(runs[0].size() == 10);
+  CHECK(runs[0].back().n == 300 - 9 * 32);
+  CHECK(runs[0][0].epoch == 1);
+  for (std::size_t r = 1; r < runs.size(); ++r) CHECK(runs[r] == runs[0]);
+}
+
+TEST_CASE("Each row is the augmented dataset item it names, with its label", "[data][loader]") {
+  const Builtin data(Split::Test, {.test_size = 64});
+  const Augment aug = cifar_augment(4);
+  Loader loader(data, {.batch = 16, .augment = aug, .seed = 3, .threads = 2});
+  loader.set_epoch(4);
+  const Augmenter reference(aug, data.shape());
+  std::vector<std::uint8_t> raw(3072);
+  std::vector<float> expected(3072);
+  int rows = 0;
+  for (const Batch& b : loader) {
+    REQUIRE(b.n == 16);
+    CHECK((b.h == 32 && b.w == 32 && b.c == 3));
+    for (int j = 0; j < b.n; ++j) {
+      const std::int32_t label = data.read(b.indices[j], raw);
+      CHECK(b.labels[j] == label);
+      reference.apply(raw.data(), expected.data(), 3, 4, b.indices[j]);
+      const auto got = b.image(j);
+      REQUIRE(std::equal(got.begin(), got.end(), expected.begin()));
+      ++rows;
+    }
+  }
+  CHECK(rows == 64);
+}
+
+TEST_CASE("Shards of all ranks together cover the epoch exactly once", "[data][loader]") {
+  const Indexed data(103);
+  for (bool drop_last : {true, false}) {
+    for (int world : {1, 2, 3, 4}) {
+      const int batch = 12;
+      std::map<std::int64_t, int> seen;
+      std::vector<std::int64_t> steps;
+      std::vector<std::vector<std::int64_t>> global_rows;  // step -> indices in rank order
+      for (int rank = 0; rank < world; ++rank) {
+        Loader loader(data, {.batch = batch, .seed = 5, .drop_last = drop_last, .rank = rank, .world_size = world,
+                             .threads = 1});
+        loader.set_epoch(2);
+        std::int64_t count = 0;
+        for (const Batch& b : loader) {
+          if (global_rows.size() <= static_cast<std::size_t>(b.index_in_epoch)) global_rows.resize(b.index_in_epoch + 1);
+          auto& row = global_rows[static_cast<std::size_t>(b.index_in_epoch)];
+          CHECK(b.global_offset == static_cast<int>(row.size()));  // ranks in order tile the global batch
+          row.insert(row.end(), b.indices.begin(), b.indices.end());
+          for (auto i : b.indices) ++seen[i];
+          ++count;
+        }
+        steps.push_back(count);
+        CHECK(count == loader.steps_per_epoch());
+      }
+      INFO("world " << world << " drop_last " << drop_last);
+      CHECK(std::set<std::int64_t>(steps.begin(), steps.end()).size() == 1);  // ranks step in lockstep
+      const std::int64_t covered = drop_last ? 103 / batch * batch : 103;
+      CHECK(static_cast<std::int64_t>(seen.size()) == covered);
+      for (const auto& [index, times] : seen) REQUIRE(times == 1);
+      // The global batches are the same as a single process would make.
+      Loader single(data, {.batch = batch, .seed = 5, .drop_last = drop_last, .threads = 0});
+      single.set_epoch(2);
+      std::size_t s = 0;
+      for (const Batch& b : single) CHECK(std::vector<std::int64_t>(b.indices.begin(), b.indices.end()) == global_rows[s++]);
+    }
+  }
+}
+
+TEST_CASE("Epochs are shuffled from the seed: same seed same order, new epoch new order", "[data][loader]") {
+  const Indexed data(50);
+  auto order = [&](std::uint64_t seed, std::int64_t epoch, bool shuffle = true) {
+    Loader loader(data, {.batch = 10, .shuffle = shuffle, .seed = seed, .threads = 1});
+    loader.set_epoch(epoch);
+    std::vector<std::int64_t> all;
+    for (const Batch& b : loader) all.insert(all.end(), b.indices.begin(), b.indices.end());
+    return all;
+  };
+  const auto a = order(1, 0);
+  CHECK(a == order(1, 0));
+  CHECK(a != order(1, 1));
+  CHECK(a != order(2, 0));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(sorted == order(1, 0, false));  // a permutation of 0..49
+  CHECK(std::is_sorted(sorted.begin(), sorted.end()));
+  // Range-for passes advance the epoch.
+  Loader loader(data, {.batch = 10, .seed = 1, .threads = 2});
+  std::vector<std::int64_t> epochs;
+  for (int e = 0; e < 3; ++e)
+    for (const Batch& b : loader) epochs.push_back(b.epoch);
+  CHECK(epochs == std::vector<std::int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2});
+}
+
+TEST_CASE("An epoch can start at step k, giving the rest of that epoch exactly", "[data][loader]") {
+  const Builtin data(Split::Test, {.test_size = 100});
+  Loader loader(data, {.batch = 8, .augment = cifar_augment(), .seed = 4, .threads = 2});
+  loader.set_epoch(3);
+  const auto full = run_epoch(loader);
+  REQUIRE(full.size() == 12);
+  loader.set_epoch(3, 7);
+  const auto tail = run_epoch(loader);
+  REQUIRE(tail.size() == 5);
+  for (int i = 0; i < 5; ++i) CHECK(tail[i] == full[7 + i]);
+  CHECK(loader.next_epoch() == 4);
+  require_throws_mentioning<InvalidArgument>([&] { loader.set_epoch(0, 13); }, {"start step 13", "12 steps"});
+}
+
+TEST_CASE("Stopping mid-epoch is clean, and the loader is reusable afterwards", "[data][loader]") {
+  const Indexed data(2000);
+  for (int round = 0; round < 5; ++round) {
+    data.reads_ = 0;
+    Loader loader(data, {.batch = 10, .threads = 3, .prefetch = 3});
+    int seen = 0;
+    for (const Batch& b : loader) {
+      (void)b;
+      if (++seen == 3 + round) break;  // leave with workers mid-batch
+    }
+    // The workers stopped at the prefetch bound: at most 3 batches beyond the one held.
+    CHECK(data.reads_.load() <= (seen + 3) * 10);
+    const auto again = run_epoch(loader);  // a fresh pass after an abandoned one
+    CHECK(again.size() == 200);
+    CHECK(again.front().epoch == 1);
+    loader.start();  // destroyed with a pass running
+  }
+}
+
+TEST_CASE("A worker's error reaches the consumer at the failing batch", "[data][loader]") {
+  const Indexed data(40, /*fail_at=*/17);
+  for (int threads : {0, 2}) {
+    Loader loader(data, {.batch = 8, .shuffle = false, .threads = threads});
+    int good = 0;
+    require_throws_mentioning<DataError>(
+        [&] {
+          for (const Batch& b : loader) {
+            (void)b;
+            ++good;
+          }
+        },
+        {"item 17 is corrupt"});
+    CHECK(good == 2);  // batches 0 and 1 came through; batch 2 holds item 17
+    // The loader survives the error: a later pass from step 3 runs normally.
+    loader.set_epoch(0, 3);
+    CHECK(run_epoch(loader).size() == 2);
+  }
+}
+
+TEST_CASE("Batch buffers come from the given allocator, once, and are recycled", "[data][loader]") {
+  const Indexed data(64);
+  std::atomic<int> allocations{0}, frees{0};
+  HostAllocator counting{
+      .allocate = [&](std::size_t bytes) { ++allocations; return aligned_host_allocator().allocate(bytes); },
+      .deallocate = [&](void* p, std::size_t bytes) { ++frees; aligned_host_allocator().deallocate(p, bytes); },
+      .name = "counting"};
+  {
+    Loader loader(data, {.batch = 4, .threads = 2, .prefetch = 3, .allocator = counting});
+    CHECK(allocations == 4);  // max(prefetch, threads) + 1
+    for (int e = 0; e < 3; ++e)
+      for (const Batch& b : loader) CHECK(b.images.allocator_name() == "counting");
+    CHECK(allocations == 4);
+  }
+  CHECK(frees == 4);
+}
+
+TEST_CASE("Keep-last splits the final batch over ranks; a rank may get no rows", "[data][loader]") {
+  const Indexed data(13);
+  std::vector<int> last_n;
+  for (int rank = 0; rank < 4; ++rank) {
+    Loader loader(data, {.batch = 8, .drop_last = false, .rank = rank, .world_size = 4, .threads = 0});
+    CHECK(loader.steps_per_epoch() == 2);
+    CHECK(loader.local_batch() == 2);
+    const auto e = run_epoch(loader);
+    CHECK(e[0].n == 2);
+    CHECK(e[1].global_n == 5);
+    last_n.push_back(e[1].n);
+  }
+  CHECK(last_n == std::vector<int>{1, 1, 1, 2});
+  const Indexed three(3);
+  Loader tiny(three, {.batch = 8, .drop_last = false, .rank = 0, .world_size = 4, .threads = 0});
+  CHECK(run_epoch(tiny).at(0).n == 0);
+}
+
+TEST_CASE("Bad loader options are InvalidArguments with a fix", "[data][loader]") {
+  const Indexed data(20);
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 10, .world_size = 4}); },
+                                             {"global batch 10", "4 ranks", "--batch_size 8 or 12"});
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 8, .rank = 2, .world_size = 2}); },
+                                             {"rank 2", "0..1"});
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 32}); },
+                                             {"fewer images than one batch of 32", "drop_last = false"});
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 0}); }, {"batch size 0"});
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.prefetch = 0}); }, {"prefetch 0"});
+  require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 4, .augment = {.cutout = -2}}); },
+                                             {"cutout size -2"});
+}
