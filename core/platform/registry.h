@@ -6,26 +6,24 @@
 // configuration again is a no-op. Any accessor called before initialisation initialises with
 // default options (every visible GPU, one CPU device). A physical device is touched (CUDA
 // context, memory) only when a logical device on it is first used: allocators are created lazily.
-// All functions are thread-safe.
+// All functions are thread-safe. References returned stay valid until reset_devices_for_testing.
+// Initialisation applies TOWERFLOW_FORCE_GPU_ALLOW_GROWTH (see options.h), resolves the logical
+// devices on this machine (logical.h, which throws InvalidArgument for options that do not fit)
+// and, with log_device_placement, logs the device mapping. A failed initialisation leaves the
+// registry uninitialised.
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/device.h"
 #include "core/memory/allocator.h"
+#include "core/platform/logical.h"
 #include "core/platform/options.h"
+#include "core/platform/platform.h"
 
 namespace towerflow {
-
-struct LogicalDevice {
-  Device device;                       // /cpu:1, /gpu:2 (TensorFlow's numbering)
-  int physical_index = 0;              // CPU: 0; GPU: the CUDA ordinal after CUDA_VISIBLE_DEVICES
-  std::size_t memory_limit_bytes = 0;  // the allocator's hard limit
-  bool allow_growth = true;
-  int intra_op_threads = 1;            // threads the CPU kernels of this device use
-  std::string description;             // "physical CPU 0, memory limit 4.0 GiB, growth on"
-};
 
 // Initialises the registry (if not yet) and returns every logical device: the GPUs in
 // TensorFlow's order (visible_device_list order, each GPU's virtual devices in turn), then the CPUs.
@@ -46,7 +44,11 @@ const ProcessOptions& process_options();             // what the registry was in
 // naming d, what exists, and the option.
 Device place(const Device& d);
 
-// Tests only: forgets the configuration and destroys the allocators (no tensor may be alive).
+// Tests only: forgets the configuration and destroys the allocators (no tensor may be alive);
+// the next initialisation uses this machine again.
 void reset_devices_for_testing();
+// Tests only: the next initialisation resolves devices on `platform` instead of this machine
+// (call after reset_devices_for_testing). Allocators of described GPUs cannot be created.
+void set_platform_for_testing(std::unique_ptr<Platform> platform);
 
 }  // namespace towerflow

@@ -1,0 +1,49 @@
+// The CUDA half of the system platform: which GPUs the runtime lists, and what they are.
+//
+// Only cudaGetDeviceCount and cudaGetDeviceProperties are called. Both initialise the runtime
+// (and load the driver) but create no context and allocate no device memory, so listing devices
+// leaves every GPU untouched until a logical device on it is used. CUDA_VISIBLE_DEVICES and
+// CUDA_DEVICE_ORDER are applied by the driver itself, so the ordinals here are the ones every
+// other CUDA call in this process uses.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+
+#include "core/platform/cuda_query.h"
+
+namespace towerflow::detail {
+
+std::vector<GpuDescription> query_cuda_gpus(std::string* why) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    // No driver, no device, a driver older than the runtime: all mean "no GPU here", not a
+    // failure. Clear the sticky error so later CUDA calls are not confused by it.
+    if (why) *why = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+    cudaGetLastError();
+    return {};
+  }
+  if (count == 0 && why) *why = "the CUDA runtime lists no device";
+  std::vector<GpuDescription> gpus;
+  for (int ordinal = 0; ordinal < count; ++ordinal) {
+    cudaDeviceProp prop{};
+    status = cudaGetDeviceProperties(&prop, ordinal);
+    if (status != cudaSuccess) {
+      // A device that cannot be queried cannot be used either; keep the ones before it so that
+      // ordinals stay the driver's.
+      if (why) *why = std::string("cudaGetDeviceProperties(") + std::to_string(ordinal) + "): " + cudaGetErrorString(status);
+      cudaGetLastError();
+      break;
+    }
+    char bus_id[32];
+    std::snprintf(bus_id, sizeof bus_id, "%04x:%02x:%02x.0", prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
+    gpus.push_back({.name = prop.name,
+                    .memory_bytes = prop.totalGlobalMem,
+                    .pci_bus_id = bus_id,
+                    .compute_major = prop.major,
+                    .compute_minor = prop.minor});
+  }
+  return gpus;
+}
+
+}  // namespace towerflow::detail

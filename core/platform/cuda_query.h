@@ -1,0 +1,17 @@
+#pragma once
+// Private to core/platform: the CUDA half of make_system_platform(). Implemented by
+// core/cuda/cuda_platform.cc in CUDA builds and by core/platform/cuda_query_stub.cc otherwise.
+
+#include <string>
+#include <vector>
+
+#include "core/platform/platform.h"
+
+namespace towerflow::detail {
+
+// The GPUs the CUDA runtime lists, in ordinal order. "No driver", "no device" and an
+// insufficient driver all give an empty list (with the reason in *why, when not null); the query
+// never creates a context and never throws for a missing GPU.
+std::vector<GpuDescription> query_cuda_gpus(std::string* why);
+
+}  // namespace towerflow::detail

@@ -1,0 +1,445 @@
+#include "core/platform/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace towerflow {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> parts;
+  while (true) {
+    auto pos = s.find(sep);
+    parts.push_back(s.substr(0, pos));
+    if (pos == std::string_view::npos) break;
+    s.remove_prefix(pos + 1);
+  }
+  return parts;
+}
+
+// Numbers print without trailing zeros so a printed option parses back to the same value.
+std::string format_number(double v) {
+  std::ostringstream os;
+  os.precision(15);
+  os << v;
+  return os.str();
+}
+
+int parse_int(std::string_view option, std::string_view text, std::string_view expected) {
+  text = trim(text);
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    raise<InvalidArgument>(option, ": '", text, "' is not a whole number; expected ", expected);
+  return value;
+}
+
+double parse_double(std::string_view option, std::string_view text, std::string_view expected) {
+  text = trim(text);
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+    raise<InvalidArgument>(option, ": '", text, "' is not a number; expected ", expected);
+  return value;
+}
+
+// A memory size in MiB: "1024", "1024M", "1024MiB", "1.5G", "1.5GiB" (binary units throughout).
+double parse_mib(std::string_view option, std::string_view text) {
+  text = trim(text);
+  std::string_view digits = text;
+  double scale = 1.0;
+  std::string low = lower(text);
+  for (auto [suffix, factor] : {std::pair{"gib", 1024.0}, {"gb", 1024.0}, {"g", 1024.0},
+                                {"mib", 1.0}, {"mb", 1.0}, {"m", 1.0}}) {
+    std::string_view sv = suffix;
+    if (low.size() > sv.size() && low.ends_with(sv)) {
+      digits = trim(text.substr(0, text.size() - sv.size()));
+      scale = factor;
+      break;
+    }
+  }
+  double v = parse_double(option, digits,
+                          "a memory size in MiB such as 1024, 1024MiB or 1.5GiB");
+  if (v <= 0)
+    raise<InvalidArgument>(option, ": memory size '", text,
+                           "' must be positive (a limit in MiB such as 1024 or 1.5GiB)");
+  return v * scale;
+}
+
+std::string format_limits(const std::vector<double>& limits) {
+  std::string out;
+  for (std::size_t i = 0; i < limits.size(); ++i)
+    out += (i ? "," : "") + format_number(limits[i]);
+  return out;
+}
+
+std::string format_virtual_devices(const VirtualDevices& v) {
+  std::string out;
+  if (v.gpu_memory_limits_mb)
+    for (std::size_t i = 0; i < v.gpu_memory_limits_mb->size(); ++i)
+      out += (out.empty() ? "" : ";") + str(i, ":", format_limits((*v.gpu_memory_limits_mb)[i]));
+  if (v.cpu_memory_limits_mb)
+    out += (out.empty() ? "" : ";") + str("cpu:", format_limits(*v.cpu_memory_limits_mb));
+  return out.empty() ? "unset" : out;
+}
+
+std::string format_memory_limits(const std::map<Device, double>& m) {
+  std::string out;
+  for (const auto& [d, mb] : m) out += (out.empty() ? "" : ",") + str(d.str().substr(1), "=", format_number(mb));
+  return out.empty() ? "unset" : out;
+}
+
+std::string format_device_count(const std::map<std::string, int>& m) {
+  std::string out;
+  for (const auto& [k, n] : m) out += (out.empty() ? "" : ",") + str(k, "=", n);
+  return out.empty() ? "unset" : out;
+}
+
+std::string format_memory_growth(const std::map<int, bool>& m) {
+  std::string out;
+  for (const auto& [id, g] : m) out += (out.empty() ? "" : ",") + str(id, "=", g ? "true" : "false");
+  return out.empty() ? "unset" : out;
+}
+
+std::string format_bool(bool b) { return b ? "true" : "false"; }
+
+std::string normalised_list(std::string_view s) {
+  std::string out;
+  for (char c : s)
+    if (!std::isspace(static_cast<unsigned char>(c))) out += c;
+  return out;
+}
+
+}  // namespace
+
+bool parse_bool_option(std::string_view option, std::string_view value) {
+  std::string v = lower(trim(value));
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  raise<InvalidArgument>(option, ": '", value, "' is not a boolean; use true or false");
+}
+
+// Syntax: entries separated by ';'. "N:MiB,MiB,..." is the N-th GPU in use (an empty list after
+// the colon keeps one device with the default limit); "cpu:MiB,MiB,..." lists CPU devices.
+VirtualDevices parse_virtual_devices(std::string_view value) {
+  constexpr std::string_view kForm =
+      "entries such as \"0:1024,2048;1:;cpu:512,512\" (N:limits for the N-th GPU in use, "
+      "cpu:limits for the CPU, limits in MiB)";
+  VirtualDevices out;
+  std::map<int, std::vector<double>> gpus;
+  if (trim(value).empty()) return out;
+  for (std::string_view entry : split(value, ';')) {
+    entry = trim(entry);
+    if (entry.empty()) continue;  // tolerate "0:1024;" and ";;"
+    auto colon = entry.find(':');
+    if (colon == std::string_view::npos)
+      raise<InvalidArgument>("virtual_devices: entry '", entry, "' has no 'N:' or 'cpu:' prefix; expected ",
+                             kForm);
+    std::string key = lower(trim(entry.substr(0, colon)));
+    std::string_view list = trim(entry.substr(colon + 1));
+    std::vector<double> limits;
+    if (!list.empty())
+      for (std::string_view item : split(list, ','))
+        limits.push_back(parse_mib("virtual_devices", item));
+    if (key == "cpu") {
+      if (out.cpu_memory_limits_mb)
+        raise<InvalidArgument>("virtual_devices: 'cpu' is given twice in '", value,
+                               "'; list every CPU device in one entry, e.g. cpu:512,512");
+      if (limits.empty())
+        raise<InvalidArgument>("virtual_devices: 'cpu:' lists no memory limit in '", value,
+                               "'; give one limit in MiB per CPU device, e.g. cpu:512,512");
+      out.cpu_memory_limits_mb = limits;
+      continue;
+    }
+    if (key == "gpu" || key == "cuda")
+      raise<InvalidArgument>("virtual_devices: entry '", entry,
+                             "' names no GPU position; write N:limits with N the GPU's position "
+                             "in visible_device_list, e.g. 0:1024,2048");
+    int position = parse_int("virtual_devices", key, kForm);
+    if (position < 0)
+      raise<InvalidArgument>("virtual_devices: GPU position ", position, " is negative; expected ", kForm);
+    if (!gpus.emplace(position, limits).second)
+      raise<InvalidArgument>("virtual_devices: GPU position ", position, " is given twice in '", value,
+                             "'; list each GPU's devices in one entry, e.g. 0:1024,2048");
+  }
+  if (!gpus.empty()) {
+    std::vector<std::vector<double>> list;
+    for (const auto& [position, limits] : gpus) {
+      if (position != static_cast<int>(list.size()))
+        raise<InvalidArgument>("virtual_devices: GPU position ", list.size(), " is missing in '", value,
+                               "'; give one entry per GPU in use, numbered from 0 (an empty entry "
+                               "such as '", list.size(), ":' keeps a GPU whole)");
+      list.push_back(limits);
+    }
+    out.gpu_memory_limits_mb = std::move(list);
+  }
+  return out;
+}
+
+std::map<Device, double> parse_memory_limits(std::string_view value) {
+  std::map<Device, double> out;
+  for (std::string_view entry : split(value, ',')) {
+    entry = trim(entry);
+    if (entry.empty()) continue;
+    auto eq = entry.find('=');
+    if (eq == std::string_view::npos)
+      raise<InvalidArgument>("memory_limit: entry '", entry,
+                             "' is not DEVICE=MiB; expected e.g. gpu:0=4096,cpu:0=2048");
+    Device d = Device::parse(trim(entry.substr(0, eq)));
+    if (!out.emplace(d, parse_mib("memory_limit", entry.substr(eq + 1))).second)
+      raise<InvalidArgument>("memory_limit: device ", d, " is given twice in '", value,
+                             "'; give one limit per device");
+  }
+  return out;
+}
+
+std::map<std::string, int> parse_device_count(std::string_view value) {
+  std::map<std::string, int> out;
+  for (std::string_view entry : split(value, ',')) {
+    entry = trim(entry);
+    if (entry.empty()) continue;
+    auto eq = entry.find('=');
+    if (eq == std::string_view::npos) eq = entry.find(':');
+    if (eq == std::string_view::npos)
+      raise<InvalidArgument>("device_count: entry '", entry, "' is not KIND=N; expected e.g. CPU=2,GPU=1");
+    std::string kind = upper(trim(entry.substr(0, eq)));
+    if (kind != "CPU" && kind != "GPU")
+      raise<InvalidArgument>("device_count: unknown device kind '", trim(entry.substr(0, eq)),
+                             "'; the kinds are CPU and GPU, e.g. CPU=2,GPU=1");
+    int n = parse_int("device_count", entry.substr(eq + 1), "a count such as CPU=2");
+    if (n < 0)
+      raise<InvalidArgument>("device_count: ", kind, "=", n, " is negative; use a count >= 0");
+    if (kind == "CPU" && n == 0)
+      raise<InvalidArgument>("device_count: CPU=0 leaves the process without a CPU device; use CPU=1 or more");
+    if (!out.emplace(kind, n).second)
+      raise<InvalidArgument>("device_count: ", kind, " is given twice in '", value, "'");
+  }
+  return out;
+}
+
+std::map<int, bool> parse_memory_growth(std::string_view value) {
+  std::map<int, bool> out;
+  for (std::string_view entry : split(value, ',')) {
+    entry = trim(entry);
+    if (entry.empty()) continue;
+    auto eq = entry.find('=');
+    if (eq == std::string_view::npos)
+      raise<InvalidArgument>("memory_growth: entry '", entry,
+                             "' is not GPU_ID=true|false; expected e.g. 0=true,1=true");
+    int id = parse_int("memory_growth", entry.substr(0, eq), "a visible GPU id such as 0=true");
+    if (id < 0) raise<InvalidArgument>("memory_growth: GPU id ", id, " is negative; use a visible GPU id");
+    if (!out.emplace(id, parse_bool_option("memory_growth", entry.substr(eq + 1))).second)
+      raise<InvalidArgument>("memory_growth: GPU ", id, " is given twice in '", value, "'");
+  }
+  return out;
+}
+
+void set_process_option(ProcessOptions& opts, std::string_view name, std::string_view value) {
+  std::string key = lower(trim(name));
+  value = trim(value);
+  if (key == "visible_device_list") {
+    opts.visible_device_list = normalised_list(value);
+  } else if (key == "per_process_gpu_memory_fraction" || key == "rate") {
+    opts.per_process_gpu_memory_fraction =
+        parse_double(key, value, "a fraction of each GPU's memory in (0, 1], e.g. 0.4");
+  } else if (key == "allow_growth") {
+    opts.allow_growth = parse_bool_option(key, value);
+  } else if (key == "memory_growth") {
+    opts.memory_growth = parse_memory_growth(value);
+  } else if (key == "virtual_devices") {
+    opts.virtual_devices = parse_virtual_devices(value);
+  } else if (key == "memory_limit") {
+    opts.memory_limit_mb = parse_memory_limits(value);
+  } else if (key == "device_count") {
+    opts.device_count = parse_device_count(value);
+  } else if (key == "allow_soft_placement") {
+    opts.allow_soft_placement = parse_bool_option(key, value);
+  } else if (key == "log_device_placement") {
+    opts.log_device_placement = parse_bool_option(key, value);
+  } else if (key == "intra_op_threads" || key == "intra_op_parallelism_threads") {
+    int n = parse_int(key, value, "a thread count such as 4 (0 = split the host's threads)");
+    if (n < 0) raise<InvalidArgument>(key, ": ", n, " is negative; use a thread count >= 0 (0 = automatic)");
+    opts.intra_op_threads = n;
+  } else {
+    raise<InvalidArgument>(
+        "unknown process option '", name,
+        "'; the options are visible_device_list, per_process_gpu_memory_fraction (or rate), "
+        "allow_growth, memory_growth, virtual_devices, memory_limit, device_count, "
+        "allow_soft_placement, log_device_placement and intra_op_threads");
+  }
+}
+
+ProcessOptions ProcessOptions::parse_ini(std::string_view text, std::string_view source) {
+  ProcessOptions opts;
+  std::map<std::string, int> seen;  // canonical option -> line, to reject a key given twice
+  auto canonical = [](const std::string& key) -> std::string {
+    if (key == "rate") return "per_process_gpu_memory_fraction";
+    if (key == "intra_op_parallelism_threads") return "intra_op_threads";
+    return key;
+  };
+  bool ours = true;  // keys before any section, and in our sections, are process options
+  int line_no = 0;
+  for (std::string_view line : split(text, '\n')) {
+    ++line_no;
+    line = trim(line);
+    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
+    if (line.front() == '[') {
+      if (line.back() != ']')
+        raise<InvalidArgument>(source, ":", line_no, ": section header '", line,
+                               "' has no closing ']'; write e.g. [gpu]");
+      std::string section = lower(trim(line.substr(1, line.size() - 2)));
+      ours = section == "gpu" || section == "cpu" || section == "devices" || section == "session" ||
+             section == "process";
+      continue;
+    }
+    if (!ours) continue;
+    auto eq = line.find('=');
+    if (eq == std::string_view::npos)
+      raise<InvalidArgument>(source, ":", line_no, ": '", line, "' is not 'key = value'; write e.g. allow_growth = true");
+    std::string key = lower(trim(line.substr(0, eq)));
+    std::string_view value = trim(line.substr(eq + 1));
+    // An inline comment starts at " #"; ';' is part of the virtual_devices syntax.
+    if (auto hash = value.find(" #"); hash != std::string_view::npos) value = trim(value.substr(0, hash));
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      value = value.substr(1, value.size() - 2);
+    try {
+      set_process_option(opts, key, value);
+    } catch (const InvalidArgument& e) {
+      raise<InvalidArgument>(source, ":", line_no, ": ", e.what());
+    }
+    auto [it, fresh] = seen.emplace(canonical(key), line_no);
+    if (!fresh)
+      raise<InvalidArgument>(source, ":", line_no, ": option ", canonical(key), " is already set on line ",
+                             it->second, "; keep one of the two");
+  }
+  return opts;
+}
+
+ProcessOptions ProcessOptions::from_ini(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    raise<NotFound>("cannot open the options file '", path, "'; check the path given to --config");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_ini(buffer.str(), path);
+}
+
+ProcessOptions ProcessOptions::merged_with(const ProcessOptions& o) const {
+  ProcessOptions m = *this;
+  if (o.visible_device_list) m.visible_device_list = o.visible_device_list;
+  if (o.per_process_gpu_memory_fraction) m.per_process_gpu_memory_fraction = o.per_process_gpu_memory_fraction;
+  if (o.allow_growth) m.allow_growth = o.allow_growth;
+  for (const auto& [k, v] : o.memory_growth) m.memory_growth[k] = v;
+  if (o.virtual_devices.gpu_memory_limits_mb)
+    m.virtual_devices.gpu_memory_limits_mb = o.virtual_devices.gpu_memory_limits_mb;
+  if (o.virtual_devices.cpu_memory_limits_mb)
+    m.virtual_devices.cpu_memory_limits_mb = o.virtual_devices.cpu_memory_limits_mb;
+  for (const auto& [k, v] : o.memory_limit_mb) m.memory_limit_mb[k] = v;
+  for (const auto& [k, v] : o.device_count) m.device_count[k] = v;
+  if (o.allow_soft_placement) m.allow_soft_placement = o.allow_soft_placement;
+  if (o.log_device_placement) m.log_device_placement = o.log_device_placement;
+  if (o.intra_op_threads) m.intra_op_threads = o.intra_op_threads;
+  return m;
+}
+
+ProcessOptions apply_force_gpu_allow_growth(ProcessOptions opts, const char* value, bool warn) {
+  if (value == nullptr) return opts;
+  std::string v = lower(trim(value));
+  if (v != "true" && v != "false")
+    raise<InvalidArgument>("TOWERFLOW_FORCE_GPU_ALLOW_GROWTH='", value,
+                           "' is not valid; set it to true or false, or unset it");
+  bool forced = v == "true";
+  std::string original = opts.allow_growth ? format_bool(*opts.allow_growth) : "unset (false)";
+  if (!opts.memory_growth.empty()) original += str(", memory_growth ", format_memory_growth(opts.memory_growth));
+  if (warn)
+    log_warning(str("overriding allow_growth with ", format_bool(forced),
+                  " because TOWERFLOW_FORCE_GPU_ALLOW_GROWTH is set; the options said ", original));
+  opts.allow_growth = forced;
+  opts.memory_growth.clear();
+  return opts;
+}
+
+ProcessOptions apply_environment(ProcessOptions opts, bool warn) {
+  return apply_force_gpu_allow_growth(std::move(opts), std::getenv("TOWERFLOW_FORCE_GPU_ALLOW_GROWTH"), warn);
+}
+
+std::vector<std::string> option_differences(const ProcessOptions& a, const ProcessOptions& b) {
+  std::vector<std::string> out;
+  auto add = [&](std::string_view name, const std::string& x, const std::string& y) {
+    if (x != y) out.push_back(str(name, ": ", x, " vs ", y));
+  };
+  auto list = [](const ProcessOptions& o) {
+    std::string s = normalised_list(o.visible_device_list.value_or(""));
+    return s.empty() ? std::string("all") : "\"" + s + "\"";
+  };
+  auto fraction = [](const ProcessOptions& o) {
+    return o.per_process_gpu_memory_fraction ? format_number(*o.per_process_gpu_memory_fraction)
+                                             : std::string("unset");
+  };
+  auto count = [](const ProcessOptions& o) {
+    std::map<std::string, int> m = o.device_count;
+    m.try_emplace("CPU", 1);  // the default, so an explicit CPU=1 configures the same devices
+    return format_device_count(m);
+  };
+  add("visible_device_list", list(a), list(b));
+  add("per_process_gpu_memory_fraction", fraction(a), fraction(b));
+  add("allow_growth", format_bool(a.allow_growth.value_or(false)), format_bool(b.allow_growth.value_or(false)));
+  add("memory_growth", format_memory_growth(a.memory_growth), format_memory_growth(b.memory_growth));
+  add("virtual_devices", format_virtual_devices(a.virtual_devices), format_virtual_devices(b.virtual_devices));
+  add("memory_limit", format_memory_limits(a.memory_limit_mb), format_memory_limits(b.memory_limit_mb));
+  add("device_count", count(a), count(b));
+  add("allow_soft_placement", format_bool(a.allow_soft_placement.value_or(false)),
+      format_bool(b.allow_soft_placement.value_or(false)));
+  add("log_device_placement", format_bool(a.log_device_placement.value_or(false)),
+      format_bool(b.log_device_placement.value_or(false)));
+  add("intra_op_threads", str(a.intra_op_threads.value_or(0)), str(b.intra_op_threads.value_or(0)));
+  return out;
+}
+
+std::string to_string(const ProcessOptions& o) {
+  std::vector<std::string> parts;
+  if (o.visible_device_list) parts.push_back(str("visible_device_list=\"", *o.visible_device_list, "\""));
+  if (o.per_process_gpu_memory_fraction)
+    parts.push_back(str("per_process_gpu_memory_fraction=", format_number(*o.per_process_gpu_memory_fraction)));
+  if (o.allow_growth) parts.push_back(str("allow_growth=", format_bool(*o.allow_growth)));
+  if (!o.memory_growth.empty()) parts.push_back(str("memory_growth=", format_memory_growth(o.memory_growth)));
+  if (o.virtual_devices != VirtualDevices{})
+    parts.push_back(str("virtual_devices=\"", format_virtual_devices(o.virtual_devices), "\""));
+  if (!o.memory_limit_mb.empty()) parts.push_back(str("memory_limit=", format_memory_limits(o.memory_limit_mb)));
+  if (!o.device_count.empty()) parts.push_back(str("device_count=", format_device_count(o.device_count)));
+  if (o.allow_soft_placement) parts.push_back(str("allow_soft_placement=", format_bool(*o.allow_soft_placement)));
+  if (o.log_device_placement) parts.push_back(str("log_device_placement=", format_bool(*o.log_device_placement)));
+  if (o.intra_op_threads) parts.push_back(str("intra_op_threads=", *o.intra_op_threads));
+  if (parts.empty()) return "defaults";
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
+  return out;
+}
+
+}  // namespace towerflow
