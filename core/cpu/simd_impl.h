@@ -16,15 +16,13 @@
 namespace towerflow::cpu::detail {
 
 constexpr int kLanes = 8;
-// aligned(4): loads and stores through this type may be unaligned.
-typedef float Vec8 __attribute__((vector_size(32), aligned(4)));
+typedef float Vec8 __attribute__((vector_size(32)));
+// The same vector with alignment 4 and may_alias: dereferencing it is an unaligned load or store
+// (vmovups) that may read any float array.
+typedef float Vec8Unaligned __attribute__((vector_size(32), aligned(4), may_alias));
 
-inline Vec8 load8(const float* p) {
-  Vec8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, Vec8 v) { std::memcpy(p, &v, sizeof v); }
+inline Vec8 load8(const float* p) { return *reinterpret_cast<const Vec8Unaligned*>(p); }
+inline void store8(float* p, Vec8 v) { *reinterpret_cast<Vec8Unaligned*>(p) = v; }
 inline Vec8 splat8(float s) { return Vec8{s, s, s, s, s, s, s, s}; }
 inline Vec8 max8(Vec8 a, Vec8 b) { return a > b ? a : b; }
 

@@ -1,0 +1,361 @@
+// Per-op CPU kernel benchmark: every convolution of ResNet-20 and tfcnn at batch 128 (forward,
+// backward input, backward weight), their batch norms and max pools, and tfcnn's largest GEMM.
+//
+//   towerflow_bench_ops [--threads N] [--batch B] [--json] [--filter TEXT] [--min_time S]
+//
+// Prints a fixed-width table (median ms over timed repetitions after one warm-up call, GFLOP/s
+// for convolutions and GEMM counting 2 FLOPs per multiply-add, GB/s of compulsory traffic for
+// the memory-bound ops) and, with --json, one JSON line per row. The check column compares a
+// sample of outputs against a double-precision reference computed here.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu/batch_norm.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/pool.h"
+
+namespace tw = towerflow::cpu;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+double median_ms(const std::function<void()>& fn, double min_time) {
+  fn();  // warm-up: scratch buffers grow, caches and pages are touched
+  std::vector<double> times;
+  double total = 0.0;
+  while ((total < min_time || times.size() < 3) && times.size() < 50) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(s);
+    total += s;
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] * 1e3;
+}
+
+struct Row {
+  std::string model, layer, op, shape;
+  double ms = 0.0, gflops = 0.0, gbytes = 0.0;
+  double max_error = 0.0;
+  bool ok = true;
+};
+
+// A sampled relative error: |got - want| / (|want| + scale), scale = rms of the sampled wants.
+struct Sampler {
+  std::vector<std::pair<double, double>> pairs;
+  void add(double got, double want) { pairs.emplace_back(got, want); }
+  double error() const {
+    double sq = 0.0;
+    for (auto& p : pairs) sq += p.second * p.second;
+    const double rms = std::sqrt(sq / std::max<std::size_t>(1, pairs.size())) + 1e-30;
+    double worst = 0.0;
+    for (auto& p : pairs) {
+      const double e = std::abs(p.first - p.second) / (std::abs(p.second) + rms);
+      worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+    }
+    return worst;
+  }
+};
+
+struct ConvCase {
+  std::string model, layer;
+  tw::Conv2dShape s;
+};
+
+std::vector<ConvCase> conv_cases(int b) {
+  using S = tw::Conv2dShape;
+  return {
+      {"resnet20", "conv1 3->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "16->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "16->32 s2 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "32->32 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "32->64 s2 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "64->64 8x8", S{.n = b, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20", "proj 1x1 16->32 s2", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
+      {"resnet20", "proj 1x1 32->64 s2", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
+      {"tfcnn", "conv1 5x5 3->64 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
+      {"tfcnn", "conv2 5x5 64->64 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
+  };
+}
+
+// Double-precision conv terms for one output element of each kernel.
+double ref_y(const tw::Conv2dShape& s, const float* x, const float* w, int n, int oh, int ow, int co) {
+  double acc = 0.0;
+  for (int ci = 0; ci < s.c_in; ++ci)
+    for (int i = 0; i < s.kh; ++i)
+      for (int j = 0; j < s.kw; ++j) {
+        const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+        if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+        acc += double(x[((std::int64_t(n) * s.h + ih) * s.w + iw) * s.c_in + ci]) *
+               w[((std::int64_t(co) * s.c_in + ci) * s.kh + i) * s.kw + j];
+      }
+  return acc;
+}
+
+double ref_dx(const tw::Conv2dShape& s, const float* dy, const float* w, int n, int ih, int iw, int ci) {
+  double acc = 0.0;
+  for (int co = 0; co < s.c_out; ++co)
+    for (int i = 0; i < s.kh; ++i)
+      for (int j = 0; j < s.kw; ++j) {
+        const int th = ih + s.pad_h - i, tw_ = iw + s.pad_w - j;
+        if (th < 0 || tw_ < 0 || th % s.stride_h || tw_ % s.stride_w) continue;
+        const int oh = th / s.stride_h, ow = tw_ / s.stride_w;
+        if (oh >= s.out_h() || ow >= s.out_w()) continue;
+        acc += double(dy[((std::int64_t(n) * s.out_h() + oh) * s.out_w() + ow) * s.c_out + co]) *
+               w[((std::int64_t(co) * s.c_in + ci) * s.kh + i) * s.kw + j];
+      }
+  return acc;
+}
+
+double ref_dw(const tw::Conv2dShape& s, const float* x, const float* dy, int co, int ci, int i, int j) {
+  double acc = 0.0;
+  for (int n = 0; n < s.n; ++n)
+    for (int oh = 0; oh < s.out_h(); ++oh)
+      for (int ow = 0; ow < s.out_w(); ++ow) {
+        const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+        if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+        acc += double(x[((std::int64_t(n) * s.h + ih) * s.w + iw) * s.c_in + ci]) *
+               dy[((std::int64_t(n) * s.out_h() + oh) * s.out_w() + ow) * s.c_out + co];
+      }
+  return acc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"towerflow CPU kernel benchmark (ResNet-20 and tfcnn ops, NHWC)"};
+  int threads = 2, batch = 128;
+  bool json = false;
+  double min_time = 0.3;
+  std::string filter;
+  app.add_option("--threads", threads, "intra-op threads of the CPU context")->check(CLI::PositiveNumber);
+  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--min_time", min_time, "seconds of timed repetitions per row (at least 3 runs)");
+  app.add_option("--filter", filter, "only rows whose model, layer or op contains this text");
+  app.add_flag("--json", json, "also print one JSON line per row");
+  CLI11_PARSE(app, argc, argv);
+
+  tw::CpuContext ctx(threads);
+  std::mt19937 pick(12345);
+  const double tol = 1e-4;
+  std::vector<Row> rows;
+  auto wanted = [&](const std::string& model, const std::string& layer, const std::string& op) {
+    return filter.empty() || (model + " " + layer + " " + op).find(filter) != std::string::npos;
+  };
+  auto emit = [&](Row r) {
+    r.ok = r.max_error < tol;
+    std::printf("%-9s %-24s %-14s %9.3f %9.1f %8.1f  %s (%.1e)\n", r.model.c_str(), r.layer.c_str(),
+                r.op.c_str(), r.ms, r.gflops, r.gbytes, r.ok ? "ok" : "FAIL", r.max_error);
+    std::fflush(stdout);
+    rows.push_back(r);
+  };
+  std::printf("# towerflow_bench_ops: threads=%d batch=%d (median of timed runs after a warm-up)\n",
+              threads, batch);
+  std::printf("%-9s %-24s %-14s %9s %9s %8s  %s\n", "model", "layer", "op", "ms", "GFLOP/s",
+              "GB/s", "check (max rel err)");
+
+  // ---- convolutions ----
+  for (const auto& cc : conv_cases(batch)) {
+    const auto& s = cc.s;
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
+    const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+    const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+    const auto x = random_vector(nx, 1), w = random_vector(nw, 2), dy = random_vector(ny, 3);
+    std::vector<float> y(ny), dx(nx), dw(nw);
+    const double gflop = 2.0 * s.macs() / 1e9;
+    const double gb_fwd = (nx + ny + nw) * 4.0 / 1e9;
+    auto uni = [&](int hi) { return std::uniform_int_distribution<int>(0, hi - 1)(pick); };
+    if (wanted(cc.model, cc.layer, "conv_fwd")) {
+      Row r{cc.model, cc.layer, "conv_fwd", s.to_string()};
+      r.ms = median_ms([&] { tw::conv2d_forward(ctx, s, x.data(), w.data(), y.data()); }, min_time);
+      Sampler smp;
+      for (int t = 0; t < 300; ++t) {
+        const int n = uni(s.n), oh = uni(s.out_h()), ow = uni(s.out_w()), co = uni(s.c_out);
+        smp.add(y[((std::size_t(n) * s.out_h() + oh) * s.out_w() + ow) * s.c_out + co],
+                ref_y(s, x.data(), w.data(), n, oh, ow, co));
+      }
+      r.gflops = gflop / (r.ms / 1e3);
+      r.gbytes = gb_fwd / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
+    }
+    if (wanted(cc.model, cc.layer, "conv_bwd_input")) {
+      Row r{cc.model, cc.layer, "conv_bwd_input", s.to_string()};
+      r.ms = median_ms([&] { tw::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data()); }, min_time);
+      Sampler smp;
+      for (int t = 0; t < 300; ++t) {
+        const int n = uni(s.n), ih = uni(s.h), iw = uni(s.w), ci = uni(s.c_in);
+        smp.add(dx[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c_in + ci],
+                ref_dx(s, dy.data(), w.data(), n, ih, iw, ci));
+      }
+      r.gflops = gflop / (r.ms / 1e3);
+      r.gbytes = gb_fwd / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
+    }
+    if (wanted(cc.model, cc.layer, "conv_bwd_weight")) {
+      Row r{cc.model, cc.layer, "conv_bwd_weight", s.to_string()};
+      r.ms = median_ms([&] { tw::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data()); }, min_time);
+      Sampler smp;
+      for (int t = 0; t < 12; ++t) {
+        const int co = uni(s.c_out), ci = uni(s.c_in), i = uni(s.kh), j = uni(s.kw);
+        smp.add(dw[((std::size_t(co) * s.c_in + ci) * s.kh + i) * s.kw + j],
+                ref_dw(s, x.data(), dy.data(), co, ci, i, j));
+      }
+      r.gflops = gflop / (r.ms / 1e3);
+      r.gbytes = gb_fwd / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
+    }
+  }
+
+  // ---- batch norm (ResNet-20's three widths), fused with ReLU as the network uses it ----
+  for (auto [hw, c] : {std::pair{32, 16}, std::pair{16, 32}, std::pair{8, 64}}) {
+    const std::int64_t n_rows = std::int64_t(batch) * hw * hw;
+    const std::string layer = "bn " + std::to_string(c) + "ch " + std::to_string(hw) + "x" + std::to_string(hw);
+    const std::string shape = "rows=" + std::to_string(n_rows) + " c=" + std::to_string(c);
+    const auto x = random_vector(n_rows * c, 4), dy = random_vector(n_rows * c, 5);
+    const auto gamma = random_vector(c, 6), beta = random_vector(c, 7);
+    std::vector<float> y(x.size()), dx(x.size()), mean(c), invstd(c), dg(c), db(c);
+    const double bytes = x.size() * 4.0;
+    // Reference statistics of a sampled channel, in double.
+    auto check_stats = [&](Sampler& smp) {
+      const int ch = int(pick() % c);
+      double m = 0.0, v = 0.0;
+      for (std::int64_t r = 0; r < n_rows; ++r) m += x[r * c + ch];
+      m /= n_rows;
+      for (std::int64_t r = 0; r < n_rows; ++r) v += (x[r * c + ch] - m) * (x[r * c + ch] - m);
+      v /= n_rows;
+      smp.add(mean[ch], m);
+      smp.add(invstd[ch], 1.0 / std::sqrt(v + 1e-5));
+      for (int t = 0; t < 100; ++t) {
+        const std::int64_t r = pick() % n_rows;
+        smp.add(y[r * c + ch], std::max(0.0, (x[r * c + ch] - m) / std::sqrt(v + 1e-5) * gamma[ch] + beta[ch]));
+      }
+    };
+    if (wanted("resnet20", layer, "bn_relu_fwd")) {
+      Row r{"resnet20", layer, "bn_relu_fwd", shape};
+      r.ms = median_ms([&] {
+        tw::batch_norm_relu_forward_training(ctx, n_rows, c, x.data(), gamma.data(), beta.data(),
+                                             1e-5f, y.data(), mean.data(), invstd.data());
+      }, min_time);
+      Sampler smp;
+      check_stats(smp);
+      r.gbytes = 3 * bytes / 1e9 / (r.ms / 1e3);  // read x twice, write y
+      r.max_error = smp.error();
+      emit(r);
+    }
+    if (wanted("resnet20", layer, "bn_relu_bwd")) {
+      tw::batch_norm_relu_forward_training(ctx, n_rows, c, x.data(), gamma.data(), beta.data(),
+                                           1e-5f, y.data(), mean.data(), invstd.data());
+      Row r{"resnet20", layer, "bn_relu_bwd", shape};
+      r.ms = median_ms([&] {
+        tw::batch_norm_relu_backward(ctx, n_rows, c, x.data(), y.data(), dy.data(), gamma.data(),
+                                     mean.data(), invstd.data(), dx.data(), dg.data(), db.data(),
+                                     nullptr);
+      }, min_time);
+      // Check dbeta of one channel: the sum of the masked gradient.
+      Sampler smp;
+      const int ch = int(pick() % c);
+      double sum = 0.0;
+      for (std::int64_t q = 0; q < n_rows; ++q) sum += y[q * c + ch] > 0 ? dy[q * c + ch] : 0.0;
+      smp.add(db[ch], sum);
+      r.gbytes = 7 * bytes / 1e9 / (r.ms / 1e3);  // x, y, dy twice; write dx
+      r.max_error = smp.error();
+      emit(r);
+    }
+  }
+
+  // ---- max pool (tfcnn) ----
+  for (int hw : {32, 16}) {
+    const tw::Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    const std::string layer = "maxpool 3x3 s2 " + std::to_string(hw) + "x" + std::to_string(hw);
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c, ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;
+    const auto x = random_vector(nx, 8), dy = random_vector(ny, 9);
+    std::vector<float> y(ny), dx(nx);
+    std::vector<std::int32_t> arg(ny);
+    if (wanted("tfcnn", layer, "maxpool_fwd")) {
+      Row r{"tfcnn", layer, "maxpool_fwd", s.to_string()};
+      r.ms = median_ms([&] { tw::max_pool_forward(ctx, s, x.data(), y.data(), arg.data()); }, min_time);
+      Sampler smp;
+      for (int t = 0; t < 300; ++t) {
+        const std::size_t o = pick() % ny;
+        const int ch = int(o % s.c), ow = int(o / s.c % s.out_w()), oh = int(o / s.c / s.out_w() % s.out_h());
+        const std::size_t n = o / s.c / s.out_w() / s.out_h();
+        double best = -INFINITY;
+        for (int i = 0; i < 3; ++i)
+          for (int j = 0; j < 3; ++j) {
+            const int ih = oh * 2 - 1 + i, iw = ow * 2 - 1 + j;
+            if (ih >= 0 && ih < hw && iw >= 0 && iw < hw)
+              best = std::max<double>(best, x[((n * hw + ih) * hw + iw) * s.c + ch]);
+          }
+        smp.add(y[o], best);
+      }
+      r.gbytes = (nx + 2 * ny) * 4.0 / 1e9 / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
+    }
+    if (wanted("tfcnn", layer, "maxpool_bwd")) {
+      tw::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      Row r{"tfcnn", layer, "maxpool_bwd", s.to_string()};
+      r.ms = median_ms([&] { tw::max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data()); }, min_time);
+      double total_dy = 0.0, total_dx = 0.0;
+      for (float v : dy) total_dy += v;
+      for (float v : dx) total_dx += v;
+      Sampler smp;
+      smp.add(total_dx, total_dy);  // every gradient lands somewhere exactly once
+      r.gbytes = (nx + 2 * ny) * 4.0 / 1e9 / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
+    }
+  }
+
+  // ---- GEMM: tfcnn's fc1 forward, y[B, 384] = x[B, 4096] * W^T ----
+  if (wanted("tfcnn", "fc1 4096->384", "gemm")) {
+    const int m = batch, n = 384, k = 4096;
+    const auto a = random_vector(std::size_t(m) * k, 10), b = random_vector(std::size_t(n) * k, 11);
+    std::vector<float> c(std::size_t(m) * n);
+    Row r{"tfcnn", "fc1 4096->384", "gemm_nt", "m=" + std::to_string(m) + " n=384 k=4096"};
+    r.ms = median_ms([&] { tw::gemm(ctx, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); }, min_time);
+    Sampler smp;
+    for (int t = 0; t < 50; ++t) {
+      const int i = int(pick() % m), j = int(pick() % n);
+      double acc = 0.0;
+      for (int p = 0; p < k; ++p) acc += double(a[std::size_t(i) * k + p]) * b[std::size_t(j) * k + p];
+      smp.add(c[std::size_t(i) * n + j], acc);
+    }
+    r.gflops = 2.0 * m * n * k / 1e9 / (r.ms / 1e3);
+    r.max_error = smp.error();
+    emit(r);
+  }
+
+  if (json)
+    for (const auto& r : rows)
+      std::printf("%s\n", nlohmann::json{{"bench", "ops"}, {"framework", "towerflow"}, {"threads", threads},
+                                         {"batch", batch}, {"model", r.model}, {"layer", r.layer},
+                                         {"op", r.op}, {"shape", r.shape}, {"ms", r.ms},
+                                         {"gflop_per_s", r.gflops}, {"gb_per_s", r.gbytes},
+                                         {"max_rel_error", r.max_error}, {"ok", r.ok}}
+                                  .dump()
+                                  .c_str());
+  const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.ok; });
+  return all_ok ? 0 : 1;
+}
