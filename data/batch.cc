@@ -1,5 +1,7 @@
 #include "data/batch.h"
 
+#include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
 
@@ -27,17 +29,25 @@ HostAllocator host_allocator_from(Allocator& allocator) {
 }
 
 HostAllocator host_allocator_from(SubAllocator& sub_allocator) {
+  // Sub-allocators do not synchronise themselves (their pool's lock normally does), so calls
+  // through this adapter are serialised here.
   SubAllocator* s = &sub_allocator;
+  auto mutex = std::make_shared<std::mutex>();
   return HostAllocator{
       .allocate =
-          [s](std::size_t bytes) {
+          [s, mutex](std::size_t bytes) {
+            std::lock_guard lock(*mutex);
             void* p = s->alloc(bytes);
             if (p == nullptr)
               raise<OutOfMemory>("the ", s->name(), " sub-allocator could not provide a batch buffer of ",
                                  bytes, " bytes; use a smaller --batch_size or fewer prefetched batches");
             return p;
           },
-      .deallocate = [s](void* p, std::size_t bytes) { s->free(p, bytes); },
+      .deallocate =
+          [s, mutex](void* p, std::size_t bytes) {
+            std::lock_guard lock(*mutex);
+            s->free(p, bytes);
+          },
       .name = sub_allocator.name(),
   };
 }

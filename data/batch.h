@@ -37,8 +37,8 @@ struct HostAllocator {
 HostAllocator aligned_host_allocator();
 // Wraps an Allocator from core/memory (e.g. a BFC pool over pinned host memory). Not owned.
 HostAllocator host_allocator_from(Allocator& allocator);
-// Wraps a SubAllocator from core/memory, e.g. make_pinned_host_sub_allocator(). Not owned.
-// Throws OutOfMemory when the sub-allocator returns no region.
+// Wraps a SubAllocator from core/memory, e.g. make_pinned_host_sub_allocator(). Not owned; calls
+// to it are serialised. Throws OutOfMemory when the sub-allocator returns no region.
 HostAllocator host_allocator_from(SubAllocator& sub_allocator);
 
 // A fixed-size float array in memory from a HostAllocator. Move-only.

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/memory/allocator.h"
 #include "data/builtin.h"
 #include "data/loader.h"
 #include "tests/data/helpers.h"
@@ -264,4 +265,29 @@ TEST_CASE("Bad loader options are InvalidArguments with a fix", "[data][loader]"
   require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.prefetch = 0}); }, {"prefetch 0"});
   require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 4, .augment = {.cutout = -2}}); },
                                              {"cutout size -2"});
+}
+
+TEST_CASE("Batch buffers can come from a core/memory Allocator or SubAllocator", "[data][loader]") {
+  const Builtin data(Split::Test, {.test_size = 40});
+  auto reference = [&](const LoaderOptions& o) {
+    Loader loader(data, o);
+    return run_epoch(loader);
+  };
+  const LoaderOptions base{.batch = 8, .augment = cifar_augment(), .seed = 2, .threads = 2};
+  const auto expected = reference(base);
+
+  auto pool = make_bfc_allocator(make_host_sub_allocator(), {.device_name = "/cpu:0", .limit_bytes = 64 << 20});
+  LoaderOptions from_pool = base;
+  from_pool.allocator = host_allocator_from(*pool);
+  {
+    Loader loader(data, from_pool);
+    CHECK(pool->stats().live_allocs == 5);  // max(prefetch 4, threads 2) + 1 buffers
+    CHECK(run_epoch(loader) == expected);
+  }
+  CHECK(pool->stats().live_allocs == 0);
+
+  auto sub = make_host_sub_allocator();
+  LoaderOptions from_sub = base;
+  from_sub.allocator = host_allocator_from(*sub);
+  CHECK(reference(from_sub) == expected);
 }
