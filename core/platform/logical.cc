@@ -40,19 +40,20 @@ struct Planned {
   int threads;
 };
 
-std::string describe(const LogicalDevice& d, const Platform& platform, const std::vector<GpuDescription>& gpus) {
-  std::string physical;
+std::string describe(const LogicalDevice& d, const std::vector<GpuDescription>& gpus) {
+  std::string out;
   if (d.device.is_gpu()) {
     const auto& g = gpus[d.physical_index];
-    physical = str("physical GPU ", d.physical_index, " (", g.name);
-    if (!g.pci_bus_id.empty()) physical += str(", pci bus id ", g.pci_bus_id);
-    physical += str(", compute capability ", g.compute_capability(), ")");
+    out = str("physical GPU ", d.physical_index, " (", g.name);
+    if (!g.pci_bus_id.empty()) out += str(", pci bus id ", g.pci_bus_id);
+    out += str(", compute capability ", g.compute_capability(), ")");
   } else {
-    physical = str("physical CPU ", d.physical_index, " (", d.intra_op_threads, " thread",
-                   d.intra_op_threads == 1 ? "" : "s", ")");
+    out = str("physical CPU ", d.physical_index);
   }
-  return str(physical, ", memory limit ", format_byte_size(d.memory_limit_bytes), ", growth ",
-             d.allow_growth ? "on" : "off");
+  out += str(", memory limit ", format_byte_size(d.memory_limit_bytes), ", growth ", d.allow_growth ? "on" : "off");
+  if (d.device.is_cpu())
+    out += str(", ", d.intra_op_threads, " intra-op thread", d.intra_op_threads == 1 ? "" : "s");
+  return out;
 }
 
 }  // namespace
@@ -253,7 +254,7 @@ std::vector<LogicalDevice> resolve_logical_devices(const ProcessOptions& opts, c
       }
     }
   }
-  for (auto& d : devices) d.description = describe(d, platform, gpus);
+  for (auto& d : devices) d.description = describe(d, gpus);
   return devices;
 }
 

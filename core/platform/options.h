@@ -32,9 +32,9 @@ struct VirtualDevices {
   // when the list is unset), as TensorFlow's virtual_devices list does. Each entry lists the
   // memory limits of that GPU's logical devices; an empty entry means one logical device with
   // the GPU's default limit. When set, there must be exactly one entry per GPU in use.
-  std::optional<std::vector<std::vector<double>>> gpu_memory_limits_mb;
+  std::optional<std::vector<std::vector<double>>> gpu_memory_limits_mb{};
   // One logical CPU device per entry, each with this memory limit.
-  std::optional<std::vector<double>> cpu_memory_limits_mb;
+  std::optional<std::vector<double>> cpu_memory_limits_mb{};
 
   bool operator==(const VirtualDevices&) const = default;
 };
@@ -42,32 +42,32 @@ struct VirtualDevices {
 struct ProcessOptions {
   // Which of the GPUs this process sees (after CUDA_VISIBLE_DEVICES) become logical GPUs, in
   // this order: "1,0" makes visible GPU 1 the logical /gpu:0. Unset or empty: all, in order.
-  std::optional<std::string> visible_device_list;
+  std::optional<std::string> visible_device_list{};
   // The share of each GPU's total memory its allocator may use, in (0, 1]. Unset: all of the
   // memory but a system reserve (TensorFlow's heuristic: 225 MiB to 1.5 GiB by device size and
   // compute capability). Cannot be combined with GPU virtual devices.
-  std::optional<double> per_process_gpu_memory_fraction;
+  std::optional<double> per_process_gpu_memory_fraction{};
   // GPU allocators grow in doubling regions up to their limit (true) or reserve the whole limit
   // at first use (false, the default as in TensorFlow). CPU allocators always grow: host memory
   // is never reserved up front. TOWERFLOW_FORCE_GPU_ALLOW_GROWTH=true|false overrides it.
-  std::optional<bool> allow_growth;
+  std::optional<bool> allow_growth{};
   // Growth per GPU, keyed by visible GPU id (TensorFlow 2's set_memory_growth). Every GPU in use
   // must end up with the same growth (these entries, else allow_growth).
-  std::map<int, bool> memory_growth;
-  VirtualDevices virtual_devices;
+  std::map<int, bool> memory_growth{};
+  VirtualDevices virtual_devices{};
   // Hard memory limits per logical device, in MiB (e.g. /gpu:1 = 4096, /cpu:0 = 2048); they win
   // over the fraction and the virtual-device limit of that device.
-  std::map<Device, double> memory_limit_mb;
+  std::map<Device, double> memory_limit_mb{};
   // TensorFlow's device_count map: "CPU" -> number of logical CPU devices (default 1), "GPU" ->
   // the most GPUs to use (default all). Keys are upper case.
-  std::map<std::string, int> device_count;
+  std::map<std::string, int> device_count{};
   // A device that does not exist falls back to one that does (and says so), instead of an error.
-  std::optional<bool> allow_soft_placement;
+  std::optional<bool> allow_soft_placement{};
   // Log the device mapping at initialisation and where each op of a tower runs.
-  std::optional<bool> log_device_placement;
+  std::optional<bool> log_device_placement{};
   // Intra-op threads of each logical CPU device. Unset or 0: the host's hardware threads split
   // evenly over the logical CPU devices (at least one each).
-  std::optional<int> intra_op_threads;
+  std::optional<int> intra_op_threads{};
 
   // Reads an INI file. Keys are the option names above (flag syntax for values) plus
   // TensorFlow-tutorial aliases: `rate` (per_process_gpu_memory_fraction) and

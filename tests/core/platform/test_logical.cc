@@ -69,7 +69,7 @@ TEST_CASE("defaults: every visible GPU in order, one CPU with the host's memory 
   CHECK(devices[4].memory_limit_bytes == 256 * kGiB);
   CHECK(devices[4].intra_op_threads == 40);
   CHECK(devices[4].allow_growth);
-  CHECK(devices[4].description == "physical CPU 0 (40 threads), memory limit 256.0 GiB, growth on");
+  CHECK(devices[4].description == "physical CPU 0, memory limit 256.0 GiB, growth on, 40 intra-op threads");
 }
 
 TEST_CASE("the system reserve follows TensorFlow's table", "[platform][logical]") {
