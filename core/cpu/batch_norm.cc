@@ -11,8 +11,8 @@
 // into those passes instead of adding passes of their own.
 //
 // Note [Batch norm reductions]
-// Per-channel sums are taken over fixed blocks of kRowsPerBlock rows, in double, one partial per
-// block, then the partials are added in block order. The blocks do not depend on the thread
+// Per-channel sums are taken over fixed blocks of kRowsPerBlock rows (in float, vectorised), each
+// block's sums widened to a double partial, then the partials are added in block order. The blocks do not depend on the thread
 // count, so neither do the results. Sums of squares are taken around a per-channel shift (the
 // first row), which keeps E[x^2] - E[x]^2 accurate when |mean| is large against the spread.
 
@@ -34,8 +34,11 @@ void check_args(const char* kernel, std::int64_t rows, int c, float eps) {
     raise<InvalidArgument>(kernel, ": eps = ", eps, " must be non-negative (PyTorch uses 1e-5)");
 }
 
-// Runs fn(row_begin, row_end, partial) for every block, partial pointing at `width` doubles
-// (zeroed) for that block; returns the block-ordered sums in out[width].
+// Runs fn(row_begin, row_end, acc) for every block of rows, acc pointing at `width` zeroed
+// floats; each block's float sums are then widened into a double partial, and the partials are
+// added in block order into out[width]. Float accumulation within a block keeps the loops
+// vectorised (kRowsPerBlock terms bound its rounding); double across blocks keeps large row
+// counts accurate.
 template <typename Fn>
 void blocked_sums(const CpuContext& ctx, std::int64_t rows, int width, double* out, Fn fn) {
   const std::int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -43,10 +46,12 @@ void blocked_sums(const CpuContext& ctx, std::int64_t rows, int width, double* o
       scratch(Scratch::kAux, static_cast<std::size_t>(2 * blocks * width)));
   const std::int64_t min_blocks = std::max<std::int64_t>(1, 64 * 1024 / (kRowsPerBlock * width));
   ctx.parallel_for(blocks, min_blocks, [&](std::int64_t b0, std::int64_t b1) {
+    float* acc = scratch(Scratch::kInput, static_cast<std::size_t>(width));
     for (std::int64_t b = b0; b < b1; ++b) {
+      std::fill(acc, acc + width, 0.0f);
+      fn(b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock), acc);
       double* p = partial + b * width;
-      std::fill(p, p + width, 0.0);
-      fn(b * kRowsPerBlock, std::min(rows, (b + 1) * kRowsPerBlock), p);
+      for (int i = 0; i < width; ++i) p[i] = acc[i];
     }
   });
   std::fill(out, out + width, 0.0);
@@ -67,13 +72,16 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
   // sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
   double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
   const float* k = x;
-  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, double* p) {
+  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
+    float* __restrict s1 = acc;
+    float* __restrict s2 = acc + c;
+    const float* __restrict kr = k;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* row = x + r * c;
+      const float* __restrict row = x + r * c;
       for (int ch = 0; ch < c; ++ch) {
-        const double d = static_cast<double>(row[ch]) - k[ch];
-        p[ch] += d;
-        p[c + ch] += d * d;
+        const float d = row[ch] - kr[ch];
+        s1[ch] += d;
+        s2[ch] += d * d;
       }
     }
   });
@@ -169,23 +177,34 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float*
                    float* d_pre_relu) {
   // sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the (masked) gradient.
   double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, double* p) {
+  blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
+    float* __restrict s1 = acc;
+    float* __restrict s2 = acc + c;
+    const float* __restrict mean = save_mean;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * c;
+      const float* __restrict xr = x + r * c;
       const float* gr = dy + r * c;
-      if (y) {
-        const float* yr = y + r * c;
-        float* dr = d_pre_relu ? d_pre_relu + r * c : nullptr;
+      if (!y) {
+        for (int ch = 0; ch < c; ++ch) {
+          s1[ch] += gr[ch];
+          s2[ch] += gr[ch] * (xr[ch] - mean[ch]);
+        }
+        continue;
+      }
+      const float* __restrict yr = y + r * c;
+      if (d_pre_relu) {
+        float* dr = d_pre_relu + r * c;  // may be dy itself: read before write, element-wise
         for (int ch = 0; ch < c; ++ch) {
           const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
-          if (dr) dr[ch] = g;
-          p[ch] += g;
-          p[c + ch] += static_cast<double>(g) * (xr[ch] - save_mean[ch]);
+          dr[ch] = g;
+          s1[ch] += g;
+          s2[ch] += g * (xr[ch] - mean[ch]);
         }
       } else {
         for (int ch = 0; ch < c; ++ch) {
-          p[ch] += gr[ch];
-          p[c + ch] += static_cast<double>(gr[ch]) * (xr[ch] - save_mean[ch]);
+          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          s1[ch] += g;
+          s2[ch] += g * (xr[ch] - mean[ch]);
         }
       }
     }

@@ -8,8 +8,9 @@
 //   variance, PyTorch's rule) is the caller's job: var_unbiased = (1/invstd^2 - eps) * rows/(rows-1).
 // - Outputs are overwritten; inputs and outputs must not overlap, except that y may equal x
 //   (in place) in the forward kernels and dx may equal dy in backward.
-// - Statistics are accumulated in double, so results do not depend on the number of threads
-//   beyond float rounding of the final values.
+// - Statistics are summed in float over fixed blocks of 512 rows and in double across blocks, in
+//   an order that does not depend on the thread count: results are bitwise identical for any
+//   number of threads.
 // - rows < 1 or c < 1 or eps < 0 throws towerflow::InvalidArgument naming the value.
 
 #include <cstdint>

@@ -200,6 +200,7 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * q_len;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  const int col_tiles = (ow + kP - 1) / kP;
 
   ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
@@ -226,8 +227,11 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
         const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
         const float* wb = wp + cb * wblock;
         const float* bb = bias_padded ? bias_padded + cb * kBlock : nullptr;
-        for (int c0 = 0; c0 < ow; c0 += kP) {
-          const int p = std::min(kP, ow - c0);
+        // Balanced tiles (32 pixels -> 5,5,5,5,6,6 rather than 6,6,6,6,6,2): a narrow last
+        // tile would reuse each weight vector only a couple of times.
+        for (int t = 0; t < col_tiles; ++t) {
+          const int c0 = ow * t / col_tiles;
+          const int p = ow * (t + 1) / col_tiles - c0;
           kTiles[p - 1](xrow + c0 * pix_step, pix_step, row_step, s.kh, q_len, wb, bb,
                         yrow + std::int64_t{c0} * s.c_out + cb * kBlock, s.c_out, lanes);
         }
@@ -355,9 +359,10 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
         for (std::int64_t t = t0; t < t1; ++t) {
           const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
           const int i = static_cast<int>(t / q_tiles % s.kh);
+          // Balanced q tiles, as in direct_conv (15 -> 5,5,5 rather than 6,6,3).
           const int qt = static_cast<int>(t % q_tiles);
-          const int q0 = qt * kQ;
-          const int q = std::min(kQ, q_len - q0);
+          const int q0 = q_len * qt / q_tiles;
+          const int q = q_len * (qt + 1) / q_tiles - q0;
           kTiles[q - 1](img + (std::int64_t{r0} * s.stride_h + i) * row_step + q0, pix_step,
                         s.stride_h * row_step, dimg + std::int64_t{r0} * ow * ld_dy + cb * kBlock,
                         ld_dy, ow * ld_dy, rows, ow,
