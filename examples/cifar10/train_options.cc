@@ -1,0 +1,258 @@
+#include "examples/cifar10/train_options.h"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <variant>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace towerflow::cifar10 {
+namespace {
+
+using Member = std::variant<std::string TrainOptions::*, int TrainOptions::*, std::int64_t TrainOptions::*,
+                            std::uint64_t TrainOptions::*, double TrainOptions::*, bool TrainOptions::*>;
+
+struct Field {
+  const char* name;
+  Member member;
+  const char* help;
+  double min = -INFINITY;  // numeric range, inclusive
+  double max = INFINITY;
+  const char* group = "Training";
+};
+
+// The one list of options: flags, INI keys, --help and the JSON form all come from it.
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      {"data_dir", &TrainOptions::data_dir, "CIFAR-10/100 binary folder or an image folder (empty: the built-in dataset)", 0, 0, "Data"},
+      {"dataset", &TrainOptions::dataset, "auto|cifar10|cifar100|folder|builtin (auto: from --data_dir's contents)", 0, 0, "Data"},
+      {"loader_threads", &TrainOptions::loader_threads, "background threads preparing batches (0: on the training thread)", 0, 64, "Data"},
+      {"model", &TrainOptions::model, "tfcnn|resnet20|resnet32|resnet44|resnet56|resnet110", 0, 0, "Model"},
+      {"devices", &TrainOptions::devices, "towers: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1", 0, 0, "Model"},
+      {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Model"},
+      {"batch_size", &TrainOptions::batch_size, "global batch, split over the towers", 1, 1 << 24},
+      {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one weight per tower)"},
+      {"reduction", &TrainOptions::reduction, "allreduce | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)"},
+      {"optimizer", &TrainOptions::optimizer, "sgd (momentum with --momentum > 0) | adam"},
+      {"lr", &TrainOptions::lr, "peak learning rate", 0, 1e6},
+      {"momentum", &TrainOptions::momentum, "SGD momentum", 0, 1},
+      {"weight_decay", &TrainOptions::weight_decay, "L2 weight decay", 0, 1},
+      {"schedule", &TrainOptions::schedule, "constant | cosine[:MIN_LR] | step:EPOCH1,EPOCH2[:GAMMA] | onecycle[:PCT]"},
+      {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6},
+      {"epochs", &TrainOptions::epochs, "epochs to train", 1, 1 << 24},
+      {"max_steps", &TrainOptions::max_steps, "stop after this many steps (0: --epochs decides)", 0, 1e15},
+      {"eval_every", &TrainOptions::eval_every, "evaluate on the test split every N epochs (0: only at the end)", 0, 1 << 24},
+      {"log_every", &TrainOptions::log_every, "steps between progress lines", 1, 1 << 24},
+      {"train_dir", &TrainOptions::train_dir, "checkpoints and metrics.jsonl go here", 0, 0, "Checkpoints"},
+      {"save_every", &TrainOptions::save_every, "steps between checkpoints (0: only at the end)", 0, 1e15, "Checkpoints"},
+      {"keep_checkpoints", &TrainOptions::keep_checkpoints, "keep the newest N checkpoints (0: all)", 0, 1 << 24, "Checkpoints"},
+      {"resume", &TrainOptions::resume, "continue from the latest checkpoint in --train_dir", 0, 0, "Checkpoints"},
+      {"seed", &TrainOptions::seed, "seeds initialisation, shuffling and augmentation", 0, 1.9e19},
+      {"json", &TrainOptions::json, "print one JSON object per log line", 0, 0, "Output"},
+  };
+  return f;
+}
+
+const Field* find_field(std::string_view name) {
+  for (const auto& f : fields())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+std::string known_names() {
+  std::string out;
+  for (const auto& f : fields()) out += (out.empty() ? "" : ", ") + std::string(f.name);
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+template <typename T>
+T parse_number(const Field& f, std::string_view value) {
+  T out{};
+  std::string_view v = trim(value);
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  bool ok = ec == std::errc() && end == v.data() + v.size() && !v.empty();
+  if constexpr (std::is_floating_point_v<T>) ok = ok && std::isfinite(out);
+  if (!ok)
+    raise<InvalidArgument>("--", f.name, " \"", value, "\" is not ",
+                           std::is_floating_point_v<T> ? "a number" : "an integer", "; write e.g. --", f.name, " ",
+                           std::is_floating_point_v<T> ? "0.1" : "100");
+  double d = static_cast<double>(out);
+  if (d < f.min || d > f.max)
+    raise<InvalidArgument>("--", f.name, " ", value, " is out of range; use a value in [", f.min, ", ", f.max, "]");
+  return out;
+}
+
+bool parse_bool(const Field& f, std::string_view value) {
+  std::string v = lower(trim(value));
+  if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
+  if (v == "false" || v == "0" || v == "no" || v == "off") return false;
+  raise<InvalidArgument>("--", f.name, " \"", value, "\" is not a boolean; write true or false");
+}
+
+std::string value_text(const TrainOptions& opts, const Field& f) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = opts.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) return v;
+        else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        else if constexpr (std::is_floating_point_v<T>) {
+          std::ostringstream os;
+          os << v;
+          return os.str();
+        } else return std::to_string(v);
+      },
+      f.member);
+}
+
+}  // namespace
+
+void set_train_option(TrainOptions& opts, std::string_view name, std::string_view value) {
+  const Field* f = find_field(name);
+  if (!f) raise<InvalidArgument>("unknown training option \"", name, "\"; the options are ", known_names());
+  std::visit(
+      [&](auto member) {
+        auto& slot = opts.*member;
+        using T = std::decay_t<decltype(slot)>;
+        if constexpr (std::is_same_v<T, std::string>) slot = std::string(trim(value));
+        else if constexpr (std::is_same_v<T, bool>) slot = parse_bool(*f, value);
+        else slot = parse_number<T>(*f, value);
+      },
+      f->member);
+}
+
+bool is_train_option(std::string_view name) { return find_field(name) != nullptr; }
+
+std::vector<OptionDoc> describe_train_options(const TrainOptions& opts) {
+  std::vector<OptionDoc> out;
+  for (const auto& f : fields()) out.push_back({f.name, value_text(opts, f), f.help});
+  return out;
+}
+
+Config parse_config(std::string_view text, std::string_view source) {
+  Config c;
+  std::map<std::string, int> seen;
+  std::string device_text;  // the file with training lines blanked, for the device-option parser
+  enum class Section { Top, Train, Other } section = Section::Top;
+  int line_no = 0;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t nl = text.find('\n', pos);
+    std::string_view raw = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
+    pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
+    ++line_no;
+    std::string_view line = trim(raw);
+    bool consumed = false;
+    if (!line.empty() && line.front() == '[' && line.back() == ']') {
+      std::string name = lower(trim(line.substr(1, line.size() - 2)));
+      section = name == "train" ? Section::Train : Section::Other;
+      if (name == "gpu" || name == "cpu" || name == "devices" || name == "session" || name == "process")
+        section = Section::Other;
+    } else if (!line.empty() && line.front() != '#' && line.front() != ';' && line.front() != '[' &&
+               section != Section::Other) {
+      auto eq = line.find('=');
+      std::string key = lower(trim(line.substr(0, eq)));
+      if (eq != std::string_view::npos && (section == Section::Train || is_train_option(key))) {
+        std::string_view value = trim(line.substr(eq + 1));
+        if (auto hash = value.find(" #"); hash != std::string_view::npos) value = trim(value.substr(0, hash));
+        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+          value = value.substr(1, value.size() - 2);
+        try {
+          set_train_option(c.train, key, value);
+        } catch (const InvalidArgument& e) {
+          raise<InvalidArgument>(source, ":", line_no, ": ", e.what());
+        }
+        auto [it, fresh] = seen.emplace(key, line_no);
+        if (!fresh)
+          raise<InvalidArgument>(source, ":", line_no, ": option ", key, " is already set on line ", it->second,
+                                 "; keep one of the two");
+        c.train_keys.push_back(key);
+        consumed = true;
+      } else if (section == Section::Train) {
+        raise<InvalidArgument>(source, ":", line_no, ": '", line, "' is not 'key = value'; write e.g. batch_size = 128");
+      }
+    }
+    // Keeping a blank line in place of a consumed one keeps the device parser's line numbers.
+    if (!consumed) device_text.append(raw);
+    device_text.push_back('\n');
+  }
+  // Training lines are gone; [train] holds nothing for the device parser, which skips it.
+  c.process = ProcessOptions::parse_ini(device_text, source);
+  return c;
+}
+
+Config load_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) raise<NotFound>("config file ", path, " does not exist or cannot be read; check --config");
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  return parse_config(buf.str(), path);
+}
+
+void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& only) {
+  static const TrainOptions defaults{};
+  app.add_option("--config", config_, "INI file with any of these options ([train] and device sections); flags win")
+      ->check(CLI::ExistingFile);
+  for (const auto& f : fields()) {
+    if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
+    std::string name = f.name;
+    auto record = [this, name](const std::string& value) {
+      TrainOptions scratch;
+      try {
+        set_train_option(scratch, name, value);
+      } catch (const Error& e) {
+        throw CLI::ValidationError("--" + name, e.what());
+      }
+      given_.emplace_back(name, value);
+    };
+    CLI::Option* opt;
+    if (std::holds_alternative<bool TrainOptions::*>(f.member)) {
+      // "--resume" means true; "--resume=false" is accepted too.
+      opt = app.add_flag_function(
+          "--" + name + "{true}",
+          [record, &app, name](std::int64_t) { record(app.get_option("--" + name)->as<std::string>()); }, f.help);
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    } else {
+      opt = app.add_option_function<std::string>("--" + name, record, f.help);
+      opt->default_str(value_text(defaults, f));
+      if (name == "devices") opt->default_str("all");
+    }
+    opt->group(f.group);
+  }
+  add_process_option_flags(app, process_flags_);
+}
+
+Resolved TrainCommandLine::resolve() const {
+  Config c;
+  if (!config_.empty()) c = load_config(config_);
+  for (const auto& [name, value] : given_) set_train_option(c.train, name, value);
+  return {c.train, c.process.merged_with(process_flags_)};
+}
+
+std::string to_json(const TrainOptions& opts) {
+  nlohmann::ordered_json j;
+  for (const auto& f : fields()) {
+    std::visit([&](auto member) { j[f.name] = opts.*member; }, f.member);
+  }
+  return j.dump();
+}
+
+}  // namespace towerflow::cifar10

@@ -1,0 +1,113 @@
+#pragma once
+// The trainer's options: one struct, settable from flags (TensorFlow tutorial names where they
+// exist) and from an INI file (`--config train.ini`), flags winning over the file.
+//
+//   [train]                       # training keys; they may also stand at the top of the file
+//   model = resnet20
+//   batch_size = 256
+//   [cpu]                         # device options: see core/platform/options.h
+//   device_count = CPU=2
+//
+// Contract: every value funnels through set_train_option, so a flag and an INI key accept the
+// same text and fail the same way: InvalidArgument naming the option, the value, and the form
+// expected (for a file also the file and line). Keys of [train] must be training options; keys at
+// the top of the file that are not training options must be device options; keys in the device
+// sections [gpu], [cpu], [devices], [session], [process] are device options; other sections
+// belong to other programs and are skipped. A key given twice is an error.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/platform/options.h"
+
+namespace CLI {
+class App;
+}
+
+namespace towerflow::cifar10 {
+
+struct TrainOptions {
+  // data
+  std::string data_dir = {};           // CIFAR-10/100 binary or an image folder; empty: built-in
+  std::string dataset = "auto";        // auto|cifar10|cifar100|folder|builtin
+  int loader_threads = 1;              // background threads preparing batches
+  // model and devices
+  std::string model = "tfcnn";
+  std::string devices = {};            // "" or "all": every logical device; or "/cpu:0,/cpu:1"
+  int num_gpus = -1;                   // TensorFlow tutorial flag: the first N GPUs (-1: all)
+  // the step
+  int batch_size = 128;                // global, over all towers
+  std::string split = "even";          // even | weights:3,1 (rows per tower in proportion)
+  std::string reduction = "allreduce"; // allreduce | parameter_device[:DEVICE]
+  std::string optimizer = "sgd";       // sgd (with --momentum) | adam
+  double lr = 0.05;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string schedule = "cosine";     // see optim::parse_schedule
+  double warmup_epochs = 0.0;
+  // length
+  int epochs = 8;
+  std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)
+  int eval_every = 2;                  // epochs between evaluations (0: only at the end)
+  int log_every = 10;                  // steps between progress lines
+  // checkpoints and logs
+  std::string train_dir = "train_dir";
+  std::int64_t save_every = 100;       // steps between checkpoints (0: only at the end)
+  int keep_checkpoints = 5;            // newest N kept (0: all)
+  bool resume = false;
+  std::uint64_t seed = 1;
+  bool json = false;
+};
+
+// Sets one option from its flag/INI spelling (name without dashes). InvalidArgument for an
+// unknown name (listing the known ones) or a value that does not parse or is out of range.
+void set_train_option(TrainOptions& opts, std::string_view name, std::string_view value);
+// Whether `name` is a training option.
+bool is_train_option(std::string_view name);
+// Every option's name, current value (as text) and help, in --help order.
+struct OptionDoc {
+  std::string name, value, help;
+};
+std::vector<OptionDoc> describe_train_options(const TrainOptions& opts);
+
+// A parsed config file: its training keys applied to defaults, and its device options.
+struct Config {
+  TrainOptions train;
+  ProcessOptions process;
+  std::vector<std::string> train_keys;  // the training keys the file set (flags override these)
+};
+Config parse_config(std::string_view text, std::string_view source);
+Config load_config(const std::string& path);  // NotFound if missing
+
+// The command line of the trainer: --config, every training flag and every device flag.
+//
+//   CLI::App app{"..."};
+//   TrainCommandLine cli;
+//   cli.add_to(app);
+//   CLI11_PARSE(app, argc, argv);        // bad flags: CLI11's error (a ValidationError's text
+//                                        // is set_train_option's message)
+//   auto [train, process] = cli.resolve();   // the config file, then the flags over it
+struct Resolved {
+  TrainOptions train;
+  ProcessOptions process;
+};
+class TrainCommandLine {
+ public:
+  // `only` restricts the training flags added (empty: all); cifar10_eval uses a subset.
+  void add_to(CLI::App& app, const std::vector<std::string>& only = {});
+  // Throws InvalidArgument / NotFound for a bad config file.
+  Resolved resolve() const;
+  const std::string& config_path() const { return config_; }
+
+ private:
+  std::string config_;
+  std::vector<std::pair<std::string, std::string>> given_;  // training flags, in order
+  ProcessOptions process_flags_;
+};
+
+// The JSON form of the options (stored in checkpoints, printed at start-up).
+std::string to_json(const TrainOptions& opts);
+
+}  // namespace towerflow::cifar10

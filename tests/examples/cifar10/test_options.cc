@@ -1,0 +1,138 @@
+#include <catch2/catch.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "examples/cifar10/train_options.h"
+
+namespace tw = towerflow;
+using namespace towerflow::cifar10;
+
+namespace {
+
+// Parses a command line the way cifar10_train does; returns what it resolves to.
+Resolved parse(std::vector<std::string> args) {
+  CLI::App app{"test"};
+  TrainCommandLine cli;
+  cli.add_to(app);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them reversed
+  app.parse(args);
+  return cli.resolve();
+}
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  auto path = std::filesystem::temp_directory_path() / (std::to_string(::getpid()) + "-" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("every option parses from its text form, with typed errors for bad values", "[cifar10][options]") {
+  TrainOptions o;
+  set_train_option(o, "lr", "0.25");
+  set_train_option(o, "batch_size", "256");
+  set_train_option(o, "max_steps", "5000000000");
+  set_train_option(o, "resume", "true");
+  set_train_option(o, "json", "0");
+  set_train_option(o, "model", " resnet20 ");
+  set_train_option(o, "seed", "18446744073709551615");
+  CHECK(o.lr == 0.25);
+  CHECK(o.batch_size == 256);
+  CHECK(o.max_steps == 5'000'000'000);
+  CHECK(o.resume);
+  CHECK_FALSE(o.json);
+  CHECK(o.model == "resnet20");
+  CHECK(o.seed == 18446744073709551615ull);
+
+  CHECK_THROWS_WITH(set_train_option(o, "lr", "fast"), Catch::Contains("--lr") && Catch::Contains("\"fast\"") &&
+                                                           Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(set_train_option(o, "batch_size", "0"), Catch::Contains("--batch_size") && Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(set_train_option(o, "batch_size", "12.5"), Catch::Contains("not an integer"));
+  CHECK_THROWS_WITH(set_train_option(o, "lr", "nan"), Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(set_train_option(o, "resume", "maybe"), Catch::Contains("--resume") && Catch::Contains("true or false"));
+  CHECK_THROWS_WITH(set_train_option(o, "learning_rate", "1"),
+                    Catch::Contains("learning_rate") && Catch::Contains("batch_size"));
+  CHECK_THROWS_AS(set_train_option(o, "momentum", "1.5"), tw::InvalidArgument);
+  CHECK(o.lr == 0.25);  // failed sets change nothing
+}
+
+TEST_CASE("a config file sets training and device options; flags win over it", "[cifar10][options]") {
+  std::string path = temp_file("train.ini",
+                               "# a run\n"
+                               "batch_size = 64\n"
+                               "allow_soft_placement = true\n"
+                               "[train]\n"
+                               "model = resnet20   # the small ResNet\n"
+                               "lr = \"0.2\"\n"
+                               "[cpu]\n"
+                               "device_count = CPU=3\n"
+                               "[other_program]\n"
+                               "whatever = 1\n");
+  auto r = parse({"--config", path, "--lr", "0.01", "--device_count", "CPU=2", "--json"});
+  CHECK(r.train.batch_size == 64);
+  CHECK(r.train.model == "resnet20");
+  CHECK(r.train.lr == 0.01);  // the flag wins
+  CHECK(r.train.json);
+  CHECK(r.process.allow_soft_placement == true);
+  CHECK(r.process.device_count.at("CPU") == 2);  // the flag wins here too
+
+  auto file_only = parse({"--config", path});
+  CHECK(file_only.train.lr == 0.2);
+  CHECK(file_only.process.device_count.at("CPU") == 3);
+  CHECK(file_only.train.epochs == TrainOptions{}.epochs);  // unset keys keep defaults
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("config file mistakes name the file, the line and the fix", "[cifar10][options]") {
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\nlr = 0.2\n", "t.ini"),
+                    Catch::Contains("t.ini:3") && Catch::Contains("already set on line 2"));
+  CHECK_THROWS_WITH(parse_config("\n[train]\nbatch_sise = 3\n", "t.ini"),
+                    Catch::Contains("t.ini:3") && Catch::Contains("batch_sise"));
+  CHECK_THROWS_WITH(parse_config("[train]\nepochs\n", "t.ini"), Catch::Contains("t.ini:2") && Catch::Contains("key = value"));
+  CHECK_THROWS_WITH(parse_config("epochs = many\n", "t.ini"), Catch::Contains("t.ini:1") && Catch::Contains("--epochs"));
+  // Keys at the top that are not training options go to the device options, which reject
+  // unknown ones with their own line number intact.
+  CHECK_THROWS_WITH(parse_config("epochs = 3\n\nno_such_option = 1\n", "t.ini"), Catch::Contains("t.ini:3"));
+  CHECK_THROWS_AS(load_config("/nonexistent/train.ini"), tw::NotFound);
+}
+
+TEST_CASE("bad flags are refused by the parser with the option's message", "[cifar10][options]") {
+  CHECK_THROWS_AS(parse({"--batch_size", "-4"}), CLI::ValidationError);
+  CHECK_THROWS_AS(parse({"--no_such_flag", "1"}), CLI::ExtrasError);
+  auto r = parse({"--resume", "--seed", "7"});
+  CHECK(r.train.resume);
+  CHECK(r.train.seed == 7);
+  CHECK_FALSE(parse({"--resume=false"}).train.resume);
+}
+
+TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
+  CLI::App app{"cifar10_train"};
+  TrainCommandLine cli;
+  cli.add_to(app);
+  std::string help = app.help();
+  for (const auto& doc : describe_train_options(TrainOptions{})) {
+    INFO(doc.name);
+    CHECK(help.find("--" + doc.name) != std::string::npos);
+  }
+  CHECK(help.find("--config") != std::string::npos);
+  CHECK(help.find("--allow_growth") != std::string::npos);  // the device options are there too
+  CHECK(help.find("--log_device_placement") != std::string::npos);
+  CHECK(help.find("128") != std::string::npos);  // batch_size's default
+}
+
+TEST_CASE("options round-trip through their JSON form", "[cifar10][options]") {
+  TrainOptions o;
+  o.model = "resnet56";
+  o.lr = 0.125;
+  auto j = nlohmann::json::parse(to_json(o));
+  CHECK(j["model"] == "resnet56");
+  CHECK(j["lr"] == 0.125);
+  CHECK(j["resume"] == false);
+  CHECK(j.size() == describe_train_options(o).size());
+}
