@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cpu/simd_impl.h"
 #include "core/error.h"
 
 // In NHWC every window position is a contiguous run of c channels, so each kernel below works on
@@ -14,6 +15,14 @@
 // count.
 
 namespace towerflow::cpu {
+
+using detail::kLanes;
+using detail::load8;
+using detail::splat8i;
+using detail::store8;
+using detail::store8i;
+using detail::Vec8;
+using detail::Vec8i;
 
 std::string Pool2dShape::to_string() const {
   return str("n=", n, " h=", h, " w=", w, " c=", c, " k=", kh, "x", kw, " stride=", stride_h,
@@ -83,30 +92,39 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
         const Window win = clip(s, row, col);
         const std::int64_t o = (r * ow + col) * c;
         float* best = y + o;
-        // Start from the first element of the window, then take strictly greater values (the
-        // first maximum wins) or NaN (NaN propagates), as PyTorch does.
+        std::int32_t* idx = argmax ? argmax + o : nullptr;
         const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
-        std::copy(first, first + c, best);
-        if (argmax) {
-          std::int32_t* idx = argmax + o;
-          std::fill(idx, idx + c, win.h0 * s.w + win.w0);
+        const std::int32_t first_pos = win.h0 * s.w + win.w0;
+        // Start from the first element of the window, then take strictly greater values (the
+        // first maximum wins) or NaN (NaN propagates), as PyTorch does. Eight channels at a
+        // time in registers, the window innermost.
+        int ch = 0;
+        for (; ch + kLanes <= c; ch += kLanes) {
+          Vec8 b = load8(first + ch);
+          Vec8i at = splat8i(first_pos);
           for (int ih = win.h0; ih < win.h1; ++ih)
             for (int iw = win.w0; iw < win.w1; ++iw) {
-              const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
-              const std::int32_t pos = ih * s.w + iw;
-              for (int ch = 0; ch < c; ++ch) {
-                const bool take = v[ch] > best[ch] || std::isnan(v[ch]);
-                best[ch] = take ? v[ch] : best[ch];
-                idx[ch] = take ? pos : idx[ch];
+              const Vec8 v = load8(img + (std::int64_t{ih} * s.w + iw) * c + ch);
+              const Vec8i take = (v > b) | (v != v);
+              b = take ? v : b;
+              at = take ? splat8i(ih * s.w + iw) : at;
+            }
+          store8(best + ch, b);
+          if (idx) store8i(idx + ch, at);
+        }
+        for (; ch < c; ++ch) {
+          float b = first[ch];
+          std::int32_t at = first_pos;
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw) {
+              const float v = img[(std::int64_t{ih} * s.w + iw) * c + ch];
+              if (v > b || std::isnan(v)) {
+                b = v;
+                at = ih * s.w + iw;
               }
             }
-        } else {
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw) {
-              const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
-              for (int ch = 0; ch < c; ++ch)
-                best[ch] = (v[ch] > best[ch] || std::isnan(v[ch])) ? v[ch] : best[ch];
-            }
+          best[ch] = b;
+          if (idx) idx[ch] = at;
         }
       }
     }

@@ -23,6 +23,12 @@ typedef float Vec8Unaligned __attribute__((vector_size(32), aligned(4), may_alia
 
 inline Vec8 load8(const float* p) { return *reinterpret_cast<const Vec8Unaligned*>(p); }
 inline void store8(float* p, Vec8 v) { *reinterpret_cast<Vec8Unaligned*>(p) = v; }
+// Eight int32 lanes: masks from comparisons of Vec8, and indices.
+typedef std::int32_t Vec8i __attribute__((vector_size(32)));
+typedef std::int32_t Vec8iUnaligned __attribute__((vector_size(32), aligned(4), may_alias));
+inline void store8i(std::int32_t* p, Vec8i v) { *reinterpret_cast<Vec8iUnaligned*>(p) = v; }
+inline Vec8i splat8i(std::int32_t s) { return Vec8i{s, s, s, s, s, s, s, s}; }
+
 inline Vec8 splat8(float s) { return Vec8{s, s, s, s, s, s, s, s}; }
 inline Vec8 max8(Vec8 a, Vec8 b) { return a > b ? a : b; }
 
