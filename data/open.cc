@@ -25,6 +25,29 @@ std::string_view to_string(DatasetKind kind) {
   return "?";
 }
 
+DatasetKind detect_dataset_kind(const fs::path& dir) {
+  if (dir.empty()) return DatasetKind::Builtin;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    raise<NotFound>("data directory '", dir.string(), "' does not exist; give a CIFAR-10/100 binary folder or an ",
+                    "image folder, or no directory for the built-in synthetic set");
+  auto holds = [&](const fs::path& d, std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (fs::is_regular_file(d / n, ec)) return true;
+    return false;
+  };
+  if (holds(dir, {"data_batch_1.bin", "test_batch.bin"}) ||
+      holds(dir / "cifar-10-batches-bin", {"data_batch_1.bin", "test_batch.bin"}))
+    return DatasetKind::Cifar10;
+  if (holds(dir, {"train.bin", "test.bin"}) || holds(dir / "cifar-100-binary", {"train.bin", "test.bin"}))
+    return DatasetKind::Cifar100;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_directory()) return DatasetKind::Folder;
+  raise<DataError>("data directory '", dir.string(), "' matches no dataset layout: expected CIFAR-10 binary ",
+                   "(data_batch_1.bin .. test_batch.bin), CIFAR-100 binary (train.bin, test.bin) or an image ",
+                   "folder (<class>/<image>.jpg); pass --dataset to choose one");
+}
+
 std::unique_ptr<Dataset> open_dataset(DatasetKind kind, const fs::path& dir, Split split,
                                       const DatasetOptions& options) {
   switch (kind) {

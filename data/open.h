@@ -23,6 +23,12 @@ enum class DatasetKind { Cifar10, Cifar100, Folder, Builtin };
 DatasetKind parse_dataset_kind(std::string_view name);
 std::string_view to_string(DatasetKind kind);
 
+// For --dataset auto: builtin for an empty `dir`; cifar10 when `dir` (or dir/cifar-10-batches-bin)
+// holds data_batch_1.bin or test_batch.bin; cifar100 when it (or dir/cifar-100-binary) holds
+// train.bin or test.bin; folder when it has sub-folders. NotFound for a folder that does not
+// exist, DataError for one that matches no layout (listing the layouts expected).
+DatasetKind detect_dataset_kind(const std::filesystem::path& dir);
+
 struct DatasetOptions {
   Cifar100Options cifar100 = {};
   ImageFolderOptions folder = {};

@@ -189,7 +189,11 @@ TEST_CASE("Image folder: images of another size are resized or rejected by optio
       [&] { ImageFolder(tmp.path(), {.height = 8, .width = 8, .wrong_size = SizePolicy::Reject}); },
       {(tmp / "moth/big.png").string(), "16x16", "expected 8x8"});
 
+  std::string warning;
+  auto previous = set_log_sink([&](LogLevel, std::string_view m) { warning = m; });
   ImageFolder skipped(tmp.path(), {.wrong_size = SizePolicy::Reject, .bad_files = BadFilePolicy::Skip});
+  set_log_sink(previous);
+  CHECK(warning.find("skipped 1 of 6") != std::string::npos);
   CHECK(skipped.size() == 5);
   REQUIRE(skipped.skipped().size() == 1);
   CHECK(skipped.skipped()[0].path == tmp / "moth/big.png");
@@ -264,4 +268,18 @@ TEST_CASE("open_dataset picks the split folder and parses dataset names", "[data
   fs::remove_all(tmp / "test");
   require_throws_mentioning<NotFound>([&] { open_dataset(DatasetKind::Folder, tmp.path(), Split::Test); },
                                       {"no test/ sub-folder"});
+}
+
+TEST_CASE("detect_dataset_kind recognises each layout", "[data][folder]") {
+  TempDir tmp;
+  CHECK(detect_dataset_kind("") == DatasetKind::Builtin);
+  require_throws_mentioning<NotFound>([&] { detect_dataset_kind(tmp / "none"); }, {"none", "built-in"});
+  require_throws_mentioning<DataError>([&] { detect_dataset_kind(tmp.path()); }, {"matches no dataset layout"});
+  write_file(tmp / "c10/cifar-10-batches-bin/data_batch_1.bin", {0});
+  CHECK(detect_dataset_kind(tmp / "c10") == DatasetKind::Cifar10);
+  CHECK(detect_dataset_kind(tmp / "c10/cifar-10-batches-bin") == DatasetKind::Cifar10);
+  write_file(tmp / "c100/test.bin", {0});
+  CHECK(detect_dataset_kind(tmp / "c100") == DatasetKind::Cifar100);
+  make_folder(tmp / "images/train");
+  CHECK(detect_dataset_kind(tmp / "images") == DatasetKind::Folder);
 }
