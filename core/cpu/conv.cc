@@ -97,32 +97,37 @@ constexpr int kMaxPixels = 12 / V;
 
 // ---- the forward register kernel -----------------------------------------------------------
 
-// Computes P output pixels x 8V channels. xp points at the first input of pixel 0 for kernel
-// row 0; pixel p starts pix_step floats later, kernel row i row_step floats later. wp is the
-// block's packed weights [kh][q_len][8V]. bias (nullable) holds 8V values.
+// Computes P output pixels x 8V channels. Pixel p reads its inputs for kernel row 0 at
+// img + offs[p] (the q-th at + q); kernel row i is row_step floats further. wp is the block's
+// packed weights [kh][q_len][8V]. bias (nullable) holds 8V values. Output pixel p is written
+// at out + p * ld_out.
 template <int P, int V>
-void conv_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t row_step, int kh,
-               int q_len, const float* __restrict wp, const float* bias, float* __restrict out,
-               std::int64_t ld_out, int lanes) {
+void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64_t row_step,
+               int kh, int q_len, const float* __restrict wp, const float* bias,
+               float* __restrict out, std::int64_t ld_out, int lanes) {
   Vec8 acc[P][V];
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
     for (int v = 0; v < V; ++v) acc[p][v] = bias ? load8(bias + 8 * v) : splat8(0.0f);
+  const float* xb[P];
+#pragma GCC unroll 16
+  for (int p = 0; p < P; ++p) xb[p] = img + offs[p];
+  const float* wr = wp;
   for (int i = 0; i < kh; ++i) {
-    const float* xr = xp + i * row_step;
-    const float* wr = wp + static_cast<std::int64_t>(i) * q_len * 8 * V;
     for (int q = 0; q < q_len; ++q, wr += 8 * V) {
       Vec8 wv[V];
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) wv[v] = load8(wr + 8 * v);
 #pragma GCC unroll 16
       for (int p = 0; p < P; ++p) {
-        const Vec8 b = splat8(xr[p * pix_step + q]);
+        const Vec8 b = splat8(xb[p][q]);
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[p][v] += b * wv[v];
       }
     }
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) xb[p] += row_step;
   }
   if (lanes == 8 * V) {
 #pragma GCC unroll 16
@@ -138,8 +143,8 @@ void conv_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t r
   }
 }
 
-using ConvTileFn = void (*)(const float*, std::int64_t, std::int64_t, int, int, const float*,
-                            const float*, float*, std::int64_t, int);
+using ConvTileFn = void (*)(const float*, const std::int64_t*, std::int64_t, int, int,
+                            const float*, const float*, float*, std::int64_t, int);
 
 template <int V, std::size_t... P>
 constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
@@ -182,7 +187,9 @@ void pack_weights(int c_out, int c_in, int kh, int kw, int block, float* dst, Ge
 }
 
 // y = conv(x, w) (+ bias) for shape s, with w already packed by pack_weights in blocks of 8V.
-// Parallel over output rows; each output element is written once by one thread.
+// Threads split the output rows; within an image a thread tiles its output pixels in row-major
+// order, so a tile may span rows (small 8x8 outputs still get full tiles). Each output element
+// is written once, by one thread.
 template <int V>
 void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* wp,
                  const float* bias_padded, float* y) {
@@ -200,40 +207,46 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * q_len;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
-  const int col_tiles = (ow + kP - 1) / kP;
 
   ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
-    std::int64_t current = -1;
-    const float* img = nullptr;
-    for (std::int64_t r = r0; r < r1; ++r) {
+    for (std::int64_t r = r0; r < r1;) {
+      // The rows [row_begin, row_end) of image n that this chunk owns.
       const std::int64_t n = r / oh;
-      const int row = static_cast<int>(r % oh);
-      if (n != current) {
-        current = n;
-        if (padded) {
-          // Only the padded rows this chunk reads from this image.
-          const int last = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh)) - 1;
-          pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, row * s.stride_h,
-                   std::min(hp, last * s.stride_h + s.kh), buf);
-          img = buf;
-        } else {
-          img = x + n * image_in;
-        }
+      const int row_begin = static_cast<int>(r % oh);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
+      r = n * oh + row_end;
+      const float* img = x + n * image_in;
+      if (padded) {
+        // Only the padded input rows these output rows read.
+        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, row_begin * s.stride_h,
+                 std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+        img = buf;
       }
-      const float* xrow = img + std::int64_t{row} * s.stride_h * row_step;
-      float* yrow = y + (n * oh + row) * std::int64_t{ow} * s.c_out;
+      const std::int64_t pix_begin = std::int64_t{row_begin} * ow;
+      const std::int64_t pixels = std::int64_t{row_end - row_begin} * ow;
+      float* ybase = y + (n * oh * ow + pix_begin) * s.c_out;
+      // Balanced tiles (32 pixels -> 5,5,5,5,6,6 rather than 6,6,6,6,6,2): a narrow last tile
+      // would reuse each weight vector only a couple of times.
+      // Groups of 8 tiles, every channel block over a group before the next group: the
+      // group's outputs (<= 48 pixels x c_out) stay in L1 while the blocks fill them in.
+      const std::int64_t tiles = (pixels + kP - 1) / kP;
+      for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
       for (int cb = 0; cb < blocks; ++cb) {
         const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
         const float* wb = wp + cb * wblock;
         const float* bb = bias_padded ? bias_padded + cb * kBlock : nullptr;
-        // Balanced tiles (32 pixels -> 5,5,5,5,6,6 rather than 6,6,6,6,6,2): a narrow last
-        // tile would reuse each weight vector only a couple of times.
-        for (int t = 0; t < col_tiles; ++t) {
-          const int c0 = ow * t / col_tiles;
-          const int p = ow * (t + 1) / col_tiles - c0;
-          kTiles[p - 1](xrow + c0 * pix_step, pix_step, row_step, s.kh, q_len, wb, bb,
-                        yrow + std::int64_t{c0} * s.c_out + cb * kBlock, s.c_out, lanes);
+        for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
+          const std::int64_t p0 = pixels * t / tiles;
+          const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
+          std::int64_t offs[kP];
+          std::int64_t row = (pix_begin + p0) / ow, col = (pix_begin + p0) % ow;
+          for (int k = 0; k < p; ++k) {
+            offs[k] = row * s.stride_h * row_step + col * pix_step;
+            if (++col == ow) col = 0, ++row;
+          }
+          kTiles[p - 1](img, offs, row_step, s.kh, q_len, wb, bb,
+                        ybase + p0 * s.c_out + cb * kBlock, s.c_out, lanes);
         }
       }
     }
