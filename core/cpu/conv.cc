@@ -4,8 +4,8 @@
 #include <array>
 #include <limits>
 #include <utility>
+#include <vector>
 
-#include "core/cpu/gemm_impl.h"
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
 
@@ -24,7 +24,8 @@
 //   forward                  direct_conv over x with weights packed [c_out/B][kh][kw*c_in][B]
 //   backward input, stride 1 direct_conv over dy with the kernel flipped and its channels
 //                            swapped, padding kh-1-pad_h: the transposed convolution
-//   backward input, stride>1 per image: dcol = dy * W (GEMM), then col2im (scatter-add)
+//   backward input, stride>1 direct_conv's register kernel per stride phase
+//                            (Note [Backward input by stride phases])
 //   backward weight          weight_grad: accumulators are a tile of Q inputs q x B channels,
 //                            summed over every output pixel, the same register shape as forward
 //
@@ -100,11 +101,11 @@ constexpr int kMaxPixels = 12 / V;
 // Computes P output pixels x 8V channels. Pixel p reads its inputs for kernel row 0 at
 // img + offs[p] (the q-th at + q); kernel row i is row_step floats further. wp is the block's
 // packed weights [kh][q_len][8V]. bias (nullable) holds 8V values. Output pixel p is written
-// at out + p * ld_out.
+// at out + out_offs[p].
 template <int P, int V>
 void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64_t row_step,
                int kh, int q_len, const float* __restrict wp, const float* bias,
-               float* __restrict out, std::int64_t ld_out, int lanes) {
+               float* __restrict out, const std::int64_t* out_offs, int lanes) {
   Vec8 acc[P][V];
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p)
@@ -133,18 +134,18 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
 #pragma GCC unroll 16
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) store8(out + p * ld_out + 8 * v, acc[p][v]);
+      for (int v = 0; v < V; ++v) store8(out + out_offs[p] + 8 * v, acc[p][v]);
   } else {
     for (int p = 0; p < P; ++p) {
       alignas(32) float tmp[8 * V];
       for (int v = 0; v < V; ++v) store8(tmp + 8 * v, acc[p][v]);
-      std::copy(tmp, tmp + lanes, out + p * ld_out);
+      std::copy(tmp, tmp + lanes, out + out_offs[p]);
     }
   }
 }
 
 using ConvTileFn = void (*)(const float*, const std::int64_t*, std::int64_t, int, int,
-                            const float*, const float*, float*, std::int64_t, int);
+                            const float*, const float*, float*, const std::int64_t*, int);
 
 template <int V, std::size_t... P>
 constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
@@ -239,14 +240,15 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
         for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
           const std::int64_t p0 = pixels * t / tiles;
           const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
-          std::int64_t offs[kP];
+          std::int64_t offs[kP], out_offs[kP];
           std::int64_t row = (pix_begin + p0) / ow, col = (pix_begin + p0) % ow;
           for (int k = 0; k < p; ++k) {
             offs[k] = row * s.stride_h * row_step + col * pix_step;
+            out_offs[k] = std::int64_t{k} * s.c_out;
             if (++col == ow) col = 0, ++row;
           }
           kTiles[p - 1](img, offs, row_step, s.kh, q_len, wb, bb,
-                        ybase + p0 * s.c_out + cb * kBlock, s.c_out, lanes);
+                        ybase + p0 * s.c_out + cb * kBlock, out_offs, lanes);
         }
       }
     }
@@ -394,46 +396,120 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
               dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
 }
 
-// ---- backward input for strides > 1 ---------------------------------------------------------
+// ---- backward input by stride phases ---------------------------------------------------------
 
-// Per image: dcol[pixel, (i, j, ci)] = dy[pixel, :] * wm[:, (i, j, ci)], then every dcol row is
-// added into the input positions its window covers. Parallel over images.
-void backward_input_col2im(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+// Note [Backward input by stride phases]
+// dx[ih, iw] sums dy[oh, ow] * w[i, j] over oh*s - p + i = ih. For a given ih only the kernel
+// rows i = a, a + s, a + 2s, ... with a = (ih + p) mod s contribute, from dy rows
+// u, u - 1, u - 2, ... with u = (ih + p - a) / s. So the dx pixels of one phase (a, b) form a
+// stride-1 correlation of dy with a sub-kernel of ceil((kh - a) / s) x ceil((kw - b) / s) taps
+// (flipped, channels swapped): the same register kernel as forward, fed with per-pixel input and
+// output offsets. No zeros are multiplied, nothing is scattered, and each dx element is written
+// once. dy is embedded in a zero frame (top = ceil(kh / s) - 1 rows, likewise left) so that every
+// tap reads inside the buffer; phases with no taps (a 1x1 kernel at stride 2) are zero.
+
+// Copies img [h][w][c] into dst [hp][wp][c] at (top, left), zeroing the rest.
+void embed_image(const float* img, int h, int w, int c, int top, int left, int hp, int wp,
+                 float* dst) {
+  const std::int64_t row = std::int64_t{wp} * c;
+  for (int r = 0; r < hp; ++r) {
+    float* d = dst + r * row;
+    const int src = r - top;
+    if (src < 0 || src >= h) {
+      std::fill(d, d + row, 0.0f);
+      continue;
+    }
+    std::fill(d, d + std::int64_t{left} * c, 0.0f);
+    std::copy(img + std::int64_t{src} * w * c, img + std::int64_t{src + 1} * w * c,
+              d + std::int64_t{left} * c);
+    std::fill(d + std::int64_t{left + w} * c, d + row, 0.0f);
+  }
+}
+
+template <int V>
+void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                            const float* w, float* dx) {
+  constexpr int kBlock = 8 * V;
+  constexpr int kP = kMaxPixels<V>;
+  static constexpr auto kTiles = conv_tiles<V>(std::make_index_sequence<kP>{});
   const int oh = s.out_h(), ow = s.out_w();
-  const int k = s.kh * s.kw * s.c_in;
-  float* wm = scratch(Scratch::kWeights, static_cast<std::size_t>(s.c_out) * k);
-  for (int co = 0; co < s.c_out; ++co)
-    for (int i = 0; i < s.kh; ++i)
-      for (int j = 0; j < s.kw; ++j)
-        for (int ci = 0; ci < s.c_in; ++ci)
-          wm[std::int64_t{co} * k + (i * s.kw + j) * s.c_in + ci] =
-              w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  const int sh = s.stride_h, sw = s.stride_w;
+  const int blocks = (s.c_in + kBlock - 1) / kBlock;
+  auto taps = [](int k, int stride, int phase) { return phase < k ? (k - phase + stride - 1) / stride : 0; };
+  const int top = taps(s.kh, sh, 0) - 1, left = taps(s.kw, sw, 0) - 1;
+  const int hp = top + std::max(oh, (s.h - 1 + s.pad_h) / sh + 1);
+  const int wpad = left + std::max(ow, (s.w - 1 + s.pad_w) / sw + 1);
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_out;
+
+  // Packed sub-kernels of every phase, one after the other: [a][b][block][i'][j'][co][lane].
+  std::vector<std::int64_t> phase_offset(static_cast<std::size_t>(sh * sw) + 1, 0);
+  for (int a = 0; a < sh; ++a)
+    for (int b = 0; b < sw; ++b)
+      phase_offset[a * sw + b + 1] = phase_offset[a * sw + b] + std::int64_t{blocks} * kBlock *
+                                     taps(s.kh, sh, a) * taps(s.kw, sw, b) * s.c_out;
+  float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(phase_offset.back()));
+  for (int a = 0; a < sh; ++a)
+    for (int b = 0; b < sw; ++b) {
+      const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
+      pack_weights(s.c_in, s.c_out, ma, mb, kBlock, wp + phase_offset[a * sw + b],
+                   [&](int ci, int co, int i, int j) {
+                     const int ki = a + (ma - 1 - i) * sh, kj = b + (mb - 1 - j) * sw;
+                     return w[((std::int64_t{co} * s.c_in + ci) * s.kh + ki) * s.kw + kj];
+                   });
+    }
+
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
-  const std::int64_t image_out = std::int64_t{oh} * ow;
-  const std::int64_t macs_per_image = image_out * s.c_out * k;
-  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 100000 / macs_per_image),
-                   [&](std::int64_t n0, std::int64_t n1) {
-    float* dcol = scratch(Scratch::kOutput, static_cast<std::size_t>(image_out * k));
-    for (std::int64_t n = n0; n < n1; ++n) {
-      detail::gemm_serial(false, false, static_cast<int>(image_out), k, s.c_out, 1.0f,
-                          dy + n * image_out * s.c_out, s.c_out, wm, k, 0.0f, dcol, k);
-      float* img = dx + n * image_in;
-      std::fill(img, img + image_in, 0.0f);
-      for (int r = 0; r < oh; ++r)
-        for (int c = 0; c < ow; ++c) {
-          const float* col = dcol + (std::int64_t{r} * ow + c) * k;
-          for (int i = 0; i < s.kh; ++i) {
-            const int ih = r * s.stride_h - s.pad_h + i;
-            if (ih < 0 || ih >= s.h) continue;
-            for (int j = 0; j < s.kw; ++j) {
-              const int iw = c * s.stride_w - s.pad_w + j;
-              if (iw < 0 || iw >= s.w) continue;
-              float* d = img + (std::int64_t{ih} * s.w + iw) * s.c_in;
-              const float* src = col + (i * s.kw + j) * s.c_in;
-              for (int ci = 0; ci < s.c_in; ++ci) d[ci] += src[ci];
-            }
+  const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
+  const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (sh * sw);
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    float* buf = scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step);
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / s.h;
+      const int row_begin = static_cast<int>(r % s.h);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
+      r = n * s.h + row_end;
+      embed_image(dy + n * image_out, oh, ow, s.c_out, top, left, hp, wpad, buf);
+      float* img_dx = dx + n * image_in;
+      for (int a = 0; a < sh; ++a)
+        for (int b = 0; b < sw; ++b) {
+          const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
+          // This phase's dx rows and columns: (ih + pad) mod stride == phase.
+          const int ih0 = row_begin + ((a - (row_begin + s.pad_h) % sh) % sh + sh) % sh;
+          const int iw0 = ((b - s.pad_w % sw) % sw + sw) % sw;
+          if (ih0 >= row_end || iw0 >= s.w) continue;
+          const int rows = (row_end - 1 - ih0) / sh + 1, cols = (s.w - 1 - iw0) / sw + 1;
+          const std::int64_t u0 = (ih0 + s.pad_h - a) / sh, v0 = (iw0 + s.pad_w - b) / sw;
+          if (ma == 0 || mb == 0) {
+            for (int y = 0; y < rows; ++y)
+              for (int x = 0; x < cols; ++x) {
+                float* d = img_dx + (std::int64_t{ih0 + y * sh} * s.w + iw0 + x * sw) * s.c_in;
+                std::fill(d, d + s.c_in, 0.0f);
+              }
+            continue;
           }
+          const float* wph = wp + phase_offset[a * sw + b];
+          const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
+          const std::int64_t pixels = std::int64_t{rows} * cols;
+          const std::int64_t tiles = (pixels + kP - 1) / kP;
+          for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
+            for (int cb = 0; cb < blocks; ++cb) {
+              const int lanes = std::min(kBlock, s.c_in - cb * kBlock);
+              for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
+                const std::int64_t p0 = pixels * t / tiles;
+                const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
+                std::int64_t offs[kP], out_offs[kP];
+                // Consecutive phase pixels step dx by the stride and dy by one.
+                std::int64_t y = p0 / cols, x = p0 % cols;
+                for (int k = 0; k < p; ++k) {
+                  offs[k] = (u0 + y - (ma - 1) + top) * row_step + (v0 + x - (mb - 1) + left) * s.c_out;
+                  out_offs[k] = ((ih0 + y * sh) * s.w + iw0 + x * sw) * s.c_in;
+                  if (++x == cols) x = 0, ++y;
+                }
+                kTiles[p - 1](buf, offs, row_step, ma, mb * s.c_out, wph + cb * wblock, nullptr,
+                              img_dx + cb * kBlock, out_offs, lanes);
+              }
+            }
         }
     }
   });
@@ -469,7 +545,11 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
     });
     return;
   }
-  backward_input_col2im(ctx, s, dy, w, dx);
+  // Strides > 1, or padding as large as the kernel (Note [Backward input by stride phases]).
+  if (s.c_in <= 8)
+    backward_input_phases<1>(ctx, s, dy, w, dx);
+  else
+    backward_input_phases<2>(ctx, s, dy, w, dx);
 }
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,

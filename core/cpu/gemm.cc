@@ -3,7 +3,6 @@
 #include <Eigen/Core>
 #include <algorithm>
 
-#include "core/cpu/gemm_impl.h"
 #include "core/error.h"
 
 namespace towerflow::cpu {
@@ -20,10 +19,7 @@ void check_ld(const char* name, int ld, int row_length, const char* rows_name) {
                            "; pass the distance between consecutive rows in floats");
 }
 
-}  // namespace
-
-namespace detail {
-
+// c = alpha * op(a) op(b) + beta * c on the calling thread, arguments already checked.
 void gemm_serial(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   if (m == 0 || n == 0) return;
@@ -57,7 +53,7 @@ void gemm_serial(bool trans_a, bool trans_b, int m, int n, int k, float alpha, c
     run(am, bm);
 }
 
-}  // namespace detail
+}  // namespace
 
 void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, float alpha,
           const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
@@ -85,7 +81,7 @@ void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
   const std::int64_t units = (extent + unit - 1) / unit;
   const std::int64_t parts = std::min<std::int64_t>({units, max_parts, ctx.threads()});
   if (parts <= 1) {
-    detail::gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gemm_serial(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   ctx.parallel_for(parts, 1, [&](std::int64_t p0, std::int64_t p1) {
@@ -95,11 +91,11 @@ void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
       if (begin >= end) continue;
       if (split_rows) {
         const float* ab = trans_a ? a + begin : a + static_cast<std::int64_t>(begin) * lda;
-        detail::gemm_serial(trans_a, trans_b, end - begin, n, k, alpha, ab, lda, b, ldb, beta,
+        gemm_serial(trans_a, trans_b, end - begin, n, k, alpha, ab, lda, b, ldb, beta,
                             c + static_cast<std::int64_t>(begin) * ldc, ldc);
       } else {
         const float* bb = trans_b ? b + static_cast<std::int64_t>(begin) * ldb : b + begin;
-        detail::gemm_serial(trans_a, trans_b, m, end - begin, k, alpha, a, lda, bb, ldb, beta,
+        gemm_serial(trans_a, trans_b, m, end - begin, k, alpha, a, lda, bb, ldb, beta,
                             c + begin, ldc);
       }
     }
