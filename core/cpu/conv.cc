@@ -345,8 +345,9 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   const bool dy_dense = s.c_out % kBlock == 0;
   const std::int64_t ld_dy = dy_dense ? s.c_out : ld_acc;
   const std::int64_t image_out = std::int64_t{oh} * ow;
-  // Rows per pass: about 256 pixels, so one block's dy slice stays in L1 across the tiles.
-  const int rows_per_pass = std::max(1, std::min(oh, 256 / ow));
+  // Rows per pass: about 96 pixels, so the dy slice and x rows of a pass stay in L1 across the
+  // tiles that share them.
+  const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
 
   // Tiles ordered block-major, so consecutive tiles of a thread reuse the same dy slice.
   const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
