@@ -1,0 +1,142 @@
+#include "tower/split.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace towerflow::tower {
+
+namespace {
+
+std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.str();
+  return s;
+}
+
+std::vector<double> weights_of(const SplitPolicy& policy, std::size_t n) {
+  if (const auto* w = std::get_if<WeightedSplit>(&policy)) {
+    if (w->weights.size() != n)
+      raise<InvalidArgument>("split weights:", to_string(policy).substr(8), " gives ", w->weights.size(),
+                             " weights for ", n, " devices; give one weight per device");
+    for (double x : w->weights)
+      if (!(x > 0) || !std::isfinite(x))
+        raise<InvalidArgument>("split weight ", x, " is invalid; weights are positive numbers (e.g. weights:3,1)");
+    return w->weights;
+  }
+  return std::vector<double>(n, 1.0);
+}
+
+// Exact shares when they are whole numbers (to a relative 1e-9), else empty.
+std::vector<int> exact_shares(int batch, const std::vector<double>& w) {
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  std::vector<int> rows;
+  int sum = 0;
+  for (double x : w) {
+    const double share = batch * x / total;
+    const double r = std::round(share);
+    if (std::abs(share - r) > 1e-9 * std::max(1.0, share)) return {};
+    rows.push_back(static_cast<int>(r));
+    sum += rows.back();
+  }
+  if (sum != batch) return {};
+  return rows;
+}
+
+std::vector<int> largest_remainder(int batch, const std::vector<double>& w) {
+  const double total = std::accumulate(w.begin(), w.end(), 0.0);
+  const std::size_t n = w.size();
+  std::vector<int> rows(n);
+  std::vector<double> frac(n);
+  int given = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double share = batch * w[i] / total;
+    rows[i] = static_cast<int>(std::floor(share + 1e-9));
+    frac[i] = share - rows[i];
+    given += rows[i];
+  }
+  std::vector<std::size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return frac[a] > frac[b]; });
+  for (std::size_t k = 0; given < batch; k = (k + 1) % n, ++given) rows[order[k]] += 1;
+  for (std::size_t k = n; given > batch; k = (k + n - 1) % n) {  // rounding guard: never in practice
+    if (rows[order[k % n]] > 0) {
+      rows[order[k % n]] -= 1;
+      --given;
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+SplitPolicy parse_split(std::string_view spec) {
+  if (spec == "even") return EvenSplit{};
+  if (spec == "per_tower") return PerTowerBatch{};
+  if (spec.starts_with("weights:")) {
+    WeightedSplit w;
+    std::string_view rest = spec.substr(8);
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string_view item = rest.substr(0, comma);
+      double x = 0;
+      auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), x);
+      if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || !(x > 0))
+        raise<InvalidArgument>("split '", spec, "' has a bad weight '", item,
+                               "'; weights are positive numbers, one per device (e.g. weights:3,1)");
+      w.weights.push_back(x);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+    if (w.weights.empty())
+      raise<InvalidArgument>("split '", spec, "' lists no weights; use e.g. weights:3,1");
+    return w;
+  }
+  raise<InvalidArgument>("split '", spec, "' is not a split policy; use even, weights:W0,W1,... "
+                         "(e.g. weights:3,1) or per_tower");
+}
+
+std::string to_string(const SplitPolicy& policy) {
+  if (std::holds_alternative<EvenSplit>(policy)) return "even";
+  if (std::holds_alternative<PerTowerBatch>(policy)) return "per_tower";
+  std::string s = "weights:";
+  bool first = true;
+  for (double x : std::get<WeightedSplit>(policy).weights) {
+    s += (first ? "" : ",") + str(x);
+    first = false;
+  }
+  return s;
+}
+
+int global_batch(int configured_batch, int towers, const SplitPolicy& policy) {
+  return std::holds_alternative<PerTowerBatch>(policy) ? configured_batch * towers : configured_batch;
+}
+
+std::vector<int> split_batch(int batch, const std::vector<Device>& devices, const SplitPolicy& policy,
+                             Remainder remainder) {
+  if (devices.empty()) raise<InvalidArgument>("cannot split a batch over an empty device list");
+  if (batch < 1) raise<InvalidArgument>("batch ", batch, " is invalid; a batch has at least one row");
+  const std::vector<double> w = weights_of(policy, devices.size());
+  if (remainder == Remainder::Spread) return largest_remainder(batch, w);
+  if (auto rows = exact_shares(batch, w); !rows.empty()) return rows;
+
+  // The nearest batches that split exactly, below and above.
+  int below = 0, above = 0;
+  for (int d = 1; d <= 1 << 20 && (below == 0 || above == 0); ++d) {
+    if (below == 0 && batch - d >= 1 && !exact_shares(batch - d, w).empty()) below = batch - d;
+    if (above == 0 && !exact_shares(batch + d, w).empty()) above = batch + d;
+  }
+  std::string nearest = below && above ? str(below, " or ", above) : str(below ? below : above);
+  const bool even = !std::holds_alternative<WeightedSplit>(policy);
+  raise<InvalidArgument>("batch ", batch, " cannot be split ",
+                         even ? "evenly" : str("in the proportions ", to_string(policy)), " over ",
+                         devices.size(), " devices (", device_list(devices), "); use batch ", nearest,
+                         std::holds_alternative<PerTowerBatch>(policy)
+                             ? " (with per_tower batches the global batch is towers x per-tower batch)"
+                             : "",
+                         ", or a remainder policy (--split_remainder spread)");
+}
+
+}  // namespace towerflow::tower

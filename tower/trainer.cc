@@ -1,0 +1,653 @@
+#include "tower/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+#include "core/collectives/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/platform/registry.h"
+#include "core/tensor/autograd.h"
+#include "core/tensor/backend_impl.h"
+#include "core/tensor/ops.h"
+#include "data/batch.h"
+#include "tower/workers.h"
+
+namespace towerflow::tower {
+
+// Note [Why towers scale loss by B]
+// Tower i computes loss_i = sum(cross-entropy over its b_i rows) / B, with B the rows of the whole
+// global batch (all towers, all micro-batches), not b_i. Its gradient is then sum over its rows of
+// d(ce)/dw, divided by B, and the sum over towers that the all-reduce (or the parameter device)
+// forms is exactly the gradient of the global-batch mean loss, however the batch was split: even,
+// 3:1, or in micro-batches. Dividing by b_i and averaging over towers would only agree for equal
+// slices; with a 3:1 split it would weight the small tower's rows three times too much. The
+// same holds for the reported loss: the sum of the towers' loss_i is the sample-weighted mean.
+
+// Note [Bucketed reduction during backward]
+// The autograd engine runs the graph's nodes by decreasing creation number and accumulates each
+// node's input gradients into the leaves before it moves to the next node (autograd.cc). So when
+// the engine is about to run the node numbered s, every node numbered above s has finished, and a
+// parameter's gradient is final once every node consuming the parameter has run: when the engine
+// starts a node numbered below the smallest consumer number. Before backward, the trainer walks
+// the graph from the loss, records for each bucket (a contiguous range of the flat gradient
+// buffer, whole parameters, filled from the last parameter backwards, as backward produces them)
+// the smallest number of a node consuming one of its parameters, and wraps every node's backward
+// function with a check that marks the buckets whose parameters are all final. A communication
+// thread per tower all-reduces the buckets in a fixed order as they become ready, while the tower
+// thread carries on with backward. Every tower reduces the same buckets in the same order, so
+// collectives match across towers.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Bucket {
+  std::size_t begin = 0, end = 0;  // elements of the flat buffer
+};
+
+// Which buckets backward has finished, for one tower and one step.
+class BucketTracker {
+ public:
+  void reset(std::vector<std::uint64_t> min_sequence) {
+    std::lock_guard lock(mu_);
+    min_seq_ = std::move(min_sequence);
+    ready_.assign(min_seq_.size(), false);
+    cancelled_ = false;
+  }
+  // The engine is about to run node `sequence`: every node above it has finished.
+  void before_node(std::uint64_t sequence) {
+    bool any = false;
+    {
+      std::lock_guard lock(mu_);
+      for (std::size_t b = 0; b < min_seq_.size(); ++b)
+        if (!ready_[b] && min_seq_[b] > sequence) ready_[b] = any = true;
+    }
+    if (any) cv_.notify_all();
+  }
+  void mark_all() {
+    {
+      std::lock_guard lock(mu_);
+      std::fill(ready_.begin(), ready_.end(), true);
+    }
+    cv_.notify_all();
+  }
+  void cancel() {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+    }
+    cv_.notify_all();
+  }
+  // False when cancelled.
+  bool wait(std::size_t b) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return cancelled_ || ready_[b]; });
+    return !cancelled_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::uint64_t> min_seq_;
+  std::vector<bool> ready_;
+  bool cancelled_ = false;
+};
+
+std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.str();
+  return s;
+}
+
+std::span<float> host_span(const Tensor& t) {
+  return {t.data<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+}  // namespace
+
+HostBatch HostBatch::of(const data::Batch& b) {
+  return {.images = b.valid_images(),
+          .labels = std::span<const std::int32_t>(b.labels.data(), static_cast<std::size_t>(b.n)),
+          .n = b.n, .h = b.h, .w = b.w, .c = b.c};
+}
+
+struct Trainer::Impl {
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  std::unique_ptr<DeviceWorkers> workers;
+  std::unique_ptr<collectives::Communicator> comm;  // AllReduce only
+  std::string comm_name;
+  std::vector<optim::ParameterSlot> slots;
+  std::size_t numel = 0;
+
+  // ParameterDevice
+  bool use_pd = false;
+  Device pd;
+  Tensor master_params, master_grads;
+  std::vector<Tensor> staging;  // each tower's gradients, on the parameter device
+
+  // Buffers (batch-norm running averages): identical on every replica between steps.
+  std::vector<float> buffer_snapshot;                 // those identical values
+  std::vector<std::vector<float>> buffer_host;        // per tower, after its forward
+  std::size_t buffer_numel = 0;
+
+  // Bucketed reduction
+  std::size_t bucket_bytes = 0;
+  std::vector<Bucket> buckets;              // in reduction order (from the end of the buffer)
+  std::vector<std::size_t> bucket_of_param;  // parameter index -> bucket
+  std::vector<std::unique_ptr<BucketTracker>> trackers;
+
+  // Per-step scratch, one entry per tower.
+  std::vector<double> loss, compute_s, reduce_s, sync_s;
+  std::vector<std::int64_t> correct;
+
+  static std::vector<Tensor> buffers_of(const nn::Module& m) {
+    std::vector<Tensor> out;
+    for (auto& [name, t] : m.named_buffers())
+      if (t.dtype() == DType::kFloat32) out.push_back(t);
+    return out;
+  }
+
+  void read_buffers(const nn::Module& m, std::vector<float>& out) const {
+    out.resize(buffer_numel);
+    std::size_t off = 0;
+    for (const Tensor& t : buffers_of(m)) {
+      t.to_host(std::span<float>(out.data() + off, static_cast<std::size_t>(t.numel())));
+      off += static_cast<std::size_t>(t.numel());
+    }
+  }
+
+  void write_buffers(nn::Module& m, const std::vector<float>& in) const {
+    std::size_t off = 0;
+    for (Tensor& t : buffers_of(m)) {
+      t.copy_from_host(std::span<const float>(in.data() + off, static_cast<std::size_t>(t.numel())));
+      off += static_cast<std::size_t>(t.numel());
+    }
+  }
+
+  void plan_buckets(const nn::Module& m) {
+    const auto params = m.named_parameters();
+    const std::size_t cap = std::max<std::size_t>(1, bucket_bytes / sizeof(float));
+    bucket_of_param.assign(params.size(), 0);
+    std::vector<std::size_t> offsets(params.size() + 1, 0);
+    for (std::size_t p = 0; p < params.size(); ++p)
+      offsets[p + 1] = offsets[p] + static_cast<std::size_t>(params[p].second.numel());
+    buckets.clear();
+    std::size_t end = params.size();
+    while (end > 0) {
+      std::size_t begin = end;
+      while (begin > 0 && (begin == end || offsets[end] - offsets[begin] < cap)) --begin;
+      if (offsets[end] - offsets[begin] > cap && end - begin > 1) ++begin;  // keep under the cap
+      for (std::size_t p = begin; p < end; ++p) bucket_of_param[p] = buckets.size();
+      buckets.push_back({offsets[begin], offsets[end]});
+      end = begin;
+    }
+  }
+
+  // Note [Bucketed reduction during backward]: wraps the graph under `loss` so that `tracker`
+  // learns when each bucket's gradients are final.
+  void install_bucket_hooks(const nn::Module& m, const Tensor& loss, BucketTracker& tracker) {
+    std::unordered_map<const TensorImpl*, std::size_t> param_index;
+    {
+      std::size_t p = 0;
+      for (auto& [name, t] : m.named_parameters()) param_index[t.impl()] = p++;
+    }
+    std::vector<std::uint64_t> min_seq(buckets.size(), std::numeric_limits<std::uint64_t>::max());
+    std::vector<Node*> nodes;
+    std::set<Node*> seen;
+    if (loss.grad_fn()) {
+      nodes.push_back(loss.grad_fn().get());
+      seen.insert(nodes.back());
+    }
+    for (std::size_t k = 0; k < nodes.size(); ++k) {
+      Node* n = nodes[k];
+      for (const Tensor& in : n->inputs) {
+        if (!in.defined()) continue;
+        if (auto it = param_index.find(in.impl()); it != param_index.end()) {
+          auto& s = min_seq[bucket_of_param[it->second]];
+          s = std::min(s, n->sequence);
+        }
+        Node* child = in.impl()->grad_fn.get();
+        if (child && seen.insert(child).second) nodes.push_back(child);
+      }
+    }
+    tracker.reset(std::move(min_seq));
+    for (Node* n : nodes) {
+      if (!n->backward) continue;
+      n->backward = [inner = std::move(n->backward), seq = n->sequence,
+                     t = &tracker](const Tensor& g) {
+        t->before_node(seq);
+        return inner(g);
+      };
+    }
+  }
+};
+
+Trainer::Trainer(nn::ModelFactory factory, std::vector<Device> devices, TrainerOptions options)
+    : devices_(std::move(devices)), options_(std::move(options)), reduction_(options_.reduction) {
+  init(nullptr, std::move(factory));
+}
+
+Trainer::Trainer(const nn::Module& initial, nn::ModelFactory factory, std::vector<Device> devices,
+                 TrainerOptions options)
+    : devices_(std::move(devices)), options_(std::move(options)), reduction_(options_.reduction) {
+  init(&initial, std::move(factory));
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
+  if (devices_.empty())
+    raise<InvalidArgument>("the tower trainer needs at least one device; the device list is empty");
+  {
+    std::set<Device> seen;
+    for (const Device& d : devices_)
+      if (!seen.insert(d).second)
+        raise<InvalidArgument>("device ", d, " appears twice in the tower devices (", device_list(devices_),
+                               "); list each logical device once (use virtual devices for several "
+                               "towers on one physical device)");
+  }
+  if (!factory) raise<InvalidArgument>("the tower trainer needs a model factory; got an empty one");
+  if (options_.accumulation_steps < 1)
+    raise<InvalidArgument>("accumulation_steps ", options_.accumulation_steps,
+                           " is invalid; use 1 (no accumulation) or more micro-batches per step");
+  if (options_.batch_norm == BatchNormMode::Synchronised)
+    raise<InvalidArgument>("synchronised batch norm across towers is not available yet; use "
+                           "BatchNormMode::PerTower (each tower's own statistics, running averages "
+                           "averaged across towers)");
+  if (const auto* w = std::get_if<WeightedSplit>(&options_.split); w && w->weights.size() != devices_.size())
+    raise<InvalidArgument>("split ", to_string(options_.split), " gives ", w->weights.size(),
+                           " weights for ", devices_.size(), " devices (", device_list(devices_),
+                           "); give one weight per device");
+
+  impl_ = std::make_unique<Impl>();
+  Impl& im = *impl_;
+  const int n = towers();
+
+  // Reduction in effect: NCCL cannot join logical devices sharing a physical GPU, and no
+  // communicator joins CPUs with GPUs; both fall back to the parameter device.
+  if (auto* ar = std::get_if<AllReduce>(&reduction_)) {
+    const bool all_cpu = std::all_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.is_cpu(); });
+    const bool all_gpu = std::all_of(devices_.begin(), devices_.end(), [](const Device& d) { return d.is_gpu(); });
+    std::vector<int> ordinals;
+    if (all_gpu)
+      for (const Device& d : devices_) ordinals.push_back(device_info(d).physical_index);
+    if (!all_cpu && !(all_gpu && collectives::nccl_can_join(ordinals))) {
+      const char* why = !all_gpu ? "the towers mix CPU and GPU devices"
+                        : std::set<int>(ordinals.begin(), ordinals.end()).size() != ordinals.size()
+                            ? "NCCL cannot all-reduce between virtual devices of one physical GPU"
+                            : "this build has no NCCL";
+      log_warning(str("all_reduce over ", device_list(devices_), ": ", why,
+                      "; reducing on the parameter device ", devices_.front(), " instead"));
+      reduction_ = ParameterDevice{devices_.front()};
+    } else {
+      im.bucket_bytes = ar->bucket_bytes;
+      im.comm = collectives::make_communicator(devices_, collectives::CommunicatorKind::Auto, ordinals);
+      im.comm_name = im.comm->name();
+    }
+  }
+  if (const auto* pd = std::get_if<ParameterDevice>(&reduction_)) {
+    im.use_pd = true;
+    im.pd = pd->device.value_or(Device::cpu(0));
+  }
+
+  // Replicas: built on their own threads (each device's allocator and kernels), then made
+  // identical by copying replica 0's (or `initial`'s) parameters and buffers into the others.
+  im.workers = std::make_unique<DeviceWorkers>(devices_);
+  im.replicas.resize(n);
+  im.workers->run([&](int i) {
+    auto m = factory(devices_[i]);
+    if (!m) raise<InvalidArgument>("the model factory returned no model for ", devices_[i]);
+    if (m->device() != devices_[i])
+      raise<InvalidArgument>("the model factory built a model on ", m->device(), " when asked for ",
+                             devices_[i], "; build every parameter on the device passed in");
+    if (!m->is_flat()) m->flatten();
+    m->train(true);
+    im.replicas[i] = std::move(m);
+  });
+  im.workers->run([&](int i) {
+    if (initial) im.replicas[i]->copy_state_from(*initial);
+    else if (i > 0) im.replicas[i]->copy_state_from(*im.replicas[0]);
+  });
+
+  const nn::Module& r0 = *im.replicas[0];
+  std::size_t off = 0;
+  for (auto& [name, t] : r0.named_parameters()) {
+    im.slots.push_back({.name = name, .offset = off, .size = static_cast<std::size_t>(t.numel()),
+                        .shape = t.shape()});
+    off += static_cast<std::size_t>(t.numel());
+  }
+  im.numel = off;
+  TW_CHECK(im.numel == static_cast<std::size_t>(r0.flat_parameters().numel()), "flat buffer of ",
+           r0.flat_parameters().numel(), " for parameters of ", im.numel);
+  for (const Tensor& t : Impl::buffers_of(r0)) im.buffer_numel += static_cast<std::size_t>(t.numel());
+  im.read_buffers(r0, im.buffer_snapshot);
+  im.buffer_host.resize(n);
+
+  if (im.use_pd) {
+    im.master_params = r0.flat_parameters().to(im.pd);
+    im.master_grads = Tensor::zeros({static_cast<std::int64_t>(im.numel)}, im.pd);
+    for (int i = 0; i < n; ++i) im.staging.push_back(Tensor::zeros({static_cast<std::int64_t>(im.numel)}, im.pd));
+  }
+  if (im.bucket_bytes > 0) {
+    im.plan_buckets(r0);
+    for (int i = 0; i < n; ++i) im.trackers.push_back(std::make_unique<BucketTracker>());
+  }
+  log_info(describe());
+}
+
+std::string Trainer::describe() const {
+  std::string s = str(towers(), towers() == 1 ? " tower on " : " towers on ", device_list(devices_),
+                      "; split ", to_string(options_.split), "; ");
+  if (impl_->use_pd) {
+    s += str("gradients summed on the parameter device ", impl_->pd);
+  } else {
+    s += str(to_string(reduction_), " over ", impl_->comm_name);
+    if (impl_->bucket_bytes > 0) s += str(", ", impl_->buckets.size(), " buckets");
+  }
+  if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
+  return s;
+}
+
+nn::Module& Trainer::replica(int i) {
+  if (i < 0 || i >= towers())
+    raise<InvalidArgument>("replica ", i, " does not exist; the trainer has ", towers(), " (0..",
+                           towers() - 1, ")");
+  return *impl_->replicas[i];
+}
+
+nn::Module& Trainer::model() {
+  sync();
+  return *impl_->replicas[0];
+}
+
+void Trainer::sync() {
+  Impl& im = *impl_;
+  if (!im.use_pd) return;
+  const auto t0 = Clock::now();
+  im.workers->run([&](int i) { im.replicas[i]->flat_parameters().copy_(im.master_params); });
+  timings_.sync_seconds += since(t0);
+}
+
+void Trainer::broadcast_from_replica0() {
+  Impl& im = *impl_;
+  im.workers->run([&](int i) {
+    if (i > 0) im.replicas[i]->copy_state_from(*im.replicas[0]);
+  });
+  if (im.use_pd) im.master_params.copy_(im.replicas[0]->flat_parameters());
+  im.read_buffers(*im.replicas[0], im.buffer_snapshot);
+}
+
+optim::ParameterSet Trainer::parameters() {
+  Impl& im = *impl_;
+  optim::ParameterSet set;
+  set.slots = im.slots;
+  auto timed = [this](const std::function<void(const std::function<void(int)>&)>& run) {
+    return [this, run](const std::function<void(int)>& fn) {
+      const auto t0 = Clock::now();
+      run(fn);
+      timings_.optimizer_seconds += since(t0);
+    };
+  };
+  if (im.use_pd) {
+    set.copies.push_back({.device = im.pd, .params = host_span(im.master_params),
+                          .grads = host_span(im.master_grads)});
+    set.for_each_copy = timed([](const std::function<void(int)>& fn) { fn(0); });
+  } else {
+    for (int i = 0; i < towers(); ++i) {
+      const nn::Module& m = *im.replicas[i];
+      set.copies.push_back({.device = devices_[i], .params = host_span(m.flat_parameters()),
+                            .grads = host_span(m.flat_gradients())});
+    }
+    set.for_each_copy = timed([&im](const std::function<void(int)>& fn) { im.workers->run(fn); });
+  }
+  return set;
+}
+
+float Trainer::forward_backward(const data::Batch& batch) { return forward_backward(HostBatch::of(batch)); }
+EvalResult Trainer::evaluate(const data::Batch& batch) { return evaluate(HostBatch::of(batch)); }
+
+float Trainer::forward_backward(const HostBatch& batch) {
+  Impl& im = *impl_;
+  const auto step_start = Clock::now();
+  const int n = towers();
+  const int B = batch.n;
+  if (B < 1) raise<InvalidArgument>("forward_backward got an empty batch; give at least one row");
+  const std::size_t row = static_cast<std::size_t>(batch.h) * batch.w * batch.c;
+  if (batch.images.size() < row * B || batch.labels.size() < static_cast<std::size_t>(B))
+    raise<InvalidArgument>("batch of ", B, " rows of ", batch.h, "x", batch.w, "x", batch.c, " has ",
+                           batch.images.size(), " image floats and ", batch.labels.size(),
+                           " labels; it needs ", row * B, " and ", B);
+  const int k = options_.accumulation_steps;
+  if (B < k)
+    raise<InvalidArgument>("batch ", B, " cannot be cut into ", k,
+                           " micro-batches (accumulation_steps); use a batch of at least ", k);
+
+  // Rows and offsets: micro-batch m, tower i.
+  const std::vector<int> micro = split_batch(B, std::vector<Device>(k, Device::cpu(0)), EvenSplit{}, Remainder::Spread);
+  std::vector<std::vector<int>> rows(k), offset(k);
+  std::vector<int> total_rows(n, 0);
+  int base = 0;
+  for (int m = 0; m < k; ++m) {
+    rows[m] = split_batch(micro[m], devices_, options_.split, options_.remainder);
+    int o = base;
+    for (int i = 0; i < n; ++i) {
+      offset[m].push_back(o);
+      o += rows[m][i];
+      total_rows[i] += rows[m][i];
+    }
+    base += micro[m];
+  }
+
+  im.loss.assign(n, 0.0);
+  im.correct.assign(n, 0);
+  im.compute_s.assign(n, 0.0);
+  im.reduce_s.assign(n, 0.0);
+  im.sync_s.assign(n, 0.0);
+  const float scale = static_cast<float>(B);  // Note [Why towers scale loss by B]
+
+  auto tower = [&](int i) {
+    nn::Module& model = *im.replicas[i];
+    const Device& dev = devices_[i];
+    if (im.use_pd) {  // the parameter device's values are the truth
+      const auto t0 = Clock::now();
+      model.flat_parameters().copy_(im.master_params);
+      im.sync_s[i] = since(t0);
+    }
+    const auto t0 = Clock::now();
+    model.zero_grad();
+    std::thread comm_thread;
+    std::exception_ptr comm_error;
+    BucketTracker* tracker = im.bucket_bytes > 0 ? im.trackers[i].get() : nullptr;
+    const Tensor grads = model.flat_gradients();
+    auto start_comm = [&] {
+      comm_thread = std::thread([&, i] {
+        try {
+          for (std::size_t b = 0; b < im.buckets.size(); ++b) {
+            if (!tracker->wait(b)) return;
+            const Bucket& bk = im.buckets[b];
+            im.comm->all_reduce_sum(i, host_span(grads).subspan(bk.begin, bk.end - bk.begin));
+          }
+        } catch (...) {
+          comm_error = std::current_exception();
+        }
+      });
+    };
+    try {
+      for (int m = 0; m < k; ++m) {
+        const int r = rows[m][i];
+        if (r == 0) continue;
+        const std::size_t o = static_cast<std::size_t>(offset[m][i]);
+        Tensor x = Tensor::from_host(batch.images.subspan(o * row, r * row),
+                                     {r, batch.h, batch.w, batch.c}, dev);
+        Tensor y = Tensor::from_host(batch.labels.subspan(o, r), {r}, dev);
+        Tensor logits = model.forward(x);
+        Tensor loss = softmax_cross_entropy(
+            logits, y, {.scale = scale, .label_smoothing = options_.label_smoothing});
+        im.correct[i] += top_k_correct(logits, y, 1);
+        logits = Tensor();
+        if (tracker && m == k - 1) {
+          im.install_bucket_hooks(model, loss, *tracker);
+          start_comm();
+        }
+        loss.backward();
+        im.loss[i] += loss.item();
+      }
+      if (tracker) {
+        if (!comm_thread.joinable()) {
+          tracker->reset(std::vector<std::uint64_t>(im.buckets.size(), 0));
+          start_comm();
+        }
+        tracker->mark_all();
+      }
+    } catch (...) {
+      if (comm_thread.joinable()) {
+        im.comm->abort(str("tower ", i, " (", dev, ") failed"));
+        tracker->cancel();
+        comm_thread.join();
+      }
+      throw;
+    }
+    im.compute_s[i] = since(t0);
+    const auto t1 = Clock::now();
+    if (tracker) {
+      comm_thread.join();
+      if (comm_error) std::rethrow_exception(comm_error);
+    } else if (im.comm) {
+      if (!dev.is_cpu()) backend_for(dev).synchronize();
+      im.comm->all_reduce_sum(i, host_span(grads));
+    } else {
+      im.staging[i].copy_(grads);
+    }
+    im.reduce_s[i] = since(t1);
+    if (im.buffer_numel > 0 && n > 1) {
+      const auto t2 = Clock::now();
+      im.read_buffers(model, im.buffer_host[i]);
+      im.sync_s[i] += since(t2);
+    }
+  };
+
+  auto on_error = [&](int i, std::exception_ptr) {
+    if (im.comm) im.comm->abort(str("tower ", i, " (", devices_[i], ") failed"));
+  };
+
+  try {
+    im.workers->run(tower, on_error);
+  } catch (...) {
+    // Every tower has stopped. Make the communicator usable again and put the buffers (which
+    // the towers that ran have updated) back as they were; parameters were not touched.
+    if (im.comm) im.comm->reset();
+    if (im.buffer_numel > 0) {
+      try {
+        im.workers->run([&](int i) { im.write_buffers(*im.replicas[i], im.buffer_snapshot); });
+      } catch (...) {
+        log_error("could not restore the replicas' buffers after a failed step");
+      }
+    }
+    throw;
+  }
+
+  double reduction = 0;
+  if (im.use_pd) {
+    // The towers' gathers ran in parallel; the sum runs on the parameter device, in tower order
+    // (the same order as the all-reduce's, so both strategies give the same bits).
+    const auto t0 = Clock::now();
+    im.master_grads.copy_(im.staging[0]);
+    Backend& be = backend_for(im.pd);
+    for (int i = 1; i < n; ++i)
+      be.axpy(static_cast<std::int64_t>(im.numel), 1.0f, im.staging[i].data<float>(), im.master_grads.data<float>());
+    be.synchronize();
+    reduction = *std::max_element(im.reduce_s.begin(), im.reduce_s.end()) + since(t0);
+  } else {
+    reduction = *std::min_element(im.reduce_s.begin(), im.reduce_s.end());
+  }
+
+  // Running averages: the sample-weighted mean over towers, identical on every replica.
+  double sync = *std::max_element(im.sync_s.begin(), im.sync_s.end());
+  if (im.buffer_numel > 0 && n > 1) {
+    const auto t0 = Clock::now();
+    std::vector<float>& avg = im.buffer_snapshot;
+    std::fill(avg.begin(), avg.end(), 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const float w = static_cast<float>(total_rows[i]) / static_cast<float>(B);
+      const std::vector<float>& h = im.buffer_host[i];
+      for (std::size_t j = 0; j < avg.size(); ++j) avg[j] += w * h[j];
+    }
+    im.workers->run([&](int i) { im.write_buffers(*im.replicas[i], avg); });
+    sync += since(t0);
+  } else if (im.buffer_numel > 0) {
+    im.read_buffers(*im.replicas[0], im.buffer_snapshot);
+  }
+
+  double loss = 0;
+  std::int64_t correct = 0;
+  for (int i = 0; i < n; ++i) {
+    loss += im.loss[i];
+    correct += im.correct[i];
+  }
+  last_ = {.loss = static_cast<float>(loss), .accuracy = static_cast<double>(correct) / B, .rows = B,
+           .split = total_rows};
+  timings_.steps += 1;
+  timings_.compute_seconds += *std::max_element(im.compute_s.begin(), im.compute_s.end());
+  timings_.reduction_seconds += reduction;
+  timings_.sync_seconds += sync;
+  timings_.step_seconds += since(step_start);
+  return last_.loss;
+}
+
+EvalResult Trainer::evaluate(const HostBatch& batch) {
+  Impl& im = *impl_;
+  const int n = towers();
+  if (batch.n < 1) raise<InvalidArgument>("evaluate got an empty batch; give at least one row");
+  const std::size_t row = static_cast<std::size_t>(batch.h) * batch.w * batch.c;
+  if (batch.images.size() < row * batch.n || batch.labels.size() < static_cast<std::size_t>(batch.n))
+    raise<InvalidArgument>("evaluation batch of ", batch.n, " rows has ", batch.images.size(),
+                           " image floats and ", batch.labels.size(), " labels; it needs ",
+                           row * batch.n, " and ", batch.n);
+  sync();
+  const SplitPolicy policy =
+      std::holds_alternative<WeightedSplit>(options_.split) ? options_.split : SplitPolicy{EvenSplit{}};
+  const std::vector<int> rows = split_batch(batch.n, devices_, policy, Remainder::Spread);
+  std::vector<double> loss(n, 0.0);
+  std::vector<std::int64_t> correct(n, 0);
+  im.workers->run([&](int i) {
+    if (rows[i] == 0) return;
+    int o = 0;
+    for (int j = 0; j < i; ++j) o += rows[j];
+    nn::Module& model = *im.replicas[i];
+    const bool was_training = model.is_training();
+    model.eval();
+    struct Restore {
+      nn::Module& m;
+      bool on;
+      ~Restore() { m.train(on); }
+    } restore{model, was_training};
+    NoGradGuard no_grad;
+    const int r = rows[i];
+    Tensor x = Tensor::from_host(batch.images.subspan(o * row, r * row), {r, batch.h, batch.w, batch.c},
+                                 devices_[i]);
+    Tensor y = Tensor::from_host(batch.labels.subspan(o, r), {r}, devices_[i]);
+    Tensor logits = model.forward(x);
+    loss[i] = softmax_cross_entropy(logits, y, {.scale = 1.0f}).item();  // the sum over rows
+    correct[i] = top_k_correct(logits, y, 1);
+  });
+  EvalResult out;
+  for (int i = 0; i < n; ++i) {
+    out.loss += loss[i];
+    out.correct += correct[i];
+  }
+  out.rows = batch.n;
+  out.loss /= batch.n;
+  out.accuracy = static_cast<double>(out.correct) / batch.n;
+  return out;
+}
+
+}  // namespace towerflow::tower

@@ -1,0 +1,170 @@
+#pragma once
+// Trainer: the tower builder. One replica of a model per device, every global batch split across
+// the replicas ("towers"), the towers run in parallel, their gradients reduced into the
+// global-batch mean gradient, an optimizer applies it.
+//
+//   tower::Trainer trainer{models::factory("resnet20"), devices, {.reduction = tower::AllReduce{}}};
+//   optim::Sgd sgd{trainer.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4}};
+//   for (const auto& batch : loader) {
+//     float loss = trainer.forward_backward(batch);   // split, run every tower, reduce
+//     sgd.step();                                     // on every replica, or once on the parameter device
+//   }
+//
+// Contract:
+// - Replication: the factory builds replica 0 on devices[0], then one replica on each other
+//   device, and every replica's parameters and buffers are copied from replica 0 (or from the
+//   `initial` module given): all start identical whatever the factory's randomness.
+// - forward_backward(batch): zeroes the gradients, splits the batch (TrainerOptions::split and
+//   ::remainder; with accumulation_steps = k the batch is first cut into k micro-batches, each
+//   split across the towers, and the gradients accumulate over all k before one reduction), runs
+//   every tower on its own worker thread bound to its device, each tower's loss being
+//   sum(cross-entropy over its rows) / B with B the whole global batch, then reduces. Afterwards
+//   parameters().copies[i].grads hold the global-batch mean gradient. Returns the global-batch
+//   mean loss (the sample-weighted mean over towers); last_step() has the top-1 accuracy too.
+// - Reduction: see reduction.h. Under AllReduce the replicas stay bit-identical after every
+//   optimizer step (identical reduced gradients, identical arithmetic). Under ParameterDevice
+//   the master copy on that device is the truth; replicas receive it before every forward (and
+//   on sync()).
+// - Batch norm: each tower normalises with its own slice's statistics. After every step the
+//   running averages (every buffer) of all replicas are replaced by their sample-weighted mean
+//   over the towers (rows_i / B), computed once and copied to every replica, so replicas keep
+//   identical buffers. Synchronised batch norm (statistics over the global batch) is not built
+//   yet: BatchNormMode::Synchronised raises InvalidArgument.
+// - Failure: the first exception in any tower (e.g. OutOfMemory on one device) stops the step:
+//   towers waiting in a collective are released, every tower stops, and that exception is
+//   rethrown on the caller's thread. Parameters, optimizer state and every replica's buffers are
+//   left as before the step (gradients are undefined until the next successful step).
+// - Thread-safety: one thread drives a Trainer. Replicas are used only by their worker threads
+//   during a call, and by the caller between calls.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/nn/module.h"
+#include "optim/parameters.h"
+#include "tower/reduction.h"
+#include "tower/split.h"
+
+namespace towerflow::data {
+struct Batch;
+}
+
+namespace towerflow::tower {
+
+enum class BatchNormMode {
+  PerTower,      // each tower's own batch statistics; running averages averaged across towers
+  Synchronised,  // statistics over the global batch (not built yet)
+};
+
+struct TrainerOptions {
+  Reduction reduction = AllReduce{};
+  SplitPolicy split = EvenSplit{};
+  Remainder remainder = Remainder::Error;
+  int accumulation_steps = 1;  // micro-batches per forward_backward, reduced once
+  BatchNormMode batch_norm = BatchNormMode::PerTower;
+  float label_smoothing = 0.0f;
+};
+
+// A view of a host batch: NHWC float32 images and int32 labels, n rows.
+struct HostBatch {
+  std::span<const float> images;  // n * h * w * c
+  std::span<const std::int32_t> labels;
+  int n = 0, h = 0, w = 0, c = 0;
+
+  static HostBatch of(const data::Batch& batch);
+};
+
+struct StepMetrics {
+  float loss = 0;          // global-batch mean
+  double accuracy = 0;     // top-1 over the global batch, in training mode
+  int rows = 0;
+  std::vector<int> split;  // rows per tower (over all micro-batches)
+};
+
+struct EvalResult {
+  double loss = 0;            // mean cross-entropy over the rows
+  double accuracy = 0;        // top-1
+  std::int64_t correct = 0;
+  std::int64_t rows = 0;
+};
+
+// Cumulative wall-clock counters since construction or reset_timings().
+struct TrainerTimings {
+  std::int64_t steps = 0;
+  double step_seconds = 0;       // inside forward_backward
+  double compute_seconds = 0;    // forward + backward, the slowest tower
+  double reduction_seconds = 0;  // reduction not hidden behind backward: the all-reduce (its
+                                 // fastest participant, so waiting for a slower tower is not
+                                 // counted) or the parameter device's gather and sum
+  double optimizer_seconds = 0;  // optimizer steps through parameters()
+  double sync_seconds = 0;       // buffer averaging and parameter-device broadcasts
+};
+
+class Trainer {
+ public:
+  // Throws InvalidArgument for an empty or repeated device list, accumulation_steps < 1, a
+  // weighted split whose length is not the number of devices, or synchronised batch norm;
+  // whatever the factory throws.
+  Trainer(nn::ModelFactory factory, std::vector<Device> devices, TrainerOptions options = {});
+  // As above, with every replica starting from `initial`'s parameters and buffers.
+  Trainer(const nn::Module& initial, nn::ModelFactory factory, std::vector<Device> devices,
+          TrainerOptions options = {});
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // One training step's forward and backward passes and the reduction (see the contract).
+  // InvalidArgument for an empty batch, a batch that does not split, or a size mismatch between
+  // images and labels.
+  float forward_backward(const HostBatch& batch);
+  float forward_backward(const data::Batch& batch);
+  const StepMetrics& last_step() const { return last_; }
+
+  // Loss and top-1 accuracy of replica weights on a batch, split across the towers (any size),
+  // in evaluation mode and without autograd.
+  EvalResult evaluate(const HostBatch& batch);
+  EvalResult evaluate(const data::Batch& batch);
+
+  // What an optimizer steps: every replica's flat buffers (AllReduce) or the master copy
+  // (ParameterDevice), the slots named as the model names its parameters, and the towers'
+  // threads to run on. Valid for the trainer's lifetime.
+  optim::ParameterSet parameters();
+
+  // Replica 0, up to date (after sync()): for checkpoints (named_parameters / named_buffers),
+  // and to load a checkpoint into (then call broadcast_from_replica0()).
+  nn::Module& model();
+  nn::Module& replica(int i);
+  // Copies replica 0's parameters and buffers to every replica and the master copy (after a
+  // checkpoint was loaded into model()).
+  void broadcast_from_replica0();
+  // ParameterDevice: copies the master parameters to every replica. AllReduce: nothing to do.
+  void sync();
+
+  int towers() const { return static_cast<int>(devices_.size()); }
+  const std::vector<Device>& devices() const { return devices_; }
+  const TrainerOptions& options() const { return options_; }
+  // The reduction in effect (after any fallback), and a one-line description of the set-up:
+  // "2 towers on /cpu:0, /cpu:1; split even; all_reduce over local shared-memory (2 CPU participants)".
+  const Reduction& reduction() const { return reduction_; }
+  std::string describe() const;
+
+  const TrainerTimings& timings() const { return timings_; }
+  void reset_timings() { timings_ = {}; }
+
+ private:
+  struct Impl;
+  void init(const nn::Module* initial, nn::ModelFactory factory);
+
+  std::vector<Device> devices_;
+  TrainerOptions options_;
+  Reduction reduction_;
+  StepMetrics last_;
+  TrainerTimings timings_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace towerflow::tower
