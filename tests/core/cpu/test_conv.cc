@@ -72,7 +72,8 @@ std::size_t w_size(const Conv2dShape& s) { return std::size_t(s.c_out) * s.c_in 
 
 // The odd shapes of the contract: batch 1, odd sizes, channels that are not a multiple of 8 or
 // 16, 1x1, 5x5 pad 2, 3x3 stride 2 on odd inputs, unequal kernel/stride/pad per axis, padding as
-// large as the kernel, and rows wider than one register tile.
+// large as the kernel, rows wider than one register tile, and strides of 3 and 4 (stride phases
+// with different tap counts, and phases with no taps at all).
 const std::vector<Conv2dShape> kShapes = {
     {.n = 2, .h = 5, .w = 7, .c_in = 3, .c_out = 5, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
     {.n = 1, .h = 9, .w = 9, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
@@ -85,6 +86,8 @@ const std::vector<Conv2dShape> kShapes = {
     {.n = 1, .h = 5, .w = 4, .c_in = 3, .c_out = 4, .kh = 1, .kw = 1, .pad_h = 1, .pad_w = 1},
     {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
     {.n = 2, .h = 11, .w = 11, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+    {.n = 1, .h = 10, .w = 11, .c_in = 20, .c_out = 6, .kh = 5, .kw = 4, .stride_h = 3, .stride_w = 2, .pad_h = 2, .pad_w = 1},
+    {.n = 2, .h = 9, .w = 8, .c_in = 9, .c_out = 16, .kh = 2, .kw = 3, .stride_h = 3, .stride_w = 4, .pad_h = 1, .pad_w = 1},
 };
 
 struct ConvResults {
