@@ -9,6 +9,8 @@
 // - Inputs and outputs must not overlap.
 // - The work runs on ctx's threads; the call returns when it is done. One context is used by one
 //   caller at a time (CpuContext's rule); distinct contexts may run these kernels concurrently.
+// - Every output element is summed by one thread in a fixed order: results are bitwise identical
+//   for any number of threads.
 // - Scratch memory is per thread and grows once to the largest shape seen; steady-state calls do
 //   not allocate.
 // - A shape with a non-positive size, a negative padding, a kernel larger than the padded input,

@@ -8,6 +8,7 @@
 // Contract:
 // - beta == 0 overwrites c without reading it (NaNs in c do not propagate), as BLAS does.
 // - c must not overlap a or b. Work runs on ctx's threads; the call returns when it is done.
+//   Results are bitwise identical for any number of threads.
 // - m, n or k == 0 is allowed (c is scaled by beta, or left alone when m or n is 0).
 // - Negative sizes, or a leading dimension smaller than its row length, throw
 //   towerflow::InvalidArgument naming the argument.

@@ -5,7 +5,9 @@
 // - Output sizes use floor mode (PyTorch's default): out = (in + 2*pad - k) / stride + 1.
 // - Max pool counts padding as -inf (PyTorch); average pool counts padding as zeros and always
 //   divides by kh*kw (count_include_pad = true, PyTorch's default).
-// - Ties in max pool go to the first element in (row, column) order.
+// - Ties in max pool go to the first element in (row, column) order; a NaN in a window wins and
+//   propagates (PyTorch's rule).
+// - Results are bitwise identical for any number of threads.
 // - Backward kernels overwrite dx. Inputs and outputs must not overlap. Work runs on ctx's
 //   threads; the call returns when it is done.
 // - A shape with a non-positive size or stride, a negative padding, padding larger than half the
@@ -32,7 +34,8 @@ struct Pool2dShape {
 // the chosen element within its image and channel (what PyTorch's return_indices gives).
 void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                       std::int32_t* argmax);
-// dx[argmax] += dy for every output element; dx is zeroed first. Overwrites dx.
+// dx[argmax] += dy for every output element; dx is zeroed first. Overwrites dx. argmax is the
+// (non-null) output of max_pool_forward for the same shape.
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx);
 
