@@ -1,0 +1,289 @@
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "core/platform/registry.h"
+#include "core/tensor/ops.h"
+#include "optim/optim.h"
+#include "tower/tower.h"
+
+using namespace towerflow;
+using namespace towerflow::tower;
+
+namespace {
+
+constexpr int kH = 4, kW = 4, kC = 3, kClasses = 5, kHidden = 16;
+
+// Failure injection for the failing-tower test: a forward on this device throws OutOfMemory.
+std::atomic<int> g_fail_on_cpu{-1};
+
+// A small MLP without batch statistics: flatten -> linear -> relu -> linear.
+class Mlp : public nn::Module {
+ public:
+  Mlp(const Device& d, unsigned seed, bool with_batch_norm) : Module(d), bn_(with_batch_norm) {
+    std::mt19937 rng(seed);
+    auto init = [&](Shape shape, float bound) {
+      std::uniform_real_distribution<float> u(-bound, bound);
+      std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+      for (float& x : v) x = u(rng);
+      return Tensor::from_host(v, shape, d).set_requires_grad(true);
+    };
+    w1_ = &register_parameter("fc1.weight", init({kHidden, kH * kW * kC}, 0.3f));
+    b1_ = &register_parameter("fc1.bias", init({kHidden}, 0.1f));
+    if (bn_) {
+      gamma_ = &register_parameter("bn.weight", Tensor::full({kHidden}, 1.0f, d).set_requires_grad(true));
+      beta_ = &register_parameter("bn.bias", Tensor::zeros({kHidden}, d).set_requires_grad(true));
+      mean_ = &register_buffer("bn.running_mean", Tensor::zeros({kHidden}, d));
+      var_ = &register_buffer("bn.running_var", Tensor::full({kHidden}, 1.0f, d));
+    }
+    w2_ = &register_parameter("fc2.weight", init({kClasses, kHidden}, 0.3f));
+    b2_ = &register_parameter("fc2.bias", init({kClasses}, 0.1f));
+    flatten();
+  }
+
+  Tensor forward(const Tensor& x) override {
+    if (device().is_cpu() && device().index == g_fail_on_cpu.load())
+      raise<OutOfMemory>("out of memory on ", device(), ": 1.0 MiB requested, 0 free (test)");
+    Tensor h = linear(towerflow::flatten(x), *w1_, *b1_);
+    if (bn_) h = batch_norm(h, *gamma_, *beta_, *mean_, *var_, {.training = is_training()});
+    return linear(relu(h), *w2_, *b2_);
+  }
+
+ private:
+  bool bn_;
+  Tensor *w1_, *b1_, *w2_, *b2_, *gamma_ = nullptr, *beta_ = nullptr, *mean_ = nullptr, *var_ = nullptr;
+};
+
+nn::ModelFactory mlp_factory(unsigned seed, bool bn = false) {
+  // Each device gets a different seed: replication must still make every replica identical.
+  return [seed, bn](const Device& d) { return std::make_shared<Mlp>(d, seed + 17 * d.index, bn); };
+}
+
+struct Data {
+  std::vector<float> images;
+  std::vector<std::int32_t> labels;
+  int n;
+  HostBatch batch(int offset, int rows) const {
+    const std::size_t row = kH * kW * kC;
+    return {.images = std::span<const float>(images).subspan(offset * row, rows * row),
+            .labels = std::span<const std::int32_t>(labels).subspan(offset, rows),
+            .n = rows, .h = kH, .w = kW, .c = kC};
+  }
+};
+
+Data make_data(int n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  Data d{std::vector<float>(static_cast<std::size_t>(n) * kH * kW * kC), std::vector<std::int32_t>(n), n};
+  for (float& x : d.images) x = g(rng);
+  for (auto& y : d.labels) y = static_cast<std::int32_t>(rng() % kClasses);
+  return d;
+}
+
+std::vector<Device> cpus(int n) {
+  static bool initialised = [] {
+    ProcessOptions opts;
+    opts.device_count["CPU"] = 4;
+    opts.intra_op_threads = 1;
+    initialise_devices(opts);
+    return true;
+  }();
+  (void)initialised;
+  std::vector<Device> d;
+  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
+  return d;
+}
+
+std::vector<float> flat_params(nn::Module& m) { return m.flat_parameters().to_host(); }
+
+// Trains K steps of SGD with momentum and weight decay; returns replica 0's final parameters.
+// Checks after every step that every replica holds the same bits (all-reduce) and that the loss
+// is finite.
+std::vector<float> train(int towers, TrainerOptions options, const Data& data, int batch, int steps,
+                         std::vector<float>* losses = nullptr) {
+  Trainer trainer(mlp_factory(7), cpus(towers), options);
+  optim::Sgd sgd(trainer.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
+  for (int s = 0; s < steps; ++s) {
+    const float loss = trainer.forward_backward(data.batch(s * batch, batch));
+    REQUIRE(std::isfinite(loss));
+    if (losses) losses->push_back(loss);
+    sgd.step();
+    if (std::holds_alternative<AllReduce>(trainer.reduction())) {
+      const auto p0 = flat_params(trainer.replica(0));
+      for (int i = 1; i < towers; ++i) {
+        const auto pi = flat_params(trainer.replica(i));
+        REQUIRE(std::memcmp(p0.data(), pi.data(), p0.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  return flat_params(trainer.model());
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0, err = 0;
+  for (float x : b) scale = std::max(scale, std::abs(double(x)));
+  for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(double(a[i]) - b[i]));
+  return err / scale;
+}
+
+}  // namespace
+
+TEST_CASE("one tower computes the plain model's global-batch mean loss", "[tower]") {
+  const Data data = make_data(24, 1);
+  Trainer trainer(mlp_factory(7), cpus(1), {});
+  const float loss = trainer.forward_backward(data.batch(0, 24));
+  // An independent reference: the same model, the same batch, without the trainer.
+  auto ref = mlp_factory(7)(Device::cpu(0));
+  Tensor x = Tensor::from_host(data.batch(0, 24).images, {24, kH, kW, kC}, Device::cpu(0));
+  Tensor y = Tensor::from_host(data.batch(0, 24).labels, {24}, Device::cpu(0));
+  Tensor ref_loss = softmax_cross_entropy(ref->forward(x), y);
+  CHECK(loss == Approx(ref_loss.item()).epsilon(1e-6));
+  ref_loss.backward();
+  const auto g = trainer.model().flat_gradients().to_host();
+  const auto g_ref = ref->flat_gradients().to_host();
+  CHECK(max_rel_diff(g, g_ref) < 1e-6);
+}
+
+TEST_CASE("1, 2 and 4 towers, even and 3:1, both reductions, with accumulation: same parameters",
+          "[tower][equivalence]") {
+  const int B = 24, K = 4;
+  const Data data = make_data(B * K, 2);
+  std::vector<float> ref_losses;
+  const auto reference = train(1, {}, data, B, K, &ref_losses);
+
+  struct Case {
+    const char* name;
+    int towers;
+    TrainerOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"2 towers, all-reduce", 2, {.reduction = AllReduce{}}},
+      {"4 towers, all-reduce", 4, {.reduction = AllReduce{}}},
+      {"2 towers 3:1, all-reduce", 2, {.reduction = AllReduce{}, .split = WeightedSplit{{3, 1}}}},
+      {"2 towers, parameter device", 2, {.reduction = ParameterDevice{}}},
+      {"4 towers, parameter device /cpu:2", 4, {.reduction = ParameterDevice{Device::cpu(2)}}},
+      {"2 towers 3:1, parameter device", 2, {.reduction = ParameterDevice{}, .split = WeightedSplit{{3, 1}}}},
+      {"2 towers, bucketed (1 KiB buckets)", 2, {.reduction = AllReduce{.bucket_bytes = 1024}}},
+      {"4 towers, bucketed (1 KiB buckets)", 4, {.reduction = AllReduce{.bucket_bytes = 1024}}},
+      {"2 towers, all-reduce, 3 micro-batches", 2, {.reduction = AllReduce{}, .accumulation_steps = 3}},
+      {"2 towers 3:1, parameter device, 2 micro-batches", 2,
+       {.reduction = ParameterDevice{}, .split = WeightedSplit{{3, 1}}, .accumulation_steps = 2}},
+      {"1 tower, 4 micro-batches", 1, {.accumulation_steps = 4}},
+      {"2 towers, bucketed, 2 micro-batches", 2,
+       {.reduction = AllReduce{.bucket_bytes = 512}, .accumulation_steps = 2}},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> losses;
+    const auto params = train(c.towers, c.options, data, B, K, &losses);
+    const double diff = max_rel_diff(params, reference);
+    INFO(c.name << ": max relative parameter difference " << diff);
+    CHECK(diff < 2e-5);
+    for (int s = 0; s < K; ++s) CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("the parameters really move (the equivalence test is not vacuous)", "[tower]") {
+  const Data data = make_data(48, 3);
+  Trainer trainer(mlp_factory(7), cpus(2), {});
+  const auto before = flat_params(trainer.model());
+  optim::Sgd sgd(trainer.parameters(), {.lr = 0.1});
+  trainer.forward_backward(data.batch(0, 24));
+  sgd.step();
+  CHECK(max_rel_diff(flat_params(trainer.model()), before) > 1e-3);
+  CHECK(trainer.timings().steps == 1);
+  CHECK(trainer.timings().step_seconds > 0);
+  CHECK(trainer.timings().optimizer_seconds > 0);
+  CHECK(trainer.last_step().split == std::vector<int>{12, 12});
+}
+
+TEST_CASE("a tower that throws fails the step with its device's error and changes nothing",
+          "[tower][failure]") {
+  const Data data = make_data(48, 4);
+  for (TrainerOptions options : {TrainerOptions{.reduction = AllReduce{}},
+                                 TrainerOptions{.reduction = AllReduce{.bucket_bytes = 256}},
+                                 TrainerOptions{.reduction = ParameterDevice{}}}) {
+    INFO(to_string(options.reduction));
+    Trainer trainer(mlp_factory(9, /*bn=*/true), cpus(3), options);
+    optim::Sgd sgd(trainer.parameters(), {.lr = 0.1, .momentum = 0.9});
+    trainer.forward_backward(data.batch(0, 24));
+    sgd.step();
+    trainer.sync();
+    std::vector<std::vector<float>> params, buffers;
+    for (int i = 0; i < 3; ++i) {
+      params.push_back(flat_params(trainer.replica(i)));
+      buffers.push_back(trainer.replica(i).named_buffers()[0].second.to_host());
+    }
+    const auto master = flat_params(trainer.model());
+
+    g_fail_on_cpu = 1;
+    REQUIRE_THROWS_AS(trainer.forward_backward(data.batch(24, 24)), OutOfMemory);
+    REQUIRE_THROWS_WITH(trainer.forward_backward(data.batch(24, 24)), Catch::Contains("/cpu:1"));
+    g_fail_on_cpu = -1;
+    for (int i = 0; i < 3; ++i) {
+      CHECK(flat_params(trainer.replica(i)) == params[i]);
+      CHECK(trainer.replica(i).named_buffers()[0].second.to_host() == buffers[i]);
+    }
+    CHECK(flat_params(trainer.model()) == master);
+    CHECK(sgd.step_count() == 1);
+    // The trainer recovers: the next step runs on every tower.
+    CHECK(std::isfinite(trainer.forward_backward(data.batch(24, 24))));
+    sgd.step();
+  }
+}
+
+TEST_CASE("running averages stay identical on every replica, as the global batch's mean", "[tower][bn]") {
+  const Data data = make_data(32, 5);
+  Trainer one(mlp_factory(3, true), cpus(1), {});
+  Trainer two(mlp_factory(3, true), cpus(2), {.split = WeightedSplit{{3, 1}}});
+  one.forward_backward(data.batch(0, 32));
+  two.forward_backward(data.batch(0, 32));
+  const auto mean0 = two.replica(0).named_buffers()[0].second.to_host();
+  const auto mean1 = two.replica(1).named_buffers()[0].second.to_host();
+  CHECK(std::memcmp(mean0.data(), mean1.data(), mean0.size() * sizeof(float)) == 0);
+  // Running mean after one step: (1 - m) * 0 + m * (slice mean); the row-weighted average of the
+  // slices' means is the global batch's mean, i.e. what one tower computes.
+  const auto ref = one.replica(0).named_buffers()[0].second.to_host();
+  CHECK(max_rel_diff(mean0, ref) < 1e-5);
+  CHECK(max_rel_diff(mean0, std::vector<float>(mean0.size(), 0.0f)) > 0);  // it did move
+}
+
+TEST_CASE("evaluation splits any batch across towers and agrees with one tower", "[tower][eval]") {
+  const Data data = make_data(23, 6);
+  Trainer one(mlp_factory(4, true), cpus(1), {});
+  Trainer three(mlp_factory(4, true), cpus(3), {});
+  const EvalResult a = one.evaluate(data.batch(0, 23));
+  const EvalResult b = three.evaluate(data.batch(0, 23));
+  CHECK(a.rows == 23);
+  CHECK(b.rows == 23);
+  CHECK(b.correct == a.correct);
+  CHECK(b.loss == Approx(a.loss).epsilon(1e-5));
+  CHECK(b.accuracy == Approx(static_cast<double>(a.correct) / 23));
+  CHECK(three.replica(1).is_training());  // training mode restored
+}
+
+TEST_CASE("bad set-ups and batches are refused with the value and the fix", "[tower]") {
+  const Data data = make_data(25, 7);
+  Trainer two(mlp_factory(1), cpus(2), {});
+  REQUIRE_THROWS_WITH(two.forward_backward(data.batch(0, 25)),
+                      Catch::Contains("batch 25") && Catch::Contains("use batch 24 or 26"));
+  Trainer spread(mlp_factory(1), cpus(2), {.remainder = Remainder::Spread});
+  CHECK(std::isfinite(spread.forward_backward(data.batch(0, 25))));
+  CHECK(spread.last_step().split == std::vector<int>{13, 12});
+  REQUIRE_THROWS_WITH((Trainer(mlp_factory(1), {Device::cpu(0), Device::cpu(0)}, {})),
+                      Catch::Contains("/cpu:0 appears twice"));
+  REQUIRE_THROWS_WITH((Trainer(mlp_factory(1), cpus(2), {.split = WeightedSplit{{1, 2, 3}}})),
+                      Catch::Contains("3 weights for 2 devices"));
+  REQUIRE_THROWS_WITH((Trainer(mlp_factory(1), cpus(2), {.accumulation_steps = 0})),
+                      Catch::Contains("accumulation_steps 0"));
+  REQUIRE_THROWS_AS((Trainer(mlp_factory(1), cpus(2), {.batch_norm = BatchNormMode::Synchronised})),
+                    InvalidArgument);
+  auto wrong_device = [](const Device&) { return std::make_shared<Mlp>(Device::cpu(0), 1, false); };
+  REQUIRE_THROWS_WITH((Trainer(wrong_device, cpus(2), {})), Catch::Contains("when asked for /cpu:1"));
+  CHECK_THAT(two.describe(), Catch::Contains("2 towers on /cpu:0, /cpu:1") &&
+                                 Catch::Contains("local shared-memory"));
+}
