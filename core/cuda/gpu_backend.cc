@@ -1,0 +1,204 @@
+// The GPU implementation of the tensor ops' Backend interface (core/tensor/backend_impl.h): a
+// GpuContext plus one forwarding call per method. Every op has a GPU kernel, so supports() is
+// true throughout and nothing falls back to the CPU.
+
+#include <cudnn.h>
+
+#include "core/cuda/context_impl.h"
+#include "core/cuda/copy.h"
+#include "core/cuda/ops.h"
+#include "core/platform/registry.h"
+#include "core/tensor/backend_impl.h"
+
+namespace towerflow {
+
+namespace {
+
+class GpuBackend final : public Backend {
+ public:
+  GpuBackend(const Device& device, int ordinal, Allocator& allocator)
+      : ctx_(gpu::GpuContextOptions{.device = device, .ordinal = ordinal,
+                                    .allocator = &allocator}) {
+    cudaDeviceProp prop{};
+    {
+      auto scope = ctx_.impl().scope();
+      TW_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+    }
+    const std::size_t v = cudnnGetVersion();
+    name_ = str("CUDA (", prop.name, ", ordinal ", ordinal, ", cuDNN ", v / 10000, ".",
+                v / 100 % 100, ")");
+  }
+
+  const gpu::GpuContext& context() const { return ctx_; }
+
+  const Device& device() const override { return ctx_.device(); }
+  Allocator& allocator() const override { return ctx_.allocator(); }
+  std::string name() const override { return name_; }
+  bool supports(OpKind) const override { return true; }
+
+  // ---- memory ------------------------------------------------------------------------------
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    gpu::copy_to_device(ctx_, dst, host_src, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    gpu::copy_to_host(ctx_, host_dst, src, bytes);
+    ctx_.synchronize();  // also reports input errors found by kernels (bad labels)
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    gpu::copy_device_to_device(ctx_, dst, src, bytes);
+  }
+  void copy_from_device(void* dst, Backend& src_backend, const void* src,
+                        std::size_t bytes) override {
+    if (src_backend.device().is_cpu()) return gpu::copy_to_device(ctx_, dst, src, bytes);
+    auto* other = dynamic_cast<GpuBackend*>(&src_backend);
+    if (other == nullptr)
+      raise<DeviceError>("copy to ", device(), " from ", src_backend.device(), " (",
+                         src_backend.name(), "): the source is not a CUDA backend");
+    gpu::copy_between_devices(ctx_, dst, other->ctx_, src, bytes);
+  }
+  void synchronize() override { ctx_.synchronize(); }
+
+  // ---- elementwise -------------------------------------------------------------------------
+  void fill(std::int64_t n, float value, float* y) override { gpu::fill(ctx_, n, value, y); }
+  void add(std::int64_t n, const float* a, const float* b, float* y) override {
+    gpu::add(ctx_, n, a, b, y);
+  }
+  void mul(std::int64_t n, const float* a, const float* b, float* y) override {
+    gpu::mul(ctx_, n, a, b, y);
+  }
+  void scale(std::int64_t n, float alpha, const float* x, float* y) override {
+    gpu::scale(ctx_, n, alpha, x, y);
+  }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
+    gpu::axpy(ctx_, n, alpha, x, y);
+  }
+  void relu_forward(std::int64_t n, const float* x, float* y) override {
+    gpu::relu_forward(ctx_, n, x, y);
+  }
+  void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) override {
+    gpu::relu_backward(ctx_, n, y, dy, dx);
+  }
+  void bias_add(std::int64_t rows, int c, const float* x, const float* bias, float* y) override {
+    gpu::bias_add(ctx_, rows, c, x, bias, y);
+  }
+  void sum_rows(std::int64_t rows, int c, const float* x, float* out) override {
+    gpu::sum_rows(ctx_, rows, c, x, out);
+  }
+  void sum(std::int64_t n, const float* x, float* out) override { gpu::sum(ctx_, n, x, out); }
+  void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    gpu::transpose_batched(ctx_, n, hw, c, x, y);
+  }
+  void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    gpu::transpose_batched(ctx_, n, c, hw, x, y);
+  }
+
+  // ---- convolution -------------------------------------------------------------------------
+  void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+                      const float* bias_or_null, float* y) override {
+    gpu::conv2d_forward_bias(ctx_, s, x, w, bias_or_null, y);
+  }
+  void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+                             float* dx) override {
+    gpu::conv2d_backward_input(ctx_, s, dy, w, dx);
+  }
+  void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+                              float* dw) override {
+    gpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
+  }
+  void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {
+    gpu::conv2d_backward_bias(ctx_, s, dy, db);
+  }
+
+  // ---- pooling -----------------------------------------------------------------------------
+  void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+                        std::int32_t* argmax) override {
+    gpu::max_pool_forward(ctx_, s, x, y, argmax);
+  }
+  void max_pool_backward(const cpu::Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                         float* dx) override {
+    gpu::max_pool_backward(ctx_, s, dy, argmax, dx);
+  }
+  void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) override {
+    gpu::avg_pool_forward(ctx_, s, x, y);
+  }
+  void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) override {
+    gpu::avg_pool_backward(ctx_, s, dy, dx);
+  }
+
+  // ---- batch norm --------------------------------------------------------------------------
+  void batch_norm_forward_training(std::int64_t rows, int c, const float* x,
+                                   const float* residual_or_null, bool relu, const float* gamma,
+                                   const float* beta, float eps, float momentum,
+                                   float* running_mean, float* running_var, float* y,
+                                   float* save_mean, float* save_invstd) override {
+    gpu::batch_norm_forward_training_ex(ctx_, rows, c, x, residual_or_null, relu, gamma, beta,
+                                        eps, momentum, running_mean, running_var, y, save_mean,
+                                        save_invstd);
+  }
+  void batch_norm_forward_inference(std::int64_t rows, int c, const float* x, const float* gamma,
+                                    const float* beta, const float* running_mean,
+                                    const float* running_var, float eps, float* y) override {
+    gpu::batch_norm_forward_inference(ctx_, rows, c, x, gamma, beta, running_mean, running_var,
+                                      eps, y);
+  }
+  void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
+                           const float* dy, const float* gamma, const float* save_mean,
+                           const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                           float* d_pre_relu) override {
+    if (relu)
+      gpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
+                                    dgamma, dbeta, d_pre_relu);
+    else
+      gpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                               dbeta);
+  }
+
+  // ---- gemm, dropout, loss, accuracy ---------------------------------------------------------
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override {
+    gpu::gemm(ctx_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  void dropout_forward(std::int64_t n, float p, std::uint64_t seed, std::uint64_t offset,
+                       const float* x, float* y, std::uint8_t* mask) override {
+    gpu::dropout_forward(ctx_, n, p, seed, offset, x, y, mask);
+  }
+  void dropout_backward(std::int64_t n, float p, const std::uint8_t* mask, const float* dy,
+                        float* dx) override {
+    gpu::dropout_backward(ctx_, n, p, mask, dy, dx);
+  }
+  void softmax_cross_entropy_forward(std::int64_t rows, int classes, const float* logits,
+                                     const std::int32_t* labels, float scale, float smoothing,
+                                     float* loss_out, float* probs) override {
+    gpu::softmax_cross_entropy_forward(ctx_, rows, classes, logits, labels, scale, smoothing,
+                                       loss_out, probs);
+  }
+  void softmax_cross_entropy_backward(std::int64_t rows, int classes, const float* probs,
+                                      const std::int32_t* labels, float scale, float smoothing,
+                                      const float* dloss, float* dlogits) override {
+    gpu::softmax_cross_entropy_backward(ctx_, rows, classes, probs, labels, scale, smoothing,
+                                        dloss, dlogits);
+  }
+  void top_k_correct(std::int64_t rows, int classes, const float* logits,
+                     const std::int32_t* labels, int k, std::int32_t* correct_out) override {
+    gpu::top_k_correct(ctx_, rows, classes, logits, labels, k, correct_out);
+  }
+
+ private:
+  gpu::GpuContext ctx_;
+  std::string name_;
+};
+
+}  // namespace
+
+}  // namespace towerflow
+
+namespace towerflow {
+
+std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator& allocator) {
+  // The registry maps the logical device to its physical GPU (after CUDA_VISIBLE_DEVICES and
+  // virtual-device splitting); each logical device gets its own context and stream.
+  const int ordinal = device_info(device).physical_index;
+  return std::make_unique<GpuBackend>(device, ordinal, allocator);
+}
+
+}  // namespace towerflow
