@@ -59,6 +59,11 @@ struct BfcOptions {
   std::size_t limit_bytes = 0;                // hard limit of the pool
   bool allow_growth = true;                   // grow in doubling regions, else reserve the limit on first use
   std::size_t initial_region_bytes = 2 << 20; // first region with growth
+  double growth_cap = 0.25;                   // with growth, each new region doubles the last but is
+                                              // at most max(initial_region_bytes, growth_cap * pool
+                                              // bytes) unless the request needs more: the idle tail of
+                                              // a growing pool stays near a quarter of it, not half.
+                                              // 0: pure doubling (TensorFlow's behaviour)
   bool dump_on_oom = false;                   // append debug_dump() to out-of-memory messages
                                               // (also TOWERFLOW_ALLOCATOR_DUMP=1)
 };

@@ -133,7 +133,7 @@ TEST_CASE("best fit takes the smallest sufficient free block from any bin", "[me
 TEST_CASE("with growth the pool starts small and extends in doubling regions up to the limit",
           "[memory]") {
   Pool pool({.device_name = "/cpu:0", .limit_bytes = 20 * MiB, .allow_growth = true,
-             .initial_region_bytes = 1 * MiB});
+             .initial_region_bytes = 1 * MiB, .growth_cap = 0});
   CHECK(pool->stats().pool_bytes == 0);  // nothing is reserved before first use
   std::vector<void*> live;
   for (int i = 0; i < 15; ++i) live.push_back(pool->allocate(1 * MiB));
@@ -150,8 +150,32 @@ TEST_CASE("with growth the pool starts small and extends in doubling regions up 
   CHECK(pool->stats().pool_bytes == 0);
   CHECK(pool.log->frees == 5);
   void* big = pool->allocate(12 * MiB);
-  CHECK(pool.log->granted.back() >= 12 * MiB);
+  CHECK(pool.log->granted.back() == 12 * MiB);
   pool->deallocate(big);
+}
+
+TEST_CASE("growth_cap keeps a growing pool's idle tail near a quarter", "[memory]") {
+  Pool pool({.device_name = "/cpu:0", .limit_bytes = 1024 * MiB, .allow_growth = true,
+             .initial_region_bytes = 1 * MiB});  // growth_cap 0.25 by default
+  std::vector<void*> live;
+  std::size_t in_use = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::size_t pool_before = pool->stats().pool_bytes;
+    const std::size_t regions_before = pool.log->granted.size();
+    live.push_back(pool->allocate(1 * MiB));
+    in_use += 1 * MiB;
+    if (pool.log->granted.size() > regions_before) {
+      const std::size_t region = pool.log->granted.back();
+      CHECK(region >= 1 * MiB);
+      CHECK(region <= std::max<std::size_t>(1 * MiB, pool_before / 4));
+      if (regions_before > 0) CHECK(region <= 2 * pool.log->granted[regions_before - 1]);
+    }
+    // What the pool holds beyond what is in use never exceeds the newest region.
+    CHECK(pool->stats().pool_bytes - in_use < pool.log->granted.back());
+  }
+  CHECK(pool->stats().pool_bytes <= in_use + in_use / 4 + 1 * MiB);
+  CHECK(pool.log->granted.size() < 30);  // 300 MiB from 1 MiB steps takes few regions
+  for (void* p : live) pool->deallocate(p);
 }
 
 TEST_CASE("without growth the whole limit is reserved on first use, not before", "[memory]") {
@@ -225,7 +249,8 @@ TEST_CASE("out-of-memory appends a per-bin dump on request", "[memory]") {
 TEST_CASE("a refused region makes the pool back off, free empty regions, then name allow_growth",
           "[memory]") {
   // The device has 3 MiB to give although the limit is 8 MiB.
-  Pool pool({.device_name = "/gpu:0", .limit_bytes = 8 * MiB, .initial_region_bytes = 1 * MiB},
+  Pool pool({.device_name = "/gpu:0", .limit_bytes = 8 * MiB, .initial_region_bytes = 1 * MiB,
+             .growth_cap = 0},
             3 * MiB);
   void* a = pool->allocate(1 * MiB);  // region of 1 MiB
   void* b = pool->allocate(1 * MiB);  // region of 2 MiB
@@ -335,6 +360,10 @@ TEST_CASE("bad options raise InvalidArgument naming the device and the fix", "[m
   CHECK_THROWS_AS(tw::make_bfc_allocator(tw::make_host_sub_allocator(),
                                          {.device_name = "/cpu:0", .limit_bytes = 1 * MiB,
                                           .initial_region_bytes = 0}),
+                  tw::InvalidArgument);
+  CHECK_THROWS_AS(tw::make_bfc_allocator(tw::make_host_sub_allocator(),
+                                         {.device_name = "/cpu:0", .limit_bytes = 1 * MiB,
+                                          .growth_cap = -1.0}),
                   tw::InvalidArgument);
 }
 
