@@ -1,2 +1,116 @@
-# Installed layout: lib/libtowerflow_*.a, include/towerflow/<area>/*.h, lib/cmake/towerflow/.
-# Filled in by the embedding work (find_package(towerflow) + towerflow::towerflow).
+# Installation: `cmake --install build --prefix PREFIX` gives
+#   PREFIX/lib/libtowerflow_*.a                 the library, one archive per area
+#   PREFIX/include/towerflow/<area>/*.h         headers, included as "tower/tower.h" etc.
+#   PREFIX/lib/cmake/towerflow/                 the CMake package: find_package(towerflow)
+#   PREFIX/bin/cifar10_train, cifar10_eval, towerflow_devices
+# so that research code does
+#   find_package(towerflow REQUIRED)
+#   target_link_libraries(my_experiment PRIVATE towerflow::towerflow)
+# (examples/embed is such a project; scripts/check_embed.sh builds it against an install).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+# Every target of this project that towerflow::towerflow reaches, found by walking the link
+# graph: the per-area archives, helper archives they link (e.g. a fallback library) and the
+# flags target their private links name. Static archives carry their private dependencies into
+# the export set, so all of them must be exported.
+function(_tw_collect_targets out)
+  set(pending ${ARGN})
+  set(seen "")
+  while(pending)
+    list(POP_FRONT pending t)
+    if(NOT TARGET ${t} OR t IN_LIST seen)
+      continue()
+    endif()
+    get_target_property(imported ${t} IMPORTED)
+    get_target_property(aliased ${t} ALIASED_TARGET)
+    if(imported OR aliased)
+      continue()
+    endif()
+    list(APPEND seen ${t})
+    get_target_property(type ${t} TYPE)
+    set(links "")
+    foreach(prop INTERFACE_LINK_LIBRARIES LINK_LIBRARIES)
+      if(prop STREQUAL "LINK_LIBRARIES" AND type STREQUAL "INTERFACE_LIBRARY")
+        continue()
+      endif()
+      get_target_property(l ${t} ${prop})
+      if(l)
+        list(APPEND links ${l})
+      endif()
+    endforeach()
+    foreach(l IN LISTS links)
+      string(REGEX REPLACE "^\\$<LINK_ONLY:(.*)>$" "\\1" l "${l}")
+      if(TARGET ${l})
+        list(APPEND pending ${l})
+      endif()
+    endforeach()
+  endwhile()
+  set(${out} ${seen} PARENT_SCOPE)
+endfunction()
+
+_tw_collect_targets(_tw_export_targets towerflow)
+
+install(TARGETS ${_tw_export_targets}
+        EXPORT towerflowTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow)
+install(EXPORT towerflowTargets
+        NAMESPACE towerflow::
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/towerflow)
+
+# Headers keep their place in the tree, so installed code includes them as the library does.
+foreach(area core tower optim data models io)
+  if(EXISTS ${PROJECT_SOURCE_DIR}/${area})
+    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${area}
+            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow
+            FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp"
+            PATTERN "CMakeFiles" EXCLUDE)
+  endif()
+endforeach()
+
+foreach(program cifar10_train cifar10_eval towerflow_devices)
+  if(TARGET ${program})
+    install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+  endif()
+endforeach()
+
+# The package: its dependencies are found again on the user's side (the archives link them).
+set(TW_CONFIG_HAVE_CUDA ${TW_HAVE_CUDA})
+set(TW_CONFIG_HAVE_MPI ${TW_HAVE_MPI})
+file(WRITE ${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in [=[
+# towerflow's CMake package. Usage:
+#   find_package(towerflow REQUIRED)
+#   target_link_libraries(app PRIVATE towerflow::towerflow)
+# towerflow::towerflow brings every archive of the library, its include directory and its
+# dependencies (found here again: Eigen, nlohmann-json, CLI11, libjpeg, libpng, threads, and the
+# CUDA toolkit / MPI when the library was built with them).
+@PACKAGE_INIT@
+
+include(CMakeFindDependencyMacro)
+find_dependency(Threads)
+find_dependency(Eigen3 CONFIG)
+find_dependency(nlohmann_json CONFIG)
+find_dependency(CLI11 CONFIG)
+find_dependency(JPEG)
+find_dependency(PNG)
+set(towerflow_HAVE_CUDA @TW_CONFIG_HAVE_CUDA@)
+set(towerflow_HAVE_MPI @TW_CONFIG_HAVE_MPI@)
+if(towerflow_HAVE_CUDA)
+  find_dependency(CUDAToolkit)
+endif()
+if(towerflow_HAVE_MPI)
+  find_dependency(MPI COMPONENTS CXX)
+endif()
+
+include("${CMAKE_CURRENT_LIST_DIR}/towerflowTargets.cmake")
+check_required_components(towerflow)
+]=])
+configure_package_config_file(${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/towerflowConfig.cmake
+                              INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/towerflow)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/towerflowConfigVersion.cmake
+                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/towerflowConfig.cmake ${PROJECT_BINARY_DIR}/towerflowConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/towerflow)

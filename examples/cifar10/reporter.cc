@@ -54,6 +54,12 @@ Reporter::~Reporter() {
   clear_live_locked();
 }
 
+void Reporter::open_metrics(const std::filesystem::path& path) {
+  io::LineAppender appender(path);
+  std::lock_guard lock(mu_);
+  metrics_ = std::move(appender);
+}
+
 void Reporter::clear_live_locked() {
   if (live_shown_) {
     std::fputs("\n", options_.out);

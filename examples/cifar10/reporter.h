@@ -72,6 +72,9 @@ class Reporter {
   // JSON mode: {"event": "summary", ...} is built from these; text mode prints block() lines.
   void summary(const Fields& fields, const std::string& json_object);
 
+  // Starts appending records to a metrics file (replacing any set before).
+  void open_metrics(const std::filesystem::path& path);
+
   bool live() const { return live_; }
 
  private:

@@ -33,14 +33,17 @@ struct TrainOptions {
   std::string data_dir = {};           // CIFAR-10/100 binary or an image folder; empty: built-in
   std::string dataset = "auto";        // auto|cifar10|cifar100|folder|builtin
   int loader_threads = 1;              // background threads preparing batches
+  std::int64_t builtin_train_size = 5000;  // images of the built-in dataset's splits
+  std::int64_t builtin_test_size = 1000;
   // model and devices
   std::string model = "tfcnn";
   std::string devices = {};            // "" or "all": every logical device; or "/cpu:0,/cpu:1"
   int num_gpus = -1;                   // TensorFlow tutorial flag: the first N GPUs (-1: all)
   // the step
   int batch_size = 128;                // global, over all towers
-  std::string split = "even";          // even | weights:3,1 (rows per tower in proportion)
-  std::string reduction = "allreduce"; // allreduce | parameter_device[:DEVICE]
+  std::string split = "even";          // even | weights:3,1 | per_tower (tower/split.h)
+  std::string split_remainder = "error";  // error | spread (a batch that does not split evenly)
+  std::string reduction = "all_reduce";   // all_reduce | bucketed[:MB] | parameter_device[:DEVICE]
   std::string optimizer = "sgd";       // sgd (with --momentum) | adam
   double lr = 0.05;
   double momentum = 0.9;

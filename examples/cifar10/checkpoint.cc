@@ -1,0 +1,128 @@
+#include "examples/cifar10/checkpoint.h"
+
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "io/model_state.h"
+
+namespace towerflow::cifar10 {
+namespace fs = std::filesystem;
+namespace {
+
+std::int64_t metadata_int(const io::SafetensorsFile& f, const char* key) {
+  auto it = f.metadata().find(key);
+  if (it == f.metadata().end())
+    raise<DataError>("checkpoint file ", f.source(), " lacks the metadata field \"", key,
+                     "\" (not a towerflow training checkpoint, or a damaged one)");
+  std::int64_t v = 0;
+  const std::string& s = it->second;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v < 0)
+    raise<DataError>("checkpoint file ", f.source(), ": metadata field \"", key, "\" is \"", s,
+                     "\", expected a non-negative integer");
+  return v;
+}
+
+CheckpointInfo info_of(const io::SafetensorsFile& state) {
+  CheckpointInfo info;
+  info.metadata = state.metadata();
+  info.position.step = metadata_int(state, "step");
+  info.position.epoch = metadata_int(state, "epoch");
+  info.position.step_in_epoch = metadata_int(state, "step_in_epoch");
+  metadata_int(state, "optimizer_step");
+  return info;
+}
+
+// The parameter shape of each optimizer state tensor: "<slot>.<state>" has the slot's shape.
+io::Shape state_shape(const optim::Optimizer& optimizer, const optim::NamedState& s) {
+  for (const auto& slot : optimizer.parameters().slots)
+    if (s.name.size() > slot.name.size() + 1 && s.name.starts_with(slot.name) && s.name[slot.name.size()] == '.' &&
+        s.name.find('.', slot.name.size() + 1) == std::string::npos && slot.size == s.values.size())
+      return slot.shape;
+  return {static_cast<std::int64_t>(s.values.size())};
+}
+
+}  // namespace
+
+fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const optim::Optimizer& optimizer,
+                         const TrainingPosition& position, const io::Metadata& metadata, int keep) {
+  io::Metadata model_meta{{"format", "pt"}, {"step", std::to_string(position.step)}};
+  std::string model_bytes = io::serialize_module(model, model_meta);
+
+  optim::OptimizerState state = optimizer.state();
+  std::vector<io::TensorView> views;
+  views.reserve(state.tensors.size());
+  for (const auto& s : state.tensors)
+    views.push_back({s.name, io::DType::F32, state_shape(optimizer, s), std::as_bytes(std::span(s.values))});
+  io::Metadata meta = metadata;
+  meta["step"] = std::to_string(position.step);
+  meta["epoch"] = std::to_string(position.epoch);
+  meta["step_in_epoch"] = std::to_string(position.step_in_epoch);
+  meta["optimizer_step"] = std::to_string(state.step);
+  meta["optimizer"] = optimizer.name();
+  std::string state_bytes = io::serialize_safetensors(views, meta);
+
+  return dir.save(position.step, {{kModelFile, std::move(model_bytes)}, {kStateFile, std::move(state_bytes)}}, keep);
+}
+
+CheckpointInfo read_checkpoint_info(const fs::path& checkpoint) {
+  return info_of(io::SafetensorsFile::load(checkpoint / kStateFile));
+}
+
+CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, optim::Optimizer& optimizer) {
+  // Read and validate both files completely before touching the model or the optimizer.
+  auto model_file = io::SafetensorsFile::load(checkpoint / kModelFile);
+  auto state_file = io::SafetensorsFile::load(checkpoint / kStateFile);
+  CheckpointInfo info = info_of(state_file);
+
+  optim::OptimizerState current = optimizer.state();
+  optim::OptimizerState loaded;
+  loaded.step = metadata_int(state_file, "optimizer_step");
+  std::set<std::string> expected;
+  for (const auto& s : current.tensors) {
+    expected.insert(s.name);
+    const auto* e = state_file.find(s.name);
+    if (!e)
+      raise<DataError>("checkpoint file ", state_file.source(), " lacks the optimizer state tensor \"", s.name,
+                       "\" that ", optimizer.name(), " keeps (a checkpoint of another optimizer? use the same --optimizer)");
+    if (e->dtype != io::DType::F32 || static_cast<std::size_t>(io::numel_of(e->shape)) != s.values.size())
+      raise<DataError>("checkpoint file ", state_file.source(), ": optimizer state tensor \"", s.name, "\" is ",
+                       io::to_string(e->dtype), " ", io::shape_string(e->shape), ", expected F32 with ",
+                       s.values.size(), " elements");
+    auto bytes = state_file.data(*e);
+    optim::NamedState ns{s.name, std::vector<float>(s.values.size())};
+    std::memcpy(ns.values.data(), bytes.data(), bytes.size());
+    loaded.tensors.push_back(std::move(ns));
+  }
+  for (const auto& e : state_file.entries())
+    if (!expected.count(e.name))
+      raise<DataError>("checkpoint file ", state_file.source(), " holds optimizer state \"", e.name, "\" that ",
+                       optimizer.name(), " does not keep (a checkpoint of another optimizer or model?)");
+  if (auto it = info.metadata.find("optimizer"); it != info.metadata.end() && it->second != optimizer.name())
+    raise<DataError>("checkpoint ", checkpoint.string(), " was written by optimizer ", it->second,
+                     ", this run uses ", optimizer.name(), "; use the same --optimizer to resume");
+
+  // load_module validates the model file fully before writing; the optimizer's state was checked
+  // above, so load_state cannot fail after the model changed.
+  io::load_module(model, model_file);
+  optimizer.load_state(loaded);
+  return info;
+}
+
+fs::path resolve_model_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return path;
+  if (fs::is_regular_file(path / kModelFile, ec)) return path / kModelFile;
+  if (fs::is_directory(path, ec)) {
+    io::CheckpointDir dir(path);
+    if (auto latest = dir.latest()) return latest->path / kModelFile;
+    raise<NotFound>("no checkpoint in ", path.string(), " (expected ckpt-<step>/", kModelFile,
+                    "); train one with cifar10_train --train_dir ", path.string());
+  }
+  raise<NotFound>("checkpoint ", path.string(), " does not exist; pass a train_dir, a ckpt-<step> directory or a .safetensors file");
+}
+
+}  // namespace towerflow::cifar10

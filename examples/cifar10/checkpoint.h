@@ -1,0 +1,62 @@
+#pragma once
+// Training checkpoints: everything --resume needs to continue a run as if it had never stopped.
+//
+// A checkpoint is a directory train_dir/ckpt-<step> (io::CheckpointDir: written whole or not at
+// all) holding
+//   model.safetensors        parameters and buffers under the PyTorch state_dict names, loadable
+//                            with safetensors.torch.load_file + load_state_dict
+//   train_state.safetensors  the optimizer state ("<param>.momentum_buffer", "<param>.exp_avg",
+//                            ... shaped like the parameter) and, as metadata: step, epoch,
+//                            step_in_epoch, optimizer_step, seed, the model, the towers, and the
+//                            options (JSON) that made the run.
+// The data order and augmentation are pure functions of (seed, epoch, index), so (seed, epoch,
+// step_in_epoch) is the whole random state of the input pipeline.
+//
+// Loading validates both files against the model and the optimizer before changing either:
+// a missing, extra or differently shaped tensor, or a missing or malformed metadata field, raises
+// DataError naming it; then nothing was loaded.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "core/nn/module.h"
+#include "io/checkpoint_dir.h"
+#include "io/safetensors.h"
+#include "optim/optimizer.h"
+
+namespace towerflow::cifar10 {
+
+inline constexpr const char* kModelFile = "model.safetensors";
+inline constexpr const char* kStateFile = "train_state.safetensors";
+
+struct TrainingPosition {
+  std::int64_t step = 0;           // optimizer steps done
+  std::int64_t epoch = 0;          // the epoch the next step belongs to
+  std::int64_t step_in_epoch = 0;  // the next step's index within that epoch
+};
+
+struct CheckpointInfo {
+  TrainingPosition position;
+  io::Metadata metadata;  // train_state.safetensors' metadata (model, seed, options, ...)
+};
+
+// Writes a checkpoint of model (replica 0) and optimizer at `position`, then keeps the newest
+// `keep`. `metadata` is added to train_state's metadata (model name, seed, options JSON...).
+std::filesystem::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model,
+                                      const optim::Optimizer& optimizer, const TrainingPosition& position,
+                                      const io::Metadata& metadata, int keep);
+
+// Reads the metadata of a checkpoint directory without loading tensors (cheap validation first).
+CheckpointInfo read_checkpoint_info(const std::filesystem::path& checkpoint);
+
+// Loads a checkpoint into model and optimizer, all or nothing (see above).
+CheckpointInfo load_checkpoint(const std::filesystem::path& checkpoint, nn::Module& model,
+                               optim::Optimizer& optimizer);
+
+// For evaluation: resolves `path` (a checkpoint directory, a train_dir holding checkpoints (the
+// latest), or a .safetensors file) to the model file, loads it into model, and returns the
+// checkpoint's metadata if it has a train_state (empty otherwise). NotFound when nothing is there.
+std::filesystem::path resolve_model_file(const std::filesystem::path& path);
+
+}  // namespace towerflow::cifar10
