@@ -31,8 +31,9 @@
 //
 // Note [Deterministic reductions]
 // Every output element is computed by one thread in a fixed order (forward and backward input
-// split output rows over threads; backward weight splits the dw tiles over threads, each summing
-// over the images in order), so results are bitwise identical for any thread count.
+// split output rows over threads; backward weight sums fixed image groups or splits dw tiles,
+// Note [Weight gradient: image groups or tiles]), so results are bitwise identical for any
+// thread count.
 
 namespace towerflow::cpu {
 
@@ -320,8 +321,8 @@ constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequenc
 }
 
 // dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
-// of output channels), split into tiles of Q q-values x B channels that threads own whole; each
-// tile sums over the images in order (Note [Deterministic reductions]).
+// of output channels) from tiles of Q q-values x B channels, each tile's accumulators held in
+// registers over a pass of output pixels.
 template <int V>
 void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
                  float* dw) {
@@ -349,14 +350,15 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   // tiles that share them.
   const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
 
-  // Tiles ordered block-major, so consecutive tiles of a thread reuse the same dy slice.
+  // Tiles ordered block-major, so consecutive tiles reuse the same dy slice.
   const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
-  const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
-  const std::int64_t min_tiles = std::max<std::int64_t>(1, 200000 / macs_per_tile);
-  ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) {
+  const std::int64_t dw_size = k_rows * ld_acc;
+
+  // Adds images [n0, n1), tiles [t0, t1) into dst ([k_rows][ld_acc]), image by image.
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
     float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
     float* dybuf = dy_dense ? nullptr : scratch(Scratch::kOutput, static_cast<std::size_t>(image_out * ld_dy));
-    for (int n = 0; n < s.n; ++n) {
+    for (int n = n0; n < n1; ++n) {
       const float* img = x + n * image_in;
       if (padded) {
         pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
@@ -382,11 +384,42 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
           kTiles[q - 1](img + (std::int64_t{r0} * s.stride_h + i) * row_step + q0, pix_step,
                         s.stride_h * row_step, dimg + std::int64_t{r0} * ow * ld_dy + cb * kBlock,
                         ld_dy, ow * ld_dy, rows, ow,
-                        dwp + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
+                        dst + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
         }
       }
     }
-  });
+  };
+
+  // Note [Weight gradient: image groups or tiles]
+  // Large batches split the images into kGroups fixed groups, each summed into its own partial
+  // dw by one thread, and the partials are added in group order: every thread pads and reads only
+  // its own images, and each image's x and dy stay in cache for all tiles. Small batches (fewer
+  // than 2*kGroups images) split the dw tiles over threads instead, each summing all images.
+  // Either way the choice and the summation order depend on the shape only, never on the thread
+  // count (Note [Deterministic reductions]).
+  constexpr int kGroups = 8;
+  if (s.n >= 2 * kGroups) {
+    float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
+    ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
+      for (std::int64_t g = g0; g < g1; ++g) {
+        float* dst = partial + g * dw_size;
+        std::fill(dst, dst + dw_size, 0.0f);
+        accumulate(static_cast<int>(s.n * g / kGroups), static_cast<int>(s.n * (g + 1) / kGroups),
+                   0, tiles, dst);
+      }
+    });
+    std::copy(partial, partial + dw_size, dwp);
+    for (int g = 1; g < kGroups; ++g) {
+      const float* src = partial + g * dw_size;
+      for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
+    }
+  } else {
+    const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
+    const std::int64_t min_tiles = std::max<std::int64_t>(1, 200000 / macs_per_tile);
+    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) {
+      accumulate(0, s.n, t0, t1, dwp);
+    });
+  }
 
   // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
   for (int co = 0; co < s.c_out; ++co)

@@ -88,6 +88,8 @@ const std::vector<Conv2dShape> kShapes = {
     {.n = 2, .h = 11, .w = 11, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
     {.n = 1, .h = 10, .w = 11, .c_in = 20, .c_out = 6, .kh = 5, .kw = 4, .stride_h = 3, .stride_w = 2, .pad_h = 2, .pad_w = 1},
     {.n = 2, .h = 9, .w = 8, .c_in = 9, .c_out = 16, .kh = 2, .kw = 3, .stride_h = 3, .stride_w = 4, .pad_h = 1, .pad_w = 1},
+    // A batch large enough for the image-group weight gradient.
+    {.n = 19, .h = 5, .w = 6, .c_in = 5, .c_out = 20, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
 };
 
 struct ConvResults {
@@ -177,6 +179,7 @@ TEST_CASE("conv2d results are identical for 1 and 3 threads", "[cpu][conv]") {
       {.n = 6, .h = 12, .w = 12, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
       {.n = 5, .h = 13, .w = 13, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
       {.n = 3, .h = 9, .w = 9, .c_in = 24, .c_out = 20, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+      {.n = 21, .h = 7, .w = 7, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
   };
   std::uint32_t seed = 200;
   for (const auto& s : shapes) {
