@@ -161,3 +161,16 @@ TEST_CASE("CPU allocators are created on first use, once, and honour the limit",
   a.deallocate(p);
   CHECK_THROWS_AS(a.allocate(65 * tw::testing::kMiB), tw::OutOfMemory);
 }
+
+TEST_CASE("concurrent first use initialises once and every thread sees the same devices", "[platform][registry]") {
+  FreshRegistry fresh;
+  tw::set_platform_for_testing(tw::testing::machine(2, 16));
+  ProcessOptions opts{.device_count = {{"CPU", 2}}};
+  std::vector<const std::vector<tw::LogicalDevice>*> seen(8);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] { seen[t] = &tw::initialise_devices(opts); });
+  for (auto& t : threads) t.join();
+  for (auto* s : seen) CHECK(s == seen[0]);
+  CHECK(seen[0]->size() == 4);
+}
