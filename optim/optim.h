@@ -1,6 +1,7 @@
 #pragma once
 // Umbrella header of the optimizers module.
 #include "optim/adam.h"        // IWYU pragma: export
+#include "optim/factory.h"     // IWYU pragma: export
 #include "optim/optimizer.h"   // IWYU pragma: export
 #include "optim/parameters.h"  // IWYU pragma: export
 #include "optim/schedule.h"    // IWYU pragma: export

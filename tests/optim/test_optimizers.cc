@@ -166,3 +166,16 @@ TEST_CASE("a schedule sets the learning rate of every step", "[optim]") {
   CHECK(p[0] == Approx(0.45));
   CHECK(sgd.lr() == Approx(0.05));
 }
+
+TEST_CASE("optimizers by name", "[optim]") {
+  std::vector<float> p = {1.f, -2.f}, g = {0.5f, 0.25f};
+  auto sgd = make_optimizer(ParameterSet::single(p, g), {.name = "nesterov", .lr = 0.1, .momentum = 0.5});
+  CHECK(sgd->name() == "SGD (Nesterov)");
+  sgd->step();  // first step: buf = g, update = g + 0.5 g
+  CHECK(p[0] == Approx(1.f - 0.1f * 0.75f));
+  auto adamw = make_optimizer(ParameterSet::single(p, g), {.name = "adamw", .lr = 0.01, .weight_decay = 0.1});
+  CHECK(adamw->name() == "AdamW");
+  CHECK(adamw->state().tensors.size() == 2);
+  REQUIRE_THROWS_WITH(make_optimizer(ParameterSet::single(p, g), {.name = "rmsprop"}),
+                      Catch::Contains("'rmsprop'") && Catch::Contains("adamw"));
+}
