@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Checks that a cifar10_train checkpoint loads into the equivalent PyTorch module:
+safetensors.torch.load_file + load_state_dict(strict=True), and that the optimizer state in
+train_state.safetensors is keyed by the same parameter names with the same shapes.
+
+    pip install safetensors          # for /usr/bin/python3 with Debian's python3-torch
+    python3 examples/cifar10/check_torch_load.py train_dir            # its latest checkpoint
+    python3 examples/cifar10/check_torch_load.py train_dir/ckpt-0000000312 --model resnet20
+
+The model defaults to the one recorded in the checkpoint's metadata."""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+
+class TfCnn(nn.Module):
+    """The TensorFlow CIFAR-10 tutorial network without LRN (towerflow's tfcnn)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 5, padding=2)
+        self.conv2 = nn.Conv2d(64, 64, 5, padding=2)
+        self.pool = nn.MaxPool2d(3, 2, padding=1)
+        self.fc1 = nn.Linear(8 * 8 * 64, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc3 = nn.Linear(192, num_classes)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.conv1(x)))
+        x = self.pool(torch.relu(self.conv2(x)))
+        x = torch.flatten(x, 1)
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        return torch.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+class CifarResNet(nn.Module):
+    """He et al. 2016 CIFAR ResNet-(6n+2) with projection shortcuts, torchvision names."""
+
+    def __init__(self, depth, num_classes=10):
+        super().__init__()
+        n = (depth - 2) // 6
+        self.conv1 = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(16)
+        cin = 16
+        for i, (cout, stride) in enumerate([(16, 1), (32, 2), (64, 2)]):
+            blocks = []
+            for b in range(n):
+                blocks.append(BasicBlock(cin, cout, stride if b == 0 else 1))
+                cin = cout
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def build(name, num_classes):
+    if name == "tfcnn":
+        return TfCnn(num_classes)
+    if name.startswith("resnet"):
+        return CifarResNet(int(name[len("resnet"):]), num_classes)
+    sys.exit(f"unknown model {name!r}")
+
+
+def resolve(path):
+    if os.path.isfile(path):
+        return path, None
+    if os.path.isfile(os.path.join(path, "model.safetensors")):
+        return os.path.join(path, "model.safetensors"), os.path.join(path, "train_state.safetensors")
+    ckpts = sorted(d for d in os.listdir(path) if d.startswith("ckpt-") and ".tmp-" not in d)
+    if not ckpts:
+        sys.exit(f"no checkpoint in {path}")
+    return resolve(os.path.join(path, ckpts[-1]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint")
+    ap.add_argument("--model")
+    args = ap.parse_args()
+    model_file, state_file = resolve(args.checkpoint)
+    meta = {}
+    if state_file and os.path.exists(state_file):
+        with safe_open(state_file, "pt") as f:
+            meta = f.metadata() or {}
+    name = args.model or meta.get("model", "tfcnn")
+    state = load_file(model_file)
+    num_classes = int(meta.get("num_classes", 10))
+    model = build(name, num_classes)
+    model.load_state_dict(state, strict=True)  # raises on any missing, extra or misshapen tensor
+    print(f"{model_file}: {len(state)} tensors load into PyTorch {name} "
+          f"({sum(p.numel() for p in model.parameters())} parameters) with strict=True")
+    if state_file and os.path.exists(state_file):
+        opt = load_file(state_file)
+        params = dict(model.named_parameters())
+        for key, value in opt.items():
+            param = key.rsplit(".", 1)[0]
+            if param not in params:
+                sys.exit(f"optimizer state {key!r} names no parameter of the model")
+            if tuple(value.shape) != tuple(params[param].shape):
+                sys.exit(f"optimizer state {key!r} has shape {tuple(value.shape)}, "
+                         f"the parameter {tuple(params[param].shape)}")
+        options = json.loads(meta.get("options", "{}"))
+        print(f"{state_file}: {len(opt)} optimizer tensors ({meta.get('optimizer')}) keyed by parameter name; "
+              f"step {meta.get('step')}, epoch {meta.get('epoch')}, step_in_epoch {meta.get('step_in_epoch')}, "
+              f"{len(options)} options recorded")
+    # One forward pass, to show the loaded module runs.
+    with torch.no_grad():
+        model.eval()
+        out = model(torch.zeros(2, 3, 32, 32))
+    assert out.shape == (2, num_classes)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()

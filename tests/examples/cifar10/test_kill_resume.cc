@@ -1,0 +1,93 @@
+// The real program, killed with SIGKILL mid-run and resumed: nothing corrupt is left behind, at
+// most the steps since the last checkpoint are lost, and the resumed run ends where the
+// uninterrupted one does, bit for bit.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "examples/cifar10/checkpoint.h"
+#include "io/checkpoint_dir.h"
+#include "training_test_util.h"
+
+extern char** environ;
+
+namespace tw = towerflow;
+namespace fs = std::filesystem;
+using namespace towerflow::cifar10;
+using namespace towerflow::cifar10::testing;
+
+namespace {
+
+// Starts cifar10_train with the arguments, its output going to `log`.
+pid_t spawn_trainer(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> all{TW_CIFAR10_TRAIN_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+std::vector<std::string> args_for(const fs::path& train_dir) {
+  return {"--builtin_train_size", "192", "--builtin_test_size", "32", "--batch_size", "32", "--epochs", "2",
+          "--save_every", "2", "--keep_checkpoints", "3", "--loader_threads", "0", "--devices", "/cpu:0,/cpu:1",
+          "--log_every", "1", "--seed", "3", "--json", "--train_dir", train_dir.string()};
+}
+
+}  // namespace
+
+TEST_CASE("SIGKILL mid-run leaves only whole checkpoints, and --resume finishes the same run", "[cifar10][kill]") {
+  TempDir full, killed;
+  fs::path log = full.path / "log.txt";
+  REQUIRE(wait_exit(spawn_trainer(args_for(full.path / "run"), log)) == 0);
+
+  pid_t pid = spawn_trainer(args_for(killed.path / "run"), killed.path / "log.txt");
+  tw::io::CheckpointDir dir(killed.path / "run");
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto latest = dir.latest();
+    if (latest && latest->step >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(pid, SIGKILL);
+  REQUIRE(wait_exit(pid) == -SIGKILL);
+
+  auto left = dir.list();
+  REQUIRE_FALSE(left.empty());
+  CHECK(left.back().step < 12);  // it was killed before the end
+  for (const auto& c : left) {    // every checkpoint there is whole
+    INFO(c.path);
+    CHECK_NOTHROW(tw::io::SafetensorsFile::load(c.path / kModelFile));
+    CHECK(read_checkpoint_info(c.path).position.step == c.step);
+  }
+
+  auto resume = args_for(killed.path / "run");
+  resume.push_back("--resume");
+  REQUIRE(wait_exit(spawn_trainer(resume, killed.path / "log.txt")) == 0);
+  CHECK(dir.latest()->step == 12);
+  for (const char* file : {kModelFile, kStateFile}) {
+    INFO(file);
+    CHECK(tensors_of(full.path / "run" / "ckpt-0000000012" / file) == tensors_of(dir.latest()->path / file));
+  }
+}

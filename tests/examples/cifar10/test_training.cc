@@ -1,0 +1,234 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/platform/platform.h"
+#include "core/platform/registry.h"
+#include "examples/cifar10/checkpoint.h"
+#include "examples/cifar10/training.h"
+#include "io/atomic_file.h"
+#include "io/checkpoint_dir.h"
+#include "io/model_state.h"
+#include "models/models.h"
+#include "optim/optim.h"
+#include "training_test_util.h"
+
+namespace tw = towerflow;
+namespace fs = std::filesystem;
+using namespace towerflow::cifar10;
+using namespace towerflow::cifar10::testing;
+
+namespace {
+
+std::vector<nlohmann::json> jsonl(const fs::path& path) {
+  std::istringstream in(tw::io::read_file(path));
+  std::vector<nlohmann::json> out;
+  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+
+std::vector<std::int64_t> steps_in(const fs::path& dir) {
+  std::vector<std::int64_t> out;
+  for (const auto& c : tw::io::CheckpointDir(dir).list()) out.push_back(c.step);
+  return out;
+}
+
+std::vector<float> flat_params(const tw::nn::Module& m) { return m.flat_parameters().to_host(); }
+
+}  // namespace
+
+TEST_CASE("a tiny run trains, evaluates, checkpoints and keeps the newest N", "[cifar10][training]") {
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  RunResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 8);  // 2 epochs of 128 / 32
+  CHECK_FALSE(r.aborted);
+  CHECK(r.test_acc >= 0.0);
+  CHECK(std::isfinite(r.test_loss));
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{6, 8});  // saved at 3, 6 and the end; 2 kept
+  CHECK(r.last_checkpoint == dir.path / "ckpt-0000000008");
+
+  auto metrics = jsonl(dir.path / "metrics.jsonl");
+  int train_lines = 0, eval_lines = 0;
+  for (const auto& m : metrics) {
+    if (m.contains("test_acc")) ++eval_lines;
+    if (m.contains("loss")) {
+      ++train_lines;
+      for (const char* k : {"step", "epoch", "acc", "lr", "img_per_s"}) CHECK(m.contains(k));
+    }
+  }
+  CHECK(train_lines == 4);  // every 2 steps
+  CHECK(eval_lines == 2);   // after each epoch
+
+  // The saved model is the trained one: it loads strictly into a fresh model of the same kind,
+  // and its state records where the run stopped.
+  auto info = read_checkpoint_info(r.last_checkpoint);
+  CHECK(info.position.step == 8);
+  CHECK(info.position.epoch == 2);
+  CHECK(info.position.step_in_epoch == 0);
+  CHECK(info.metadata.at("model") == "tfcnn");
+  auto fresh = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 99});
+  auto before = flat_params(*fresh);
+  tw::io::load_module(*fresh, r.last_checkpoint / kModelFile);
+  CHECK(flat_params(*fresh) != before);
+}
+
+TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[cifar10][training][resume]") {
+  TempDir full_dir, crash_dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions full = tiny_options(full_dir.path);
+  run_training(full, {}, reporter);
+
+  TrainOptions crash = tiny_options(crash_dir.path);
+  RunResult first = run_training(crash, {}, reporter, {.abort_after_step = [](std::int64_t s) { return s == 5; }});
+  CHECK(first.aborted);
+  CHECK(steps_in(crash_dir.path) == std::vector<std::int64_t>{3});  // the steps since 3 are lost
+
+  crash.resume = true;
+  RunResult resumed = run_training(crash, {}, reporter);
+  CHECK(resumed.steps == 8);
+  auto a = tensors_of(full_dir.path / "ckpt-0000000008" / kModelFile);
+  auto b = tensors_of(crash_dir.path / "ckpt-0000000008" / kModelFile);
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, bytes] : a) {
+    INFO(name);
+    CHECK(b.at(name) == bytes);
+  }
+  CHECK(tensors_of(full_dir.path / "ckpt-0000000008" / kStateFile) ==
+        tensors_of(crash_dir.path / "ckpt-0000000008" / kStateFile));
+}
+
+TEST_CASE("a fresh run in a used train_dir starts clean", "[cifar10][training]") {
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.epochs = 1;
+  o.save_every = 1;
+  o.keep_checkpoints = 0;
+  run_training(o, {}, reporter);
+  CHECK(steps_in(dir.path).size() == 4);
+  o.save_every = 0;
+  run_training(o, {}, reporter);
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});
+  CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);  // 2 training lines, 1 evaluation
+}
+
+TEST_CASE("mismatched checkpoints are refused naming the tensor, and load nothing", "[cifar10][training][checkpoint]") {
+  TempDir dir;
+  tw::io::CheckpointDir ckdir(dir.path);
+  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
+  auto params = model->flat_parameters().to_host();
+  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
+                     {.lr = 0.1, .momentum = 0.9});
+  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {{"model", "tfcnn"}}, 0);
+
+  auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
+  auto target_params = target->flat_parameters().to_host();
+  std::vector<float> p2 = target_params;
+  tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
+                      {.lr = 0.1, .momentum = 0.9});
+
+  SECTION("a model with other shapes (another number of classes)") {
+    auto other = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 100, .seed = 2});
+    auto other_before = flat_params(*other);
+    CHECK_THROWS_WITH(load_checkpoint(ckpt, *other, sgd2), Catch::Contains("fc3.weight") && Catch::Contains("[10, 192]"));
+    CHECK(flat_params(*other) == other_before);
+  }
+  SECTION("a truncated model file") {
+    std::string bytes = tw::io::read_file(ckpt / kModelFile);
+    tw::io::write_file_atomically(ckpt / kModelFile, bytes.substr(0, bytes.size() - 100));
+    CHECK_THROWS_AS(load_checkpoint(ckpt, *target, sgd2), tw::DataError);
+    CHECK(flat_params(*target) == target_params);
+  }
+  SECTION("a train_state without the position") {
+    auto state = tw::io::SafetensorsFile::load(ckpt / kStateFile);
+    tw::io::Metadata meta = state.metadata();
+    meta.erase("step_in_epoch");
+    std::vector<tw::io::TensorView> views;
+    for (const auto& e : state.entries()) views.push_back({e.name, e.dtype, e.shape, state.data(e)});
+    tw::io::save_safetensors(ckpt / kStateFile, views, meta);
+    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, sgd2), Catch::Contains("step_in_epoch"));
+    CHECK(flat_params(*target) == target_params);
+  }
+  SECTION("optimizer state of another optimizer") {
+    std::vector<float> p3 = target_params;
+    tw::optim::Adam adam(tw::optim::ParameterSet::single(std::span<float>(p3), std::span<const float>(p3)), {.lr = 0.1});
+    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, adam), Catch::Contains("exp_avg"));
+    CHECK(flat_params(*target) == target_params);
+  }
+  SECTION("a matching checkpoint loads model and optimizer") {
+    auto info = load_checkpoint(ckpt, *target, sgd2);
+    CHECK(info.position.step == 5);
+    CHECK(info.position.step_in_epoch == 2);
+    CHECK(flat_params(*target) == params);
+  }
+}
+
+TEST_CASE("a non-finite loss stops training and keeps the last good checkpoint", "[cifar10][training][nan]") {
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.lr = 1e6;  // diverges within a few steps
+  o.momentum = 0.9;
+  o.schedule = "constant";
+  o.save_every = 1;
+  o.keep_checkpoints = 0;
+  o.epochs = 8;
+  std::string message;
+  try {
+    run_training(o, {}, reporter);
+  } catch (const tw::NumericalError& e) {
+    message = e.what();
+  }
+  REQUIRE_THAT(message, Catch::Contains("the loss is") && Catch::Contains("last good checkpoint"));
+  auto latest = tw::io::CheckpointDir(dir.path).latest();
+  REQUIRE(latest);
+  CHECK_THAT(message, Catch::Contains(latest->path.string()));
+  // Every saved parameter is finite: the step that produced the bad loss was not applied.
+  auto model = tw::io::SafetensorsFile::load(latest->path / kModelFile);
+  for (const auto& e : model.entries()) {
+    auto d = model.data(e);
+    std::vector<float> v(d.size() / 4);
+    std::memcpy(v.data(), d.data(), d.size());
+    for (float x : v) REQUIRE(std::isfinite(x));
+  }
+}
+
+TEST_CASE("device choice: two CPU towers by default, explicit lists, and errors", "[cifar10][training][devices]") {
+  if (!tw::make_system_platform()->gpus().empty()) {
+    WARN("skipped: this machine has a GPU, so the default towers are the GPUs");
+    return;
+  }
+  const tw::Device cpu0 = tw::Device::cpu(0), cpu1 = tw::Device::cpu(1);
+  TrainOptions o;
+  tw::ProcessOptions p;
+  CHECK(choose_devices(o, p) == std::vector<tw::Device>{cpu0, cpu1});
+  CHECK(p.device_count.at("CPU") == 2);
+
+  o.devices = "/cpu:1, /device:CPU:0";
+  p = {};
+  CHECK(choose_devices(o, p) == std::vector<tw::Device>{cpu1, cpu0});
+  o.devices = "/cpu:0,/cpu:0";
+  p = {};
+  CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains("twice"));
+  o.devices = "/gpu:0";
+  p = {};
+  CHECK_THROWS_AS(choose_devices(o, p), tw::NotFound);
+  o.devices = "tpu:0";
+  CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains("--devices") && Catch::Contains("tpu:0"));
+  o.devices = "";
+  o.num_gpus = 2;
+  p = {};
+  CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains("--num_gpus 2") && Catch::Contains("0 GPUs"));
+}
