@@ -2,10 +2,24 @@
 // Allocator: the interface every logical device's memory goes through.
 //
 // Contract: allocate() returns memory aligned to kAllocatorAlignment (256 bytes) or throws
-// OutOfMemory (a message naming the device, the request, the limit and the pool's state).
-// allocate(0) returns a valid, unique, non-null pointer that must still be deallocated.
-// deallocate() of a pointer this allocator did not hand out, or of one already freed, throws
-// InvalidArgument and changes nothing. Every method is thread-safe: towers allocate concurrently.
+// OutOfMemory (a message naming the device, the request and its rounded size, the limit, what is
+// in use, the largest free block and the flag that would help; a per-bin dump is appended with
+// BfcOptions::dump_on_oom or TOWERFLOW_ALLOCATOR_DUMP=1). A failed allocate() leaves every
+// allocation as it was (it may have returned empty regions to the sub-allocator).
+// Requests are rounded up to a multiple of 256 bytes; the statistics count rounded sizes.
+// allocate(0) returns a valid, unique, non-null pointer (one 256-byte granule) that must still be
+// deallocated. deallocate(nullptr) does nothing. deallocate() of a pointer this allocator did not
+// hand out, of an interior pointer, or of one already freed, throws InvalidArgument and changes
+// nothing. Every method is thread-safe: towers allocate concurrently (one lock per allocator).
+// An allocator must outlive every pointer it handed out; destroying it with live allocations
+// logs a warning and releases their memory.
+//
+// make_bfc_allocator: touches nothing until the first allocate(). With allow_growth the pool
+// starts with one region of initial_region_bytes and adds regions that double (see growth_cap) up
+// to limit_bytes; without, the first allocate() reserves the whole limit as one region. A region
+// the sub-allocator refuses is retried in 10% smaller steps down to the request, then after
+// releasing empty regions, before OutOfMemory. Throws InvalidArgument for a null sub-allocator,
+// a limit under 256 bytes, a zero initial region or a negative growth_cap.
 
 #include <cstddef>
 #include <cstdint>
@@ -38,7 +52,8 @@ class Allocator {
   virtual AllocatorStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual std::string name() const = 0;  // e.g. "/gpu:0 BFC over cudaMalloc"
-  // Frees regions with no live allocation; returns the bytes given back.
+  // Returns regions with no live allocation to the sub-allocator; returns the bytes given back.
+  // (Freed memory otherwise stays in the pool for reuse: a steady-state step makes no region.)
   virtual std::size_t release_free_regions() { return 0; }
   // A per-bin dump of the pool for out-of-memory reports and debugging.
   virtual std::string debug_dump() const { return {}; }

@@ -74,12 +74,6 @@ class PointerMap {
  public:
   PointerMap() { rehash(64); }
 
-  std::uint32_t find(std::uintptr_t key) const {
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) return slots_[i].value;
-      if (slots_[i].key == 0) return kNone;
-    }
-  }
   void insert(std::uintptr_t key, std::uint32_t value) {
     if ((count_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
     std::size_t i = home(key);
@@ -87,10 +81,13 @@ class PointerMap {
     slots_[i] = {key, value};
     ++count_;
   }
-  // Removes key (which must be present) and returns its value.
+  // Removes key and returns its value, or returns kNone (changing nothing) when it is absent.
   std::uint32_t erase(std::uintptr_t key) {
     std::size_t i = home(key);
-    while (slots_[i].key != key) i = (i + 1) & mask_;
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) return kNone;
+      i = (i + 1) & mask_;
+    }
     const std::uint32_t value = slots_[i].value;
     // Backward shift: pull later entries of the probe run into the hole when their home slot
     // does not lie cyclically in (hole, j].
@@ -199,8 +196,8 @@ class BfcAllocator final : public Allocator {
     if (ptr == nullptr) return;
     std::lock_guard lock(mu_);
     const auto key = reinterpret_cast<std::uintptr_t>(ptr);
-    if (live_map_.find(key) == kNone) throw_bad_free(ptr);
     const std::uint32_t h = live_map_.erase(key);
+    if (h == kNone) throw_bad_free(ptr);
     Chunk& c = chunks_[h];
     c.in_use = false;
     in_use_ -= c.size;
@@ -420,9 +417,13 @@ class BfcAllocator final : public Allocator {
     const AllocatorStats s = stats_locked();
     const bool is_gpu = opts_.device_name.find("gpu") != std::string::npos ||
                         opts_.device_name.find("GPU") != std::string::npos;
+    // The flag spells devices without the slash: --memory_limit gpu:0=4096 (MiB).
+    std::string flag_device = opts_.device_name;
+    if (!flag_device.empty() && flag_device[0] == '/') flag_device.erase(0, 1);
+    const std::string limit_flag = str("--memory_limit ", flag_device, "=<MiB>");
     const std::string raise_limit =
-        is_gpu ? "raise the limit with --memory_limit or --per_process_gpu_memory_fraction"
-               : "raise the limit with --memory_limit";
+        is_gpu ? str("raise the limit with ", limit_flag, " or --per_process_gpu_memory_fraction")
+               : str("raise the limit with ", limit_flag);
     std::string why, fix;
     if (rounded > limit_) {
       why = "the request alone exceeds the limit";
@@ -430,10 +431,10 @@ class BfcAllocator final : public Allocator {
     } else if (region_refused) {
       why = str("the device refused a new region (other processes or devices on it hold memory; the pool "
                 "is ", format_bytes(s.pool_bytes), " of its limit)");
-      fix = is_gpu ? "use --allow_growth so that each device's pool takes only what it needs, lower "
-                     "--per_process_gpu_memory_fraction or --memory_limit for the devices sharing this GPU, "
+      fix = is_gpu ? "use --allow_growth so that each pool takes only what it needs, lower "
+                     "--per_process_gpu_memory_fraction or the --memory_limit of the devices sharing this GPU, "
                      "or use a smaller --batch_size"
-                   : "lower --memory_limit for the devices sharing this host, or use a smaller --batch_size";
+                   : "lower the --memory_limit of the devices sharing this host, or use a smaller --batch_size";
     } else if (s.bytes_in_use + rounded <= limit_) {
       why = "the free memory is fragmented: no free block is large enough";
       fix = "use a smaller --batch_size, or " + raise_limit;

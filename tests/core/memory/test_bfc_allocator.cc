@@ -208,8 +208,9 @@ TEST_CASE("a request beyond the limit raises OutOfMemory naming the device, size
     CHECK(contains(m, "in use 1.0 MiB"));
     CHECK(contains(m, "largest free block 1.0 MiB"));
     CHECK(contains(m, "--per_process_gpu_memory_fraction"));
-    CHECK(contains(m, "--memory_limit"));
+    CHECK(contains(m, "--memory_limit gpu:1=<MiB>"));
     CHECK(contains(m, "--batch_size"));
+    CHECK(contains(m, "the request alone exceeds the limit"));
     CHECK(contains(m, "TOWERFLOW_ALLOCATOR_DUMP=1"));
     CHECK_FALSE(contains(m, "bin 0"));  // no dump by default
   }
@@ -229,6 +230,29 @@ TEST_CASE("a request beyond the limit raises OutOfMemory naming the device, size
   for (void* x : {p, q, r}) pool->deallocate(x);
 }
 
+TEST_CASE("out-of-memory says when fragmentation, not the limit, is the cause", "[memory]") {
+  Pool pool({.device_name = "/cpu:1", .limit_bytes = 1 * MiB, .allow_growth = false});
+  std::vector<void*> q;
+  for (int i = 0; i < 4; ++i) q.push_back(pool->allocate(256 * KiB));
+  pool->deallocate(q[0]);
+  pool->deallocate(q[2]);  // 512 KiB free, in two separate 256 KiB holes
+  auto s = pool->stats();
+  CHECK(s.largest_free_block == 256 * KiB);
+  CHECK(s.fragmentation == Approx(0.5));
+  try {
+    pool->allocate(300 * KiB);
+    FAIL("no throw");
+  } catch (const tw::OutOfMemory& e) {
+    std::string m = e.what();
+    INFO(m);
+    CHECK(contains(m, "fragmented"));
+    CHECK(contains(m, "largest free block 256.0 KiB"));
+    CHECK(contains(m, "--memory_limit cpu:1=<MiB>"));
+  }
+  pool->deallocate(q[1]);
+  pool->deallocate(q[3]);
+}
+
 TEST_CASE("out-of-memory appends a per-bin dump on request", "[memory]") {
   Pool pool({.device_name = "/cpu:0", .limit_bytes = 1 * MiB, .dump_on_oom = true});
   void* p = pool->allocate(512 * KiB);
@@ -243,6 +267,28 @@ TEST_CASE("out-of-memory appends a per-bin dump on request", "[memory]") {
     CHECK(contains(m, "region "));
     CHECK_FALSE(contains(m, "per_process_gpu_memory_fraction"));  // a CPU device: no GPU flag
   }
+  pool->deallocate(p);
+}
+
+TEST_CASE("TOWERFLOW_ALLOCATOR_DUMP=1 appends the dump without the option", "[memory]") {
+  Pool pool({.device_name = "/cpu:0", .limit_bytes = 1 * MiB});
+  void* p = pool->allocate(512 * KiB);
+  ::setenv("TOWERFLOW_ALLOCATOR_DUMP", "1", 1);
+  std::string with_env, without_env;
+  try {
+    pool->allocate(768 * KiB);
+  } catch (const tw::OutOfMemory& e) {
+    with_env = e.what();
+  }
+  ::unsetenv("TOWERFLOW_ALLOCATOR_DUMP");
+  try {
+    pool->allocate(768 * KiB);
+  } catch (const tw::OutOfMemory& e) {
+    without_env = e.what();
+  }
+  CHECK(contains(with_env, "bin 11"));
+  CHECK_FALSE(contains(without_env, "bin 11"));
+  CHECK(contains(without_env, "TOWERFLOW_ALLOCATOR_DUMP=1"));
   pool->deallocate(p);
 }
 
