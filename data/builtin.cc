@@ -52,8 +52,8 @@ bool inside(int k, float u, float v) {
 void draw(std::int32_t k, SampleRng& rng, std::uint8_t* out) {
   // Background: a random, mostly grey colour.
   const Rgb bg = hsv(rng.uniform(), 0.25f * rng.uniform(), 0.2f + 0.6f * rng.uniform());
-  // Foreground: hue centred on the class's, jittered by up to +-0.2 (classes are 0.1 apart).
-  const float hue = k / 10.0f + 0.4f * (rng.uniform() - 0.5f);
+  // Foreground: hue centred on the class's, jittered by up to +-0.15 (classes are 0.1 apart).
+  const float hue = k / 10.0f + 0.3f * (rng.uniform() - 0.5f);
   Rgb fg = hsv(hue, 0.5f + 0.5f * rng.uniform(), 0.5f + 0.5f * rng.uniform());
   // Keep the shape visible against the background.
   const float contrast = (fg.r + fg.g + fg.b) - (bg.r + bg.g + bg.b);
