@@ -44,3 +44,39 @@ TEST_CASE("without CUDA the CUDA sub-allocators say how to get them", "[memory]"
   CHECK_THROWS_AS(tw::make_cuda_sub_allocator(-1), tw::InvalidArgument);
 }
 #endif
+
+#ifdef TOWERFLOW_HAVE_CUDA
+TEST_CASE("cudaMalloc and cudaHostAlloc pools, where a GPU exists", "[memory][cuda]") {
+  std::unique_ptr<tw::SubAllocator> sub;
+  try {
+    sub = tw::make_cuda_sub_allocator(0);
+  } catch (const tw::Error& e) {
+    WARN("skipped: no usable CUDA device (" << e.what() << ")");
+    return;
+  }
+  CHECK(sub->name() == "cudaMalloc");
+  CHECK_THROWS_AS(tw::make_cuda_sub_allocator(4096), tw::InvalidArgument);
+  auto gpu = tw::make_bfc_allocator(std::move(sub), {.device_name = "/gpu:0", .limit_bytes = 64 << 20,
+                                                     .allow_growth = true});
+  void* a = gpu->allocate(1 << 20);
+  void* b = gpu->allocate(3 << 20);
+  CHECK(reinterpret_cast<std::uintptr_t>(a) % 256 == 0);
+  CHECK(a != b);
+  CHECK(gpu->stats().bytes_in_use == (4 << 20));
+  gpu->deallocate(a);
+  gpu->deallocate(b);
+  CHECK(gpu->release_free_regions() > 0);
+  // A region larger than the device is refused, not thrown: the pool reports out-of-memory.
+  auto huge = tw::make_bfc_allocator(tw::make_cuda_sub_allocator(0),
+                                     {.device_name = "/gpu:0", .limit_bytes = std::size_t{1} << 50});
+  CHECK_THROWS_AS(huge->allocate(std::size_t{1} << 49), tw::OutOfMemory);
+
+  auto pinned = tw::make_bfc_allocator(tw::make_pinned_host_sub_allocator(),
+                                       {.device_name = "/cpu:0 (pinned)", .limit_bytes = 16 << 20});
+  CHECK(pinned->name() == "/cpu:0 (pinned) BFC over cudaHostAlloc");
+  auto* p = static_cast<unsigned char*>(pinned->allocate(4096));
+  std::memset(p, 7, 4096);
+  CHECK(p[4095] == 7);
+  pinned->deallocate(p);
+}
+#endif
