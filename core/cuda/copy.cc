@@ -26,6 +26,7 @@ char* byte_ptr(void* p) { return static_cast<char*>(p); }
 
 // Enables direct access between two GPUs once per pair, in both directions.
 void enable_peer_access_once(int a, int b) {
+  if (a == b) return;  // one GPU: nothing to enable
   static std::mutex mutex;
   static std::set<std::pair<int, int>> tried;
   std::lock_guard lock(mutex);

@@ -1,0 +1,655 @@
+// The [cuda] parity suite: every GPU kernel against its CPU twin (core/cpu kernels, the CPU
+// backend of the tensor ops, or a double-precision reference where no CPU kernel exists) on
+// identical random inputs, forward and backward, with a tolerance per op and the max error
+// printed for each.
+//
+// Without a usable GPU (a build without CUDA, no driver, no device) the executable prints
+// "SKIPPED: no CUDA device (<reason>)" and exits 77, which CTest reports as Skipped.
+
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cpu/batch_norm.h"
+#include "core/cpu/context.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/pool.h"
+#include "core/cuda/context.h"
+#include "core/cuda/copy.h"
+#include "core/cuda/ops.h"
+#include "core/cuda/optimizer_kernels.h"
+#include "core/cuda/status.h"
+#include "core/memory/memory.h"
+#include "core/platform/registry.h"
+#include "core/tensor/backend_impl.h"
+#include "core/tensor/cpu_backend.h"
+
+namespace tw = towerflow;
+namespace gpu = towerflow::gpu;
+namespace cpu = towerflow::cpu;
+
+namespace {
+
+// ---- fixtures ----------------------------------------------------------------------------------
+
+struct Gpu {
+  std::unique_ptr<tw::Allocator> allocator;
+  std::unique_ptr<gpu::GpuContext> ctx;
+  Gpu() {
+    allocator = tw::make_bfc_allocator(tw::make_cuda_sub_allocator(0),
+                                       tw::BfcOptions{.device_name = "/gpu:0",
+                                                      .limit_bytes = std::size_t{2} << 30});
+    ctx = std::make_unique<gpu::GpuContext>(gpu::GpuContextOptions{
+        .device = tw::Device::gpu(0), .ordinal = 0, .allocator = allocator.get()});
+  }
+};
+
+Gpu& the_gpu() {
+  static Gpu g;
+  return g;
+}
+const cpu::CpuContext& the_cpu() {
+  static cpu::CpuContext c(2);
+  return c;
+}
+tw::Backend& cpu_backend() {
+  static auto allocator = tw::make_bfc_allocator(
+      tw::make_host_sub_allocator(),
+      tw::BfcOptions{.device_name = "/cpu:0", .limit_bytes = std::size_t{1} << 30});
+  static auto backend = tw::make_cpu_backend(tw::Device::cpu(0), *allocator, 2);
+  return *backend;
+}
+
+std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float lo = -1.0f,
+                                 float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+template <typename T>
+gpu::DeviceBuffer upload(const std::vector<T>& v) {
+  gpu::DeviceBuffer b(*the_gpu().ctx, std::max<std::size_t>(v.size(), 1) * sizeof(T));
+  gpu::copy_to_device(*the_gpu().ctx, b.data(), v.data(), v.size() * sizeof(T));
+  return b;
+}
+template <typename T = float>
+gpu::DeviceBuffer device_zeros(std::size_t n) {
+  gpu::DeviceBuffer b(*the_gpu().ctx, std::max<std::size_t>(n, 1) * sizeof(T));
+  gpu::memset_device(*the_gpu().ctx, b.data(), 0, n * sizeof(T));
+  return b;
+}
+template <typename T = float>
+std::vector<T> download(const gpu::DeviceBuffer& b, std::size_t n) {
+  std::vector<T> v(n);
+  gpu::copy_to_host(*the_gpu().ctx, v.data(), b.data(), n * sizeof(T));
+  the_gpu().ctx->synchronize();
+  return v;
+}
+
+// Checks |gpu - ref| <= atol + rtol * |ref| elementwise and prints the max error for the op.
+void expect_close(const char* op, const std::vector<float>& got, const std::vector<float>& ref,
+                  double atol, double rtol) {
+  REQUIRE(got.size() == ref.size());
+  double max_err = 0.0, max_ref = 0.0;
+  std::size_t worst = 0, bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const bool nan_mismatch = std::isnan(got[i]) != std::isnan(ref[i]);
+    if (nan_mismatch || e > atol + rtol * std::fabs(static_cast<double>(ref[i]))) ++bad;
+    if (e > max_err || nan_mismatch) {
+      max_err = nan_mismatch ? INFINITY : e;
+      worst = i;
+    }
+    max_ref = std::max(max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  std::printf("[cuda] %-36s n=%-8zu max abs err %.3e (atol %.1e, rtol %.1e, max |ref| %.3g)\n",
+              op, ref.size(), max_err, atol, rtol, max_ref);
+  INFO(op << ": " << bad << " of " << ref.size() << " elements out of tolerance; worst at " << worst
+          << ": gpu " << (ref.empty() ? 0.0f : got[worst]) << " vs cpu "
+          << (ref.empty() ? 0.0f : ref[worst]));
+  CHECK(bad == 0);
+}
+
+// ---- convolution -------------------------------------------------------------------------------
+
+void conv_parity(const cpu::Conv2dShape& s, std::uint32_t seed) {
+  auto& ctx = *the_gpu().ctx;
+  const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
+  const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+  const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+  const auto x = random_vector(nx, seed), w = random_vector(nw, seed + 1),
+             dy = random_vector(ny, seed + 2), bias = random_vector(s.c_out, seed + 3);
+  auto gx = upload(x), gw = upload(w), gdy = upload(dy), gb = upload(bias);
+  auto gy = device_zeros(ny), gdx = device_zeros(nx), gdw = device_zeros(nw),
+       gdb = device_zeros(s.c_out);
+  std::vector<float> y(ny), dx(nx), dw(nw), db(s.c_out);
+  INFO(s.to_string());
+
+  gpu::conv2d_forward_bias(ctx, s, gx.as<float>(), gw.as<float>(), gb.as<float>(), gy.as<float>());
+  cpu::conv2d_forward_bias(the_cpu(), s, x.data(), w.data(), bias.data(), y.data());
+  const double terms = double(s.c_in) * s.kh * s.kw;
+  expect_close("conv2d_forward_bias", download(gy, ny), y, 2e-6 * terms, 1e-5);
+
+  gpu::conv2d_backward_input(ctx, s, gdy.as<float>(), gw.as<float>(), gdx.as<float>());
+  cpu::conv2d_backward_input(the_cpu(), s, dy.data(), w.data(), dx.data());
+  expect_close("conv2d_backward_input", download(gdx, nx), dx, 2e-6 * double(s.c_out) * s.kh * s.kw,
+               1e-5);
+
+  gpu::conv2d_backward_weight(ctx, s, gx.as<float>(), gdy.as<float>(), gdw.as<float>());
+  cpu::conv2d_backward_weight(the_cpu(), s, x.data(), dy.data(), dw.data());
+  expect_close("conv2d_backward_weight", download(gdw, nw), dw,
+               2e-6 * double(s.n) * s.out_h() * s.out_w(), 1e-5);
+
+  gpu::conv2d_backward_bias(ctx, s, gdy.as<float>(), gdb.as<float>());
+  cpu::conv2d_backward_bias(the_cpu(), s, dy.data(), db.data());
+  expect_close("conv2d_backward_bias", download(gdb, s.c_out), db,
+               1e-6 * double(s.n) * s.out_h() * s.out_w(), 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("conv2d forward and backward match the CPU kernels", "[cuda]") {
+  conv_parity({.n = 4, .h = 9, .w = 7, .c_in = 5, .c_out = 6, .kh = 3, .kw = 3, .stride_h = 1,
+               .stride_w = 1, .pad_h = 1, .pad_w = 1},
+              11);
+  conv_parity({.n = 3, .h = 8, .w = 8, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2,
+               .stride_w = 2, .pad_h = 1, .pad_w = 1},
+              12);
+  conv_parity({.n = 2, .h = 8, .w = 8, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2,
+               .stride_w = 2},
+              13);
+  conv_parity({.n = 2, .h = 11, .w = 6, .c_in = 3, .c_out = 4, .kh = 5, .kw = 3, .stride_h = 1,
+               .stride_w = 2, .pad_h = 2, .pad_w = 0},
+              14);
+  // The same shape again comes from the context's plan cache and must give the same result.
+  conv_parity({.n = 4, .h = 9, .w = 7, .c_in = 5, .c_out = 6, .kh = 3, .kw = 3, .stride_h = 1,
+               .stride_w = 1, .pad_h = 1, .pad_w = 1},
+              15);
+}
+
+TEST_CASE("max and average pooling match the CPU kernels", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  for (const cpu::Pool2dShape s :
+       {cpu::Pool2dShape{.n = 3, .h = 9, .w = 8, .c = 5, .kh = 3, .kw = 3, .stride_h = 2,
+                         .stride_w = 2, .pad_h = 1, .pad_w = 1},
+        cpu::Pool2dShape{.n = 2, .h = 8, .w = 8, .c = 4, .kh = 2, .kw = 2, .stride_h = 2,
+                         .stride_w = 2},
+        cpu::Pool2dShape{.n = 2, .h = 7, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1,
+                         .stride_w = 1, .pad_h = 1, .pad_w = 1}}) {
+    INFO(s.to_string());
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c;
+    const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;
+    auto x = random_vector(nx, 21);
+    // Repeated values make ties, which must resolve as on the CPU.
+    for (std::size_t i = 0; i < nx; i += 7) x[i] = 0.5f;
+    const auto dy = random_vector(ny, 22);
+    auto gx = upload(x), gdy = upload(dy);
+    auto gy = device_zeros(ny), gdx = device_zeros(nx);
+    auto garg = device_zeros<std::int32_t>(ny);
+    std::vector<float> y(ny), dx(nx);
+    std::vector<std::int32_t> arg(ny);
+
+    gpu::max_pool_forward(ctx, s, gx.as<float>(), gy.as<float>(), garg.as<std::int32_t>());
+    cpu::max_pool_forward(the_cpu(), s, x.data(), y.data(), arg.data());
+    expect_close("max_pool_forward", download(gy, ny), y, 0.0, 0.0);
+    CHECK(download<std::int32_t>(garg, ny) == arg);
+    gpu::max_pool_backward(ctx, s, gdy.as<float>(), garg.as<std::int32_t>(), gdx.as<float>());
+    cpu::max_pool_backward(the_cpu(), s, dy.data(), arg.data(), dx.data());
+    expect_close("max_pool_backward", download(gdx, nx), dx, 1e-6, 1e-6);
+
+    gpu::avg_pool_forward(ctx, s, gx.as<float>(), gy.as<float>());
+    cpu::avg_pool_forward(the_cpu(), s, x.data(), y.data());
+    expect_close("avg_pool_forward", download(gy, ny), y, 1e-6, 1e-5);
+    gpu::avg_pool_backward(ctx, s, gdy.as<float>(), gdx.as<float>());
+    cpu::avg_pool_backward(the_cpu(), s, dy.data(), dx.data());
+    expect_close("avg_pool_backward", download(gdx, nx), dx, 1e-6, 1e-5);
+  }
+}
+
+TEST_CASE("batch norm training, inference, fused variants and backward match the CPU",
+          "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  const std::int64_t rows = 2 * 6 * 5;
+  const int c = 7;
+  const float eps = 1e-5f;
+  const std::size_t n = std::size_t(rows) * c;
+  auto x = random_vector(n, 31, -2.0f, 3.0f);
+  const auto res = random_vector(n, 32), dy = random_vector(n, 33),
+             gamma = random_vector(c, 34, 0.5f, 1.5f), beta = random_vector(c, 35),
+             rmean = random_vector(c, 36), rvar = random_vector(c, 37, 0.5f, 2.0f);
+  auto gx = upload(x), gres = upload(res), gdy = upload(dy), ggamma = upload(gamma),
+       gbeta = upload(beta), grmean = upload(rmean), grvar = upload(rvar);
+  auto gy = device_zeros(n), gdx = device_zeros(n), gmean = device_zeros(c),
+       ginv = device_zeros(c), gdg = device_zeros(c), gdb = device_zeros(c), gpre = device_zeros(n);
+  std::vector<float> y(n), dx(n), mean(c), inv(c), dg(c), db(c), pre(n);
+
+  gpu::batch_norm_forward_training(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                   gbeta.as<float>(), eps, gy.as<float>(), gmean.as<float>(),
+                                   ginv.as<float>());
+  cpu::batch_norm_forward_training(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(), eps,
+                                   y.data(), mean.data(), inv.data());
+  expect_close("batch_norm_forward_training y", download(gy, n), y, 1e-5, 1e-5);
+  expect_close("batch_norm_forward_training mean", download(gmean, c), mean, 1e-6, 1e-5);
+  expect_close("batch_norm_forward_training invstd", download(ginv, c), inv, 1e-6, 1e-4);
+
+  gpu::batch_norm_backward(ctx, rows, c, gx.as<float>(), gdy.as<float>(), ggamma.as<float>(),
+                           gmean.as<float>(), ginv.as<float>(), gdx.as<float>(), gdg.as<float>(),
+                           gdb.as<float>());
+  cpu::batch_norm_backward(the_cpu(), rows, c, x.data(), dy.data(), gamma.data(), mean.data(),
+                           inv.data(), dx.data(), dg.data(), db.data());
+  expect_close("batch_norm_backward dx", download(gdx, n), dx, 1e-5, 1e-4);
+  expect_close("batch_norm_backward dgamma", download(gdg, c), dg, 1e-5, 1e-4);
+  expect_close("batch_norm_backward dbeta", download(gdb, c), db, 1e-5, 1e-5);
+
+  gpu::batch_norm_add_relu_forward_training(ctx, rows, c, gx.as<float>(), gres.as<float>(),
+                                            ggamma.as<float>(), gbeta.as<float>(), eps,
+                                            gy.as<float>(), gmean.as<float>(), ginv.as<float>());
+  cpu::batch_norm_add_relu_forward_training(the_cpu(), rows, c, x.data(), res.data(),
+                                            gamma.data(), beta.data(), eps, y.data(), mean.data(),
+                                            inv.data());
+  expect_close("batch_norm_add_relu_forward y", download(gy, n), y, 1e-5, 1e-5);
+  gpu::batch_norm_relu_backward(ctx, rows, c, gx.as<float>(), gy.as<float>(), gdy.as<float>(),
+                                ggamma.as<float>(), gmean.as<float>(), ginv.as<float>(),
+                                gdx.as<float>(), gdg.as<float>(), gdb.as<float>(),
+                                gpre.as<float>());
+  cpu::batch_norm_relu_backward(the_cpu(), rows, c, x.data(), y.data(), dy.data(), gamma.data(),
+                                mean.data(), inv.data(), dx.data(), dg.data(), db.data(),
+                                pre.data());
+  expect_close("batch_norm_relu_backward dx", download(gdx, n), dx, 1e-5, 1e-4);
+  expect_close("batch_norm_relu_backward dgamma", download(gdg, c), dg, 1e-5, 1e-4);
+  expect_close("batch_norm_relu_backward d_pre_relu", download(gpre, n), pre, 0.0, 0.0);
+
+  gpu::batch_norm_relu_forward_training(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                        gbeta.as<float>(), eps, gy.as<float>(), gmean.as<float>(),
+                                        ginv.as<float>());
+  cpu::batch_norm_relu_forward_training(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
+                                        eps, y.data(), mean.data(), inv.data());
+  expect_close("batch_norm_relu_forward y", download(gy, n), y, 1e-5, 1e-5);
+
+  gpu::batch_norm_forward_inference(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                    gbeta.as<float>(), grmean.as<float>(), grvar.as<float>(), eps,
+                                    gy.as<float>());
+  cpu::batch_norm_forward_inference(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
+                                    rmean.data(), rvar.data(), eps, y.data());
+  expect_close("batch_norm_forward_inference", download(gy, n), y, 1e-5, 1e-5);
+
+  // Running statistics: PyTorch's rule with the unbiased variance, against a double reference.
+  const float momentum = 0.1f;
+  gpu::batch_norm_forward_training_ex(ctx, rows, c, gx.as<float>(), nullptr, false,
+                                      ggamma.as<float>(), gbeta.as<float>(), eps, momentum,
+                                      grmean.as<float>(), grvar.as<float>(), gy.as<float>(),
+                                      gmean.as<float>(), ginv.as<float>());
+  std::vector<float> want_mean(c), want_var(c);
+  for (int j = 0; j < c; ++j) {
+    double s = 0, ss = 0;
+    for (std::int64_t r = 0; r < rows; ++r) s += x[r * c + j];
+    const double mu = s / rows;
+    for (std::int64_t r = 0; r < rows; ++r) ss += (x[r * c + j] - mu) * (x[r * c + j] - mu);
+    want_mean[j] = float((1 - momentum) * rmean[j] + momentum * mu);
+    want_var[j] = float((1 - momentum) * rvar[j] + momentum * ss / (rows - 1));
+  }
+  expect_close("batch_norm running_mean", download(grmean, c), want_mean, 1e-6, 1e-5);
+  expect_close("batch_norm running_var", download(grvar, c), want_var, 1e-6, 1e-5);
+
+  // eps below cuDNN's minimum is refused on the host, naming it.
+  REQUIRE_THROWS_AS(gpu::batch_norm_forward_training(ctx, rows, c, gx.as<float>(),
+                                                     ggamma.as<float>(), gbeta.as<float>(), 1e-7f,
+                                                     gy.as<float>(), gmean.as<float>(),
+                                                     ginv.as<float>()),
+                    tw::InvalidArgument);
+}
+
+TEST_CASE("gemm matches the CPU kernel for every transposition", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  const int m = 37, n = 29, k = 53;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+      const auto a = random_vector(std::size_t(ta ? k : m) * lda, 41);
+      const auto b = random_vector(std::size_t(tb ? n : k) * ldb, 42);
+      auto c = random_vector(std::size_t(m) * ldc, 43);
+      auto ga = upload(a), gb = upload(b), gc = upload(c);
+      gpu::gemm(ctx, ta, tb, m, n, k, 0.75f, ga.as<float>(), lda, gb.as<float>(), ldb, 0.5f,
+                gc.as<float>(), ldc);
+      cpu::gemm(the_cpu(), ta, tb, m, n, k, 0.75f, a.data(), lda, b.data(), ldb, 0.5f, c.data(),
+                ldc);
+      INFO("trans_a " << ta << " trans_b " << tb);
+      expect_close("gemm", download(gc, c.size()), c, 1e-4, 1e-5);
+    }
+  REQUIRE_THROWS_AS(gpu::gemm(ctx, false, false, 4, 4, 4, 1.0f, nullptr, 2, nullptr, 4, 0.0f,
+                              nullptr, 4),
+                    tw::InvalidArgument);
+}
+
+TEST_CASE("softmax and log-softmax forward and backward match a double reference", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  const std::int64_t rows = 13;
+  const int classes = 37;
+  const std::size_t n = std::size_t(rows) * classes;
+  const auto x = random_vector(n, 51, -5.0f, 5.0f), dy = random_vector(n, 52);
+  std::vector<float> sm(n), lsm(n), dsm(n), dlsm(n);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mx = -INFINITY, s = 0, dot = 0, sdy = 0;
+    for (int j = 0; j < classes; ++j) mx = std::max(mx, double(x[r * classes + j]));
+    for (int j = 0; j < classes; ++j) s += std::exp(double(x[r * classes + j]) - mx);
+    for (int j = 0; j < classes; ++j) {
+      const std::size_t i = r * classes + j;
+      sm[i] = float(std::exp(double(x[i]) - mx) / s);
+      lsm[i] = float(double(x[i]) - mx - std::log(s));
+      dot += double(dy[i]) * sm[i];
+      sdy += dy[i];
+    }
+    for (int j = 0; j < classes; ++j) {
+      const std::size_t i = r * classes + j;
+      dsm[i] = float(sm[i] * (dy[i] - dot));
+      dlsm[i] = float(dy[i] - std::exp(double(lsm[i])) * sdy);
+    }
+  }
+  auto gx = upload(x), gdy = upload(dy), gy = device_zeros(n), gdx = device_zeros(n);
+  gpu::softmax_forward(ctx, rows, classes, gx.as<float>(), gy.as<float>());
+  expect_close("softmax_forward", download(gy, n), sm, 1e-7, 1e-5);
+  gpu::softmax_backward(ctx, rows, classes, gy.as<float>(), gdy.as<float>(), gdx.as<float>());
+  expect_close("softmax_backward", download(gdx, n), dsm, 1e-6, 1e-4);
+  gpu::log_softmax_forward(ctx, rows, classes, gx.as<float>(), gy.as<float>());
+  expect_close("log_softmax_forward", download(gy, n), lsm, 1e-5, 1e-5);
+  gpu::log_softmax_backward(ctx, rows, classes, gy.as<float>(), gdy.as<float>(), gdx.as<float>());
+  expect_close("log_softmax_backward", download(gdx, n), dlsm, 1e-5, 1e-4);
+}
+
+TEST_CASE("softmax cross-entropy, its gradient and top-k match the CPU backend", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  tw::Backend& cb = cpu_backend();
+  const std::int64_t rows = 50;
+  const int classes = 10;
+  const std::size_t n = std::size_t(rows) * classes;
+  const auto logits = random_vector(n, 61, -4.0f, 4.0f);
+  std::vector<std::int32_t> labels(rows);
+  for (std::int64_t r = 0; r < rows; ++r) labels[r] = std::int32_t((r * 7 + 3) % classes);
+  const float scale = 128.0f;  // the global batch, larger than this tower's rows
+  for (float smoothing : {0.0f, 0.1f}) {
+    INFO("label smoothing " << smoothing);
+    auto glog = upload(logits), glab = upload(labels);
+    auto gloss = device_zeros(1), gprobs = device_zeros(n), gd = device_zeros(n);
+    std::vector<float> loss(1), probs(n), d(n), dloss{2.0f};
+    auto gdloss = upload(dloss);
+    gpu::softmax_cross_entropy_forward(ctx, rows, classes, glog.as<float>(),
+                                       glab.as<std::int32_t>(), scale, smoothing,
+                                       gloss.as<float>(), gprobs.as<float>());
+    cb.softmax_cross_entropy_forward(rows, classes, logits.data(), labels.data(), scale,
+                                     smoothing, loss.data(), probs.data());
+    expect_close("softmax_cross_entropy_forward loss", download(gloss, 1), loss, 1e-6, 1e-5);
+    expect_close("softmax_cross_entropy_forward probs", download(gprobs, n), probs, 1e-7, 1e-5);
+    gpu::softmax_cross_entropy_backward(ctx, rows, classes, gprobs.as<float>(),
+                                        glab.as<std::int32_t>(), scale, smoothing,
+                                        gdloss.as<float>(), gd.as<float>());
+    cb.softmax_cross_entropy_backward(rows, classes, probs.data(), labels.data(), scale,
+                                      smoothing, dloss.data(), d.data());
+    expect_close("softmax_cross_entropy_backward", download(gd, n), d, 1e-8, 1e-5);
+  }
+  for (int k : {1, 3}) {
+    auto glog = upload(logits), glab = upload(labels);
+    auto gcorrect = device_zeros<std::int32_t>(1);
+    std::int32_t correct = -1;
+    gpu::top_k_correct(ctx, rows, classes, glog.as<float>(), glab.as<std::int32_t>(), k,
+                       gcorrect.as<std::int32_t>());
+    cb.top_k_correct(rows, classes, logits.data(), labels.data(), k, &correct);
+    CHECK(download<std::int32_t>(gcorrect, 1)[0] == correct);
+  }
+  // A label out of range is reported at the next synchronisation, naming it.
+  auto bad = labels;
+  bad[17] = classes + 5;
+  auto glog = upload(logits), glab = upload(bad);
+  auto gloss = device_zeros(1), gprobs = device_zeros(n);
+  gpu::softmax_cross_entropy_forward(ctx, rows, classes, glog.as<float>(),
+                                     glab.as<std::int32_t>(), scale, 0.0f, gloss.as<float>(),
+                                     gprobs.as<float>());
+  REQUIRE_THROWS_AS(ctx.synchronize(), tw::InvalidArgument);
+  CHECK_NOTHROW(ctx.synchronize());  // reported once, then cleared
+  gpu::softmax_cross_entropy_forward(ctx, rows, classes, glog.as<float>(),
+                                     glab.as<std::int32_t>(), scale, 0.0f, gloss.as<float>(),
+                                     gprobs.as<float>());
+  REQUIRE_THROWS_WITH(ctx.synchronize(), Catch::Matchers::Contains("15") &&
+                                             Catch::Matchers::Contains("row 17"));
+}
+
+TEST_CASE("elementwise ops, reductions and transposes match the CPU backend", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  tw::Backend& cb = cpu_backend();
+  const std::int64_t rows = 300;
+  const int c = 17;
+  const std::size_t n = std::size_t(rows) * c;
+  const auto a = random_vector(n, 71), b = random_vector(n, 72), bias = random_vector(c, 73);
+  auto ga = upload(a), gb = upload(b), gbias = upload(bias);
+  auto gy = device_zeros(n);
+  std::vector<float> y(n);
+
+  gpu::add(ctx, n, ga.as<float>(), gb.as<float>(), gy.as<float>());
+  cb.add(n, a.data(), b.data(), y.data());
+  expect_close("add", download(gy, n), y, 0.0, 0.0);
+  gpu::mul(ctx, n, ga.as<float>(), gb.as<float>(), gy.as<float>());
+  cb.mul(n, a.data(), b.data(), y.data());
+  expect_close("mul", download(gy, n), y, 0.0, 0.0);
+  gpu::scale(ctx, n, -1.5f, ga.as<float>(), gy.as<float>());
+  cb.scale(n, -1.5f, a.data(), y.data());
+  expect_close("scale", download(gy, n), y, 0.0, 0.0);
+  gpu::axpy(ctx, n, 0.25f, gb.as<float>(), gy.as<float>());
+  cb.axpy(n, 0.25f, b.data(), y.data());
+  expect_close("axpy", download(gy, n), y, 1e-7, 1e-6);
+  gpu::relu_forward(ctx, n, ga.as<float>(), gy.as<float>());
+  cb.relu_forward(n, a.data(), y.data());
+  expect_close("relu_forward", download(gy, n), y, 0.0, 0.0);
+  auto gdx = device_zeros(n);
+  std::vector<float> dx(n);
+  gpu::relu_backward(ctx, n, gy.as<float>(), gb.as<float>(), gdx.as<float>());
+  cb.relu_backward(n, y.data(), b.data(), dx.data());
+  expect_close("relu_backward", download(gdx, n), dx, 0.0, 0.0);
+  gpu::bias_add(ctx, rows, c, ga.as<float>(), gbias.as<float>(), gy.as<float>());
+  cb.bias_add(rows, c, a.data(), bias.data(), y.data());
+  expect_close("bias_add", download(gy, n), y, 0.0, 0.0);
+  gpu::fill(ctx, n, 3.25f, gy.as<float>());
+  cb.fill(n, 3.25f, y.data());
+  expect_close("fill", download(gy, n), y, 0.0, 0.0);
+
+  auto gcol = device_zeros(c);
+  std::vector<float> col(c);
+  gpu::sum_rows(ctx, rows, c, ga.as<float>(), gcol.as<float>());
+  cb.sum_rows(rows, c, a.data(), col.data());
+  expect_close("sum_rows", download(gcol, c), col, 1e-5, 1e-5);
+  auto gs = device_zeros(1);
+  std::vector<float> s(1);
+  gpu::sum(ctx, n, ga.as<float>(), gs.as<float>());
+  cb.sum(n, a.data(), s.data());
+  expect_close("sum", download(gs, 1), s, 1e-5, 1e-6);
+  double sq = 0;
+  for (float v : a) sq += double(v) * v;
+  gpu::sum_squares(ctx, n, ga.as<float>(), gs.as<float>());
+  expect_close("sum_squares", download(gs, 1), {float(sq)}, 1e-5, 1e-6);
+
+  // NHWC <-> NCHW: n = 3 images of hw = 100 positions and c = 17 channels (n*hw*c = 5100 = n).
+  const std::int64_t imgs = 3, hw = 100;
+  gpu::transpose_batched(ctx, imgs, hw, c, ga.as<float>(), gy.as<float>());
+  cb.nhwc_to_nchw(imgs, hw, c, a.data(), y.data());
+  expect_close("nhwc_to_nchw", download(gy, n), y, 0.0, 0.0);
+  auto gback = device_zeros(n);
+  gpu::transpose_batched(ctx, imgs, c, hw, gy.as<float>(), gback.as<float>());
+  expect_close("nchw_to_nhwc (round trip)", download(gback, n), a, 0.0, 0.0);
+}
+
+TEST_CASE("dropout keeps exactly the elements the CPU's hash keeps", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  const std::int64_t n = 100003;
+  const float p = 0.3f;
+  const std::uint64_t seed = 1234, offset = 777;
+  const auto x = random_vector(n, 81), dy = random_vector(n, 82);
+  auto gx = upload(x), gdy = upload(dy), gy = device_zeros(n), gdx = device_zeros(n);
+  auto gmask = device_zeros<std::uint8_t>(n);
+  gpu::dropout_forward(ctx, n, p, seed, offset, gx.as<float>(), gy.as<float>(),
+                       gmask.as<std::uint8_t>());
+  std::vector<float> y(n), dx(n);
+  std::vector<std::uint8_t> mask(n);
+  tw::Backend& cb = cpu_backend();
+  cb.dropout_forward(n, p, seed, offset, x.data(), y.data(), mask.data());
+  const auto gm = download<std::uint8_t>(gmask, n);
+  std::int64_t kept = 0, differ = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    kept += gm[i];
+    differ += (gm[i] != 0) != tw::dropout_keeps(seed, offset + i, p);
+  }
+  CHECK(differ == 0);
+  CHECK(gm == mask);
+  CHECK(std::abs(double(kept) / n - (1.0 - p)) < 0.01);
+  expect_close("dropout_forward", download(gy, n), y, 0.0, 0.0);
+  gpu::dropout_backward(ctx, n, p, gmask.as<std::uint8_t>(), gdy.as<float>(), gdx.as<float>());
+  cb.dropout_backward(n, p, mask.data(), dy.data(), dx.data());
+  expect_close("dropout_backward", download(gdx, n), dx, 0.0, 0.0);
+  REQUIRE_THROWS_AS(gpu::dropout_forward(ctx, n, 1.0f, seed, 0, gx.as<float>(), gy.as<float>(),
+                                         gmask.as<std::uint8_t>()),
+                    tw::InvalidArgument);
+}
+
+TEST_CASE("optimizer updates follow PyTorch's formulas", "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  const std::size_t n = 4099;
+  const auto p0 = random_vector(n, 91);
+  std::vector<std::vector<float>> grads;
+  for (int t = 0; t < 3; ++t) grads.push_back(random_vector(n, 92 + t));
+
+  // SGD: momentum 0.9, dampening 0, weight decay 5e-4, with and without Nesterov.
+  for (bool nesterov : {false, true}) {
+    const gpu::SgdStep base{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 5e-4f,
+                            .nesterov = nesterov};
+    auto gp = upload(p0), gbuf = device_zeros(n);
+    std::vector<double> p(p0.begin(), p0.end()), buf(n, 0.0);
+    for (int t = 0; t < 3; ++t) {
+      auto gg = upload(grads[t]);
+      gpu::SgdStep step = base;
+      step.first_step = t == 0;
+      gpu::sgd_update(ctx, n, gp.as<float>(), gg.as<float>(), gbuf.as<float>(), step);
+      for (std::size_t i = 0; i < n; ++i) {
+        double d = grads[t][i] + 5e-4 * p[i];
+        buf[i] = t == 0 ? d : 0.9 * buf[i] + d;
+        d = nesterov ? d + 0.9 * buf[i] : buf[i];
+        p[i] -= 0.1 * d;
+      }
+    }
+    INFO("nesterov " << nesterov);
+    expect_close(nesterov ? "sgd_update (nesterov)" : "sgd_update (momentum)", download(gp, n),
+                 std::vector<float>(p.begin(), p.end()), 1e-6, 1e-5);
+  }
+  // Adam and AdamW.
+  for (bool decoupled : {false, true}) {
+    const float lr = 1e-2f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 1e-2f;
+    auto gp = upload(p0), gm = device_zeros(n), gv = device_zeros(n);
+    std::vector<double> p(p0.begin(), p0.end()), m(n, 0.0), v(n, 0.0);
+    for (int t = 1; t <= 3; ++t) {
+      auto gg = upload(grads[t - 1]);
+      gpu::adam_update(ctx, n, gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(),
+                       {.lr = lr, .beta1 = b1, .beta2 = b2, .eps = eps, .weight_decay = wd,
+                        .decoupled_weight_decay = decoupled, .step = t});
+      for (std::size_t i = 0; i < n; ++i) {
+        double g = grads[t - 1][i];
+        if (decoupled)
+          p[i] *= 1.0 - double(lr) * wd;
+        else
+          g += wd * p[i];
+        m[i] = b1 * m[i] + (1 - b1) * g;
+        v[i] = b2 * v[i] + (1 - b2) * g * g;
+        const double mhat = m[i] / (1 - std::pow(double(b1), t));
+        const double vhat = v[i] / (1 - std::pow(double(b2), t));
+        p[i] -= lr * mhat / (std::sqrt(vhat) + eps);
+      }
+    }
+    expect_close(decoupled ? "adam_update (AdamW)" : "adam_update (Adam)", download(gp, n),
+                 std::vector<float>(p.begin(), p.end()), 1e-6, 1e-5);
+  }
+  auto gp = upload(p0), gg = upload(grads[0]);
+  REQUIRE_THROWS_AS(gpu::sgd_update(ctx, n, gp.as<float>(), gg.as<float>(), nullptr,
+                                    {.lr = 0.1f, .momentum = 0.9f}),
+                    tw::InvalidArgument);
+}
+
+TEST_CASE("streams, events and copies: two contexts on one GPU, staging, device to device",
+          "[cuda]") {
+  Gpu& g = the_gpu();
+  // A second logical device on the same physical GPU gets its own stream.
+  gpu::GpuContext other(gpu::GpuContextOptions{.device = tw::Device::gpu(1), .ordinal = 0,
+                                               .allocator = g.allocator.get()});
+  CHECK(other.raw_stream() != g.ctx->raw_stream());
+  CHECK(other.raw_stream() != nullptr);
+
+  // 10 MiB + 3 bytes: more than two staging buffers' worth, and an odd tail.
+  const std::size_t bytes = (std::size_t{10} << 20) + 3;
+  std::vector<unsigned char> host(bytes), back(bytes, 0);
+  for (std::size_t i = 0; i < bytes; ++i) host[i] = static_cast<unsigned char>(i * 131 + 7);
+  gpu::DeviceBuffer a(*g.ctx, bytes), b(other, bytes);
+  gpu::GpuEvent start(*g.ctx, true), stop(*g.ctx, true);
+  start.record();
+  gpu::copy_to_device(*g.ctx, a.data(), host.data(), bytes);
+  stop.record();
+  gpu::copy_between_devices(other, b.data(), *g.ctx, a.data(), bytes);
+  gpu::copy_to_host(other, back.data(), b.data(), bytes);
+  CHECK(std::memcmp(host.data(), back.data(), bytes) == 0);
+  stop.synchronize();
+  CHECK(stop.done());
+  const float ms = stop.elapsed_ms_since(start);
+  std::printf("[cuda] host-to-device copy of %zu bytes: %.3f ms (pageable source, staged)\n",
+              bytes, ms);
+  CHECK(ms >= 0.0f);
+
+  // Pinned memory and the asynchronous copies.
+  gpu::PinnedBuffer pinned(1024);
+  for (int i = 0; i < 256; ++i) pinned.as<float>()[i] = float(i);
+  gpu::copy_to_device_async(*g.ctx, a.data(), pinned.data(), 1024);
+  gpu::PinnedBuffer out(1024);
+  gpu::copy_to_host_async(*g.ctx, out.data(), a.data(), 1024);
+  g.ctx->synchronize();
+  CHECK(std::memcmp(pinned.data(), out.data(), 1024) == 0);
+
+  // An event orders one stream after another without blocking the host.
+  gpu::fill(*g.ctx, 256, 7.0f, a.as<float>());
+  gpu::GpuEvent filled(*g.ctx);
+  filled.record();
+  filled.make_wait(other);
+  gpu::copy_device_to_device(other, b.data(), a.data(), 1024);
+  std::vector<float> seen(256);
+  gpu::copy_to_host(other, seen.data(), b.data(), 1024);
+  CHECK(std::all_of(seen.begin(), seen.end(), [](float v) { return v == 7.0f; }));
+}
+
+TEST_CASE("the GPU backend is reachable through the registry", "[cuda]") {
+  // Growth, so the registry's pool does not reserve the memory this suite's own pool uses.
+  tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
+  tw::Backend& be = tw::backend_for(tw::Device::gpu(0));
+  CHECK(be.device() == tw::Device::gpu(0));
+  CHECK(be.name().find("CUDA") != std::string::npos);
+  CHECK(be.supports(tw::OpKind::kConv2d));
+  void* p = be.allocator().allocate(64 * sizeof(float));
+  be.fill(64, 2.5f, static_cast<float*>(p));
+  std::vector<float> v(64);
+  be.copy_to_host(v.data(), p, 64 * sizeof(float));
+  be.allocator().deallocate(p);
+  CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 2.5f; }));
+}
+
+int main(int argc, char** argv) {
+  const gpu::CudaAvailability a = gpu::cuda_availability();
+  if (!a.usable()) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", a.reason.c_str());
+    return 77;
+  }
+  std::printf("[cuda] %s\n", gpu::describe(a).c_str());
+  return Catch::Session().run(argc, argv);
+}

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Builds towerflow with CUDA and runs everything that needs a GPU, then writes a short report.
+#
+#   tests/gpu/run_gpu_checks.sh [build-dir]        (default: build-gpu)
+#
+# Steps: configure with -DTOWERFLOW_CUDA=ON -DTOWERFLOW_WERROR=ON (sm_80 and sm_90 unless
+# CMAKE_CUDA_ARCHITECTURES is set in the environment), build, run the [cuda] parity suite
+# (test_core_cuda_parity: every GPU kernel against its CPU twin, max errors printed), the no-GPU
+# checks (test_core_cuda), the whole CTest suite, and the GPU benchmarks that exist in the build
+# (towerflow_bench_gpu_ops; towerflow_bench_train on /gpu:0 when the trainer benchmark is built).
+# The report (markdown) goes to <build-dir>/gpu_report.md and to stdout; the full logs sit next
+# to it. Exit status: 0 when every step passed, 1 otherwise, 2 when there is no GPU to check.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+build=${1:-build-gpu}
+archs=${CMAKE_CUDA_ARCHITECTURES:-80;90}
+mkdir -p "$build"
+report="$build/gpu_report.md"
+status=0
+
+step() {  # step NAME LOG COMMAND...: runs a command, logs it, records pass/fail in the report
+  local name=$1 log=$2; shift 2
+  local start=$(date +%s)
+  if "$@" >"$log" 2>&1; then
+    echo "| $name | passed | $(( $(date +%s) - start )) s | \`$log\` |" >>"$report"
+  else
+    local rc=$?
+    echo "| $name | **FAILED** (exit $rc) | $(( $(date +%s) - start )) s | \`$log\` |" >>"$report"
+    status=1
+  fi
+}
+
+{
+  echo "# towerflow GPU checks"
+  echo
+  echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  echo "- host: $(uname -n), $(nproc) CPU threads"
+  if command -v nvidia-smi >/dev/null; then
+    echo "- GPUs:"
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader |
+      sed 's/^/  - /'
+  else
+    echo "- GPUs: nvidia-smi not found"
+  fi
+  echo "- nvcc: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | tail -1)"
+  echo
+  echo "| step | result | time | log |"
+  echo "|---|---|---|---|"
+} >"$report"
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "| GPU present | **no GPU** (nvidia-smi finds none) | | |" >>"$report"
+  cat "$report"
+  echo "run_gpu_checks: no GPU on this machine; nothing to check" >&2
+  exit 2
+fi
+
+step "configure (CUDA ON, -Werror, archs $archs)" "$build/configure.log" \
+  cmake -S . -B "$build" -G Ninja -DTOWERFLOW_CUDA=ON -DTOWERFLOW_WERROR=ON \
+        "-DCMAKE_CUDA_ARCHITECTURES=$archs"
+step "build" "$build/build.log" cmake --build "$build" -j"$(nproc)"
+
+step "[cuda] parity suite (test_core_cuda_parity)" "$build/parity.log" \
+  "$build/bin/test_core_cuda_parity" --durations yes
+step "CUDA checks without GPU use (test_core_cuda)" "$build/core_cuda.log" \
+  "$build/bin/test_core_cuda"
+step "whole CTest suite" "$build/ctest.log" \
+  ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+
+if [ -x "$build/bin/towerflow_bench_gpu_ops" ]; then
+  step "GPU op benchmark" "$build/bench_gpu_ops.log" "$build/bin/towerflow_bench_gpu_ops"
+fi
+if [ -x "$build/bin/towerflow_bench_train" ]; then
+  step "training benchmark on /gpu:0" "$build/bench_train_gpu.log" \
+    "$build/bin/towerflow_bench_train" --devices /gpu:0
+fi
+
+{
+  echo
+  echo "## Parity: max error per op"
+  echo
+  echo '```'
+  grep '^\[cuda\]' "$build/parity.log" 2>/dev/null || echo "(no parity output)"
+  grep -E 'SKIPPED|test cases|assertions' "$build/parity.log" 2>/dev/null | tail -3
+  echo '```'
+  for b in bench_gpu_ops bench_train_gpu; do
+    if [ -f "$build/$b.log" ]; then
+      echo
+      echo "## $b"
+      echo
+      echo '```'
+      grep -v '^{' "$build/$b.log" | tail -40
+      echo '```'
+    fi
+  done
+  echo
+  if [ $status -eq 0 ]; then echo "**All GPU checks passed.**"; else echo "**Some GPU checks FAILED**: see the logs above."; fi
+} >>"$report"
+
+cat "$report"
+exit $status
