@@ -283,3 +283,45 @@ TEST_CASE("detect_dataset_kind recognises each layout", "[data][folder]") {
   make_folder(tmp / "images/train");
   CHECK(detect_dataset_kind(tmp / "images") == DatasetKind::Folder);
 }
+
+TEST_CASE("Every truncation and many corruptions of a JPEG or PNG decode or throw DataError, never crash",
+          "[data][codec]") {
+  for (const auto& original : {encode_jpeg(smooth(32, 32, 2), 90), encode_png(pattern(32, 32, 3, 5))}) {
+    const Image full = decode_image(original, "full");
+    int decoded = 0, rejected = 0;
+    auto attempt = [&](const std::vector<std::uint8_t>& bytes) -> const Image* {
+      static thread_local Image img;
+      try {
+        img = decode_image(bytes, "fuzz");
+        REQUIRE(img.pixels.size() == static_cast<std::size_t>(img.h) * img.w * 3);
+        ++decoded;
+        return &img;
+      } catch (const DataError&) {
+        ++rejected;
+        return nullptr;
+      }
+    };
+    // A truncated file is rejected, unless only trailing bytes after the pixel data are missing
+    // (PNG's end chunk): then the pixels must be complete and exact.
+    int accepted_truncations = 0;
+    for (std::size_t len = 0; len < original.size(); ++len) {
+      const Image* img =
+          attempt(std::vector<std::uint8_t>(original.begin(), original.begin() + static_cast<std::ptrdiff_t>(len)));
+      if (img != nullptr) {
+        ++accepted_truncations;
+        REQUIRE(img->pixels == full.pixels);
+      }
+    }
+    CHECK(accepted_truncations <= 12);
+    std::uint64_t state = 12345;
+    for (int trial = 0; trial < 400; ++trial) {
+      auto bytes = original;
+      for (int k = 0; k < 3; ++k) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        bytes[(state >> 33) % bytes.size()] ^= static_cast<std::uint8_t>(1 + ((state >> 20) % 255));
+      }
+      attempt(bytes);
+    }
+    CHECK(decoded + rejected == static_cast<int>(original.size()) + 400);
+  }
+}
