@@ -1,6 +1,7 @@
 #include "tower/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -453,6 +454,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   im.reduce_s.assign(n, 0.0);
   im.sync_s.assign(n, 0.0);
   const float scale = static_cast<float>(B);  // Note [Why towers scale loss by B]
+  std::atomic<bool> stop{false};              // set by the first tower that fails
 
   auto tower = [&](int i) {
     nn::Module& model = *im.replicas[i];
@@ -483,6 +485,8 @@ float Trainer::forward_backward(const HostBatch& batch) {
     };
     try {
       for (int m = 0; m < k; ++m) {
+        if (stop.load(std::memory_order_acquire))  // another tower failed: the step is over
+          raise<collectives::CollectiveAborted>("step stopped: another tower failed");
         const int r = rows[m][i];
         if (r == 0) continue;
         const std::size_t o = static_cast<std::size_t>(offset[m][i]);
@@ -536,6 +540,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   };
 
   auto on_error = [&](int i, std::exception_ptr) {
+    stop.store(true, std::memory_order_release);
     if (im.comm) im.comm->abort(str("tower ", i, " (", devices_[i], ") failed"));
   };
 
