@@ -158,6 +158,11 @@ void run_thread(tw::Allocator& a, Model& model, std::shared_mutex& gate, int see
         a.deallocate(b.p);
       }
       if (step % 5000 == 4999 && seed % 2 == 0) a.release_free_regions();
+      // Readers run concurrently with the other threads' steps too.
+      if (step % 1000 == 999 && seed % 2 == 1) {
+        if (a.debug_dump().find("allocator /cpu:0 BFC over fake") == std::string::npos) fail("debug_dump");
+        if (a.stats().pool_bytes > a.stats().bytes_limit) fail("pool over the limit");
+      }
     }
     std::unique_lock lock(gate);
     if (std::string bad = model.compare(a.stats(), exact_peak); !bad.empty())
