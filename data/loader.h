@@ -31,7 +31,10 @@
 // Errors. Bad options throw InvalidArgument from the constructor. A worker's exception (e.g. a
 // DataError for a bad file found while reading) is rethrown by the next() that reaches that
 // batch, after the workers have stopped. Destroying the loader or calling stop() mid-epoch cancels
-// the pass promptly (workers check between samples) and joins nothing but idle threads.
+// the pass promptly (workers check between samples); the destructor then joins the workers.
+//
+// Epoch boundaries: workers prefetch within a pass only, so the first batch of each epoch is
+// produced after begin() (a few milliseconds for CIFAR-sized batches, once per epoch).
 
 #include <atomic>
 #include <condition_variable>
