@@ -194,4 +194,8 @@ Backend& backend_for(const Device& device);
 // that lacks some ops, to test soft placement without a GPU). nullptr removes the override.
 void set_backend_for_testing(const Device& device, std::unique_ptr<Backend> backend);
 
+// Tests only, with reset_devices_for_testing(): forgets every backend (and CPU thread context)
+// so the next use builds them from the re-initialised registry. No tensor may be alive.
+void reset_backends_for_testing();
+
 }  // namespace towerflow

@@ -102,7 +102,7 @@ class Tensor {
   std::vector<std::int32_t> to_host_int32() const;  // int32 tensors
   float item() const;  // the value of a one-element float32 tensor
   // Overwrites this tensor's elements with src's (any device, same shape and dtype).
-  void copy_(const Tensor& src);
+  void copy_(const Tensor& src) const;  // writes the elements, not the handle
   // A copy on `device` (the same data, not a view; a new tensor even on the same device).
   Tensor to(const Device& device) const;
   Tensor clone() const;

@@ -1,0 +1,124 @@
+#pragma once
+// Layers: Modules wrapping the op set, named and shaped as their PyTorch counterparts
+// (nn.Conv2d, nn.BatchNorm2d, nn.Linear, nn.Sequential, ...), so state_dict names and layouts
+// match. Activations are NHWC; see core/tensor/ops.h for each op's contract.
+//
+// Initialisation (from an InitRng, so a model is a pure function of its seed): Conv2d weights
+// Kaiming-normal (fan_out, ReLU), biases and Linear U(+-1/sqrt(fan_in)) (PyTorch's default);
+// BatchNorm2d gamma 1, beta 0, running mean 0, running var 1.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/nn/init.h"
+#include "core/nn/module.h"
+#include "core/tensor/ops.h"
+
+namespace towerflow::nn {
+
+struct Conv2dSpec {
+  int in_channels;
+  int out_channels;
+  int kernel = 3;
+  int stride = 1;
+  int padding = 0;
+  bool bias = true;
+};
+
+// [n, h, w, in] -> [n, oh, ow, out]. Parameters: weight [out, in, k, k] (OIHW), bias [out].
+class Conv2d : public Module {
+ public:
+  Conv2d(const Device& device, Conv2dSpec spec, InitRng& rng);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+  const Conv2dSpec& spec() const { return spec_; }
+
+ private:
+  Conv2dSpec spec_;
+  Tensor weight_, bias_;
+};
+
+// Over the channel (last) dimension. Parameters weight (gamma), bias (beta) [c]; buffers
+// running_mean, running_var [c]. Training mode uses batch statistics and updates the running
+// averages; eval mode uses the running averages.
+class BatchNorm2d : public Module {
+ public:
+  BatchNorm2d(const Device& device, int channels, float eps = 1e-5f, float momentum = 0.1f);
+  Tensor forward(const Tensor& x) override;
+  Tensor forward_relu(const Tensor& x);                          // relu(bn(x)), fused
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);  // relu(bn(x) + r), fused
+
+ private:
+  BatchNormOptions options() const;
+  float eps_, momentum_;
+  Tensor weight_, bias_, running_mean_, running_var_;
+};
+
+// [n, in] -> [n, out]. Parameters weight [out, in], bias [out].
+class Linear : public Module {
+ public:
+  Linear(const Device& device, int in_features, int out_features, InitRng& rng, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  Tensor weight_, bias_;
+};
+
+class ReLU : public Module {
+ public:
+  explicit ReLU(const Device& device) : Module(device) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+class MaxPool2d : public Module {
+ public:
+  MaxPool2d(const Device& device, Pool2dOptions opts) : Module(device), opts_(opts) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  Pool2dOptions opts_;
+};
+
+// [n, h, w, c] -> [n, c].
+class GlobalAvgPool : public Module {
+ public:
+  explicit GlobalAvgPool(const Device& device) : Module(device) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// [n, ...] -> [n, prod(...)], PyTorch's (c, h, w) order for NHWC input (see ops.h flatten).
+class Flatten : public Module {
+ public:
+  explicit Flatten(const Device& device) : Module(device) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// Inverted dropout in training mode, identity in eval mode. Each call draws a fresh mask: the
+// offset advances by the element count, so masks are a pure function of (seed, call sequence).
+class Dropout : public Module {
+ public:
+  Dropout(const Device& device, float p, std::uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  float p_;
+  std::uint64_t seed_;
+  std::uint64_t offset_ = 0;
+};
+
+// Children named "0", "1", ... run in order.
+class Sequential : public Module {
+ public:
+  explicit Sequential(const Device& device) : Module(device) {}
+  void push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+  std::size_t size() const { return layers_.size(); }
+  const std::shared_ptr<Module>& operator[](std::size_t i) const { return layers_[i]; }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+}  // namespace towerflow::nn

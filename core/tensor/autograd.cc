@@ -1,0 +1,124 @@
+#include "core/tensor/autograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "core/error.h"
+#include "core/tensor/backend_impl.h"
+
+namespace towerflow {
+
+// Note [Tape order]
+// A node's sequence number is taken from one process-wide counter when the op runs. An op can
+// only consume tensors that exist, so every consumer of a node's output has a larger number.
+// Running the reachable nodes by decreasing number therefore visits each node after all of its
+// consumers, when its output gradient is complete: the order a tape played backwards gives,
+// without keeping a tape per thread (models on different threads never share nodes).
+
+namespace {
+std::atomic<std::uint64_t> g_sequence{0};
+
+// dst += src (same shape), both on one device.
+void accumulate_into(const Tensor& dst, const Tensor& src) {
+  backend_for(dst.device())
+      .axpy(dst.numel(), 1.0f, src.data<float>(), dst.data<float>());
+}
+}  // namespace
+
+bool needs_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!grad_enabled()) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
+            std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  auto node = std::make_shared<Node>();
+  node->name = std::move(name);
+  node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
+  node->inputs = std::move(inputs);
+  node->backward = std::move(backward);
+  output.impl()->grad_fn = std::move(node);
+}
+
+void Tensor::backward() const {
+  check_defined();
+  if (numel() != 1)
+    raise<InvalidArgument>("backward() needs a scalar (one-element) tensor, got ", describe());
+  if (!requires_grad())
+    raise<InvalidArgument>("backward() on ", describe(),
+                           ", which does not require grad (no input of its ops requires grad, "
+                           "or it was computed under no_grad)");
+  NoGradGuard no_grad;  // gradient arithmetic records no history
+  const Tensor seed = full(shape(), 1.0f, device());
+  if (!impl_->grad_fn) {  // a leaf scalar
+    if (impl_->grad) accumulate_into(Tensor(impl_->grad), seed);
+    else impl_->grad = seed.impl_ptr();
+    return;
+  }
+
+  // Everything reachable from the root. Held by shared_ptr: freeing a node's inputs below may
+  // drop the last other owner of the nodes behind it.
+  std::vector<std::shared_ptr<Node>> nodes;
+  std::unordered_set<Node*> seen;
+  std::vector<std::shared_ptr<Node>> stack{impl_->grad_fn};
+  seen.insert(stack.back().get());
+  while (!stack.empty()) {
+    std::shared_ptr<Node> n = stack.back();
+    stack.pop_back();
+    nodes.push_back(n);
+    if (!n->backward)
+      raise<InvalidArgument>("backward() through op ", n->name,
+                             " whose graph was already freed by an earlier backward()");
+    for (const Tensor& in : n->inputs) {
+      if (!in.defined()) continue;
+      const std::shared_ptr<Node>& child = in.impl()->grad_fn;
+      if (child && seen.insert(child.get()).second) stack.push_back(child);
+    }
+  }
+  std::sort(nodes.begin(), nodes.end(),
+            [](const auto& a, const auto& b) { return a->sequence > b->sequence; });
+
+  std::unordered_map<Node*, Tensor> grads;
+  grads[impl_->grad_fn.get()] = seed;
+  for (const std::shared_ptr<Node>& node : nodes) {
+    Node* n = node.get();
+    auto it = grads.find(n);
+    if (it == grads.end()) continue;  // nothing flowed here
+    const Tensor g = std::move(it->second);
+    grads.erase(it);
+    std::vector<Tensor> input_grads = n->backward(g);
+    TW_CHECK(input_grads.size() == n->inputs.size(), "op ", n->name, " returned ",
+             input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
+    for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+      const Tensor& in = n->inputs[i];
+      const Tensor& gi = input_grads[i];
+      if (!in.defined() || !gi.defined() || !in.requires_grad()) continue;
+      TW_CHECK(gi.shape() == in.shape(), "op ", n->name, " gave gradient ", gi.describe(),
+               " for input ", in.describe());
+      TensorImpl* in_impl = in.impl();
+      if (in_impl->grad_fn) {
+        auto [slot, inserted] = grads.try_emplace(in_impl->grad_fn.get(), gi);
+        if (!inserted) {
+          // The first gradient may be shared with another input (add passes g to both), so
+          // sum into a fresh buffer rather than in place.
+          Tensor sum = slot->second.clone();
+          accumulate_into(sum, gi);
+          slot->second = sum;
+        }
+      } else if (in_impl->grad) {
+        accumulate_into(Tensor(in_impl->grad), gi);
+      } else {
+        in_impl->grad = gi.clone().impl_ptr();
+      }
+    }
+    // Free the graph as we go: saved activations return to the pool before backward ends.
+    n->backward = nullptr;
+    n->inputs.clear();
+  }
+}
+
+}  // namespace towerflow

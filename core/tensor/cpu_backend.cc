@@ -1,0 +1,352 @@
+#include "core/tensor/cpu_backend.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/batch_norm.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/pool.h"
+#include "core/error.h"
+#include "core/memory/allocator.h"
+
+namespace towerflow {
+
+namespace {
+
+using ArrayMap = Eigen::Map<Eigen::ArrayXf>;
+using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
+
+// Elementwise loops are memory-bound; chunks below this many elements are not worth a thread.
+constexpr std::int64_t kMinElementsPerThread = 16 * 1024;
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Device& device, Allocator& allocator, int threads, std::vector<OpKind> missing)
+      : device_(device), allocator_(allocator), ctx_(threads), missing_(std::move(missing)) {}
+
+  const Device& device() const override { return device_; }
+  Allocator& allocator() const override { return allocator_; }
+  std::string name() const override {
+    return str("CPU (", ctx_.threads(), " threads, Eigen)");
+  }
+  bool supports(OpKind op) const override {
+    return std::find(missing_.begin(), missing_.end(), op) == missing_.end();
+  }
+  const cpu::CpuContext& context() const { return ctx_; }
+
+  // ---- memory ----------------------------------------------------------------------------
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    parallel_copy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    parallel_copy(dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    parallel_copy(dst, src, bytes);
+  }
+  void copy_from_device(void* dst, Backend& src_backend, const void* src,
+                        std::size_t bytes) override {
+    if (src_backend.device().is_cpu() || dynamic_cast<CpuBackend*>(&src_backend))
+      parallel_copy(dst, src, bytes);
+    else src_backend.copy_to_host(dst, src, bytes);  // our memory is host memory
+  }
+  void synchronize() override {}
+
+  // ---- elementwise -------------------------------------------------------------------------
+  void fill(std::int64_t n, float value, float* y) override {
+    each(n, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, value); });
+  }
+  void add(std::int64_t n, const float* a, const float* b, float* y) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(y + s, e - s) = ConstArrayMap(a + s, e - s) + ConstArrayMap(b + s, e - s);
+    });
+  }
+  void mul(std::int64_t n, const float* a, const float* b, float* y) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(y + s, e - s) = ConstArrayMap(a + s, e - s) * ConstArrayMap(b + s, e - s);
+    });
+  }
+  void scale(std::int64_t n, float alpha, const float* x, float* y) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(y + s, e - s) = alpha * ConstArrayMap(x + s, e - s);
+    });
+  }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(y + s, e - s) += alpha * ConstArrayMap(x + s, e - s);
+    });
+  }
+  void relu_forward(std::int64_t n, const float* x, float* y) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(y + s, e - s) = ConstArrayMap(x + s, e - s).max(0.0f);
+    });
+  }
+  void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) override {
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      ArrayMap(dx + s, e - s) =
+          (ConstArrayMap(y + s, e - s) > 0.0f).select(ConstArrayMap(dy + s, e - s), 0.0f);
+    });
+  }
+  void bias_add(std::int64_t rows, int c, const float* x, const float* bias, float* y) override {
+    const Eigen::Map<const Eigen::ArrayXf> b(bias, c);
+    rows_loop(rows, c, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) ArrayMap(y + r * c, c) = ConstArrayMap(x + r * c, c) + b;
+    });
+  }
+  void sum_rows(std::int64_t rows, int c, const float* x, float* out) override {
+    // Per-thread partial sums in double, added in chunk order: deterministic for a thread count.
+    const int chunks = std::max(1, std::min<int>(ctx_.threads(), static_cast<int>(rows)));
+    std::vector<Eigen::ArrayXd> partial(static_cast<std::size_t>(chunks), Eigen::ArrayXd::Zero(c));
+    ctx_.parallel_for(chunks, 1, [&](std::int64_t k0, std::int64_t k1) {
+      for (std::int64_t k = k0; k < k1; ++k) {
+        const std::int64_t r0 = k * rows / chunks, r1 = (k + 1) * rows / chunks;
+        Eigen::ArrayXd& acc = partial[static_cast<std::size_t>(k)];
+        for (std::int64_t r = r0; r < r1; ++r) acc += ConstArrayMap(x + r * c, c).cast<double>();
+      }
+    });
+    Eigen::ArrayXd total = Eigen::ArrayXd::Zero(c);
+    for (const auto& p : partial) total += p;
+    ArrayMap(out, c) = total.cast<float>();
+  }
+  void sum(std::int64_t n, const float* x, float* out) override {
+    double total = 0;
+    for (std::int64_t i = 0; i < n; ++i) total += x[i];
+    out[0] = static_cast<float>(total);
+  }
+  void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        Eigen::Map<const RowMajor> src(x + b * hw * c, hw, c);
+        Eigen::Map<RowMajor> dst(y + b * hw * c, c, hw);
+        dst = src.transpose();
+      }
+    });
+  }
+  void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
+      for (std::int64_t b = b0; b < b1; ++b) {
+        using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        Eigen::Map<const RowMajor> src(x + b * hw * c, c, hw);
+        Eigen::Map<RowMajor> dst(y + b * hw * c, hw, c);
+        dst = src.transpose();
+      }
+    });
+  }
+
+  // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
+  void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+                      const float* bias, float* y) override {
+    cpu::conv2d_forward_bias(ctx_, s, x, w, bias, y);
+  }
+  void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+                             float* dx) override {
+    cpu::conv2d_backward_input(ctx_, s, dy, w, dx);
+  }
+  void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+                              float* dw) override {
+    cpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
+  }
+  void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {
+    cpu::conv2d_backward_bias(ctx_, s, dy, db);
+  }
+  void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+                        std::int32_t* argmax) override {
+    cpu::max_pool_forward(ctx_, s, x, y, argmax);
+  }
+  void max_pool_backward(const cpu::Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                         float* dx) override {
+    cpu::max_pool_backward(ctx_, s, dy, argmax, dx);
+  }
+  void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) override {
+    cpu::avg_pool_forward(ctx_, s, x, y);
+  }
+  void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) override {
+    cpu::avg_pool_backward(ctx_, s, dy, dx);
+  }
+
+  void batch_norm_forward_training(std::int64_t rows, int c, const float* x,
+                                   const float* residual, bool relu, const float* gamma,
+                                   const float* beta, float eps, float momentum,
+                                   float* running_mean, float* running_var, float* y,
+                                   float* save_mean, float* save_invstd) override {
+    if (residual) {
+      TW_CHECK(relu, "batch norm with a residual is only fused with relu");
+      cpu::batch_norm_add_relu_forward_training(ctx_, rows, c, x, residual, gamma, beta, eps, y,
+                                                save_mean, save_invstd);
+    } else if (relu) {
+      cpu::batch_norm_relu_forward_training(ctx_, rows, c, x, gamma, beta, eps, y, save_mean,
+                                            save_invstd);
+    } else {
+      cpu::batch_norm_forward_training(ctx_, rows, c, x, gamma, beta, eps, y, save_mean,
+                                       save_invstd);
+    }
+    if (running_mean) {
+      // PyTorch updates the running variance with the unbiased batch variance.
+      const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
+      for (int j = 0; j < c; ++j) {
+        const double invstd = save_invstd[j];
+        const double var = (1.0 / (invstd * invstd) - eps) * unbias;
+        running_mean[j] = static_cast<float>((1.0 - momentum) * running_mean[j] +
+                                             momentum * static_cast<double>(save_mean[j]));
+        running_var[j] =
+            static_cast<float>((1.0 - momentum) * running_var[j] + momentum * var);
+      }
+    }
+  }
+  void batch_norm_forward_inference(std::int64_t rows, int c, const float* x, const float* gamma,
+                                    const float* beta, const float* running_mean,
+                                    const float* running_var, float eps, float* y) override {
+    cpu::batch_norm_forward_inference(ctx_, rows, c, x, gamma, beta, running_mean, running_var,
+                                      eps, y);
+  }
+  void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
+                           const float* dy, const float* gamma, const float* save_mean,
+                           const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                           float* d_pre_relu) override {
+    if (relu) {
+      cpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
+                                    dgamma, dbeta, d_pre_relu);
+    } else {
+      cpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
+                               dbeta);
+    }
+  }
+
+  void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override {
+    cpu::gemm(ctx_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+  // ---- dropout -------------------------------------------------------------------------------
+  void dropout_forward(std::int64_t n, float p, std::uint64_t seed, std::uint64_t offset,
+                       const float* x, float* y, std::uint8_t* mask) override {
+    const float keep_scale = 1.0f / (1.0f - p);
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      for (std::int64_t i = s; i < e; ++i) {
+        const bool keep = dropout_keeps(seed, offset + static_cast<std::uint64_t>(i), p);
+        mask[i] = keep ? 1 : 0;
+        y[i] = keep ? x[i] * keep_scale : 0.0f;
+      }
+    });
+  }
+  void dropout_backward(std::int64_t n, float p, const std::uint8_t* mask, const float* dy,
+                        float* dx) override {
+    const float keep_scale = 1.0f / (1.0f - p);
+    each(n, [&](std::int64_t s, std::int64_t e) {
+      for (std::int64_t i = s; i < e; ++i) dx[i] = mask[i] ? dy[i] * keep_scale : 0.0f;
+    });
+  }
+
+  // ---- loss and metrics ----------------------------------------------------------------------
+  void softmax_cross_entropy_forward(std::int64_t rows, int classes, const float* logits,
+                                     const std::int32_t* labels, float scale, float smoothing,
+                                     float* loss_out, float* probs) override {
+    check_labels(rows, classes, labels);
+    // Rows are independent and few (a batch); the loss is summed in double in row order so it
+    // does not depend on the thread count.
+    std::vector<double> row_loss(static_cast<std::size_t>(rows));
+    ctx_.parallel_for(rows, 64, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* z = logits + r * classes;
+        float* p = probs + r * classes;
+        const float zmax = *std::max_element(z, z + classes);
+        double denom = 0, zsum = 0;
+        for (int j = 0; j < classes; ++j) {
+          p[j] = std::exp(z[j] - zmax);
+          denom += p[j];
+          zsum += z[j];
+        }
+        const float inv = static_cast<float>(1.0 / denom);
+        for (int j = 0; j < classes; ++j) p[j] *= inv;
+        const double lse = zmax + std::log(denom);
+        // -sum_j q_j (z_j - lse) with q = (1 - s) onehot + s / classes.
+        row_loss[static_cast<std::size_t>(r)] =
+            lse - (1.0 - smoothing) * z[labels[r]] - smoothing * zsum / classes;
+      }
+    });
+    double total = 0;
+    for (double l : row_loss) total += l;
+    loss_out[0] = static_cast<float>(total / scale);
+  }
+  void softmax_cross_entropy_backward(std::int64_t rows, int classes, const float* probs,
+                                      const std::int32_t* labels, float scale, float smoothing,
+                                      const float* dloss, float* dlogits) override {
+    const float g = dloss[0] / scale;
+    const float uniform = smoothing / static_cast<float>(classes);
+    ctx_.parallel_for(rows, 64, [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* p = probs + r * classes;
+        float* d = dlogits + r * classes;
+        for (int j = 0; j < classes; ++j) d[j] = g * (p[j] - uniform);
+        d[labels[r]] -= g * (1.0f - smoothing);
+      }
+    });
+  }
+  void top_k_correct(std::int64_t rows, int classes, const float* logits,
+                     const std::int32_t* labels, int k, std::int32_t* correct_out) override {
+    check_labels(rows, classes, labels);
+    std::int32_t correct = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* z = logits + r * classes;
+      const int label = labels[r];
+      int above = 0;  // entries ranked above the label
+      for (int j = 0; j < classes; ++j)
+        if (z[j] > z[label] || (z[j] == z[label] && j < label)) ++above;
+      if (above < k) ++correct;
+    }
+    correct_out[0] = correct;
+  }
+
+ private:
+  template <typename Fn>
+  void each(std::int64_t n, Fn&& fn) const {
+    ctx_.parallel_for(n, kMinElementsPerThread, fn);
+  }
+  template <typename Fn>
+  void rows_loop(std::int64_t rows, int c, Fn&& fn) const {
+    ctx_.parallel_for(rows, std::max<std::int64_t>(1, kMinElementsPerThread / std::max(1, c)), fn);
+  }
+  void parallel_copy(void* dst, const void* src, std::size_t bytes) const {
+    if (bytes == 0 || dst == src) return;
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    ctx_.parallel_for(static_cast<std::int64_t>(bytes), 256 * 1024,
+                      [&](std::int64_t b, std::int64_t e) { std::memcpy(d + b, s + b, e - b); });
+  }
+  static void check_labels(std::int64_t rows, int classes, const std::int32_t* labels) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (labels[r] < 0 || labels[r] >= classes)
+        raise<InvalidArgument>("label ", labels[r], " at row ", r, " is outside [0, ", classes,
+                               "); labels must be class indices of the ", classes,
+                               "-class logits");
+  }
+
+  Device device_;
+  Allocator& allocator_;
+  cpu::CpuContext ctx_;
+  std::vector<OpKind> missing_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(const Device& device, Allocator& allocator,
+                                          int threads, std::vector<OpKind> missing) {
+  return std::make_unique<CpuBackend>(device, allocator, threads, std::move(missing));
+}
+
+const cpu::CpuContext& cpu_context_for(const Device& cpu_device) {
+  if (!cpu_device.is_cpu())
+    raise<InvalidArgument>("cpu_context_for(", cpu_device, "): not a CPU device");
+  auto* be = dynamic_cast<CpuBackend*>(&backend_for(cpu_device));
+  if (!be)
+    raise<InvalidArgument>("cpu_context_for(", cpu_device,
+                           "): the device's backend is not the CPU backend");
+  return be->context();
+}
+
+}  // namespace towerflow

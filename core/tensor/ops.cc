@@ -1,0 +1,684 @@
+#include "core/tensor/ops.h"
+
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/platform/registry.h"
+#include "core/tensor/autograd.h"
+#include "core/tensor/backend_impl.h"
+
+namespace towerflow {
+
+// ---- naming and placement ---------------------------------------------------------------------
+
+namespace {
+thread_local std::string t_scope;
+}
+
+OpScope::OpScope(std::string name) : previous_(std::move(t_scope)) { t_scope = std::move(name); }
+OpScope::~OpScope() { t_scope = std::move(previous_); }
+const std::string& OpScope::current() { return t_scope; }
+
+namespace {
+
+using cpu::Conv2dShape;
+using cpu::Pool2dShape;
+
+std::mutex g_log_mu;
+std::set<std::string> g_logged;  // placement lines already printed
+
+void log_once(const std::string& key, const std::string& message, bool warning) {
+  {
+    std::lock_guard lock(g_log_mu);
+    if (!g_logged.insert(key).second) return;
+  }
+  if (warning) log_warning(message);
+  else log_info(message);
+}
+
+// Note [Soft placement of ops]
+// An op runs where its inputs live. When that device's backend has no kernel for the op, soft
+// placement (TensorFlow's allow_soft_placement) runs it on /cpu:0 instead: the op is called again
+// with its inputs copied to the CPU and its result copied back. Tensor::to() is differentiable,
+// so gradients take the same way back. Without soft placement this is an error naming the op, the
+// device and the option. Either way the decision is per call, so a backend that gains a kernel
+// needs no change here.
+//
+// Returns true when the caller must run the op on the CPU instead.
+bool run_on_cpu_instead(std::string_view op, OpKind kind, const Device& d) {
+  Backend& be = backend_for(d);
+  const ProcessOptions& opts = process_options();
+  if (be.supports(kind)) {
+    if (opts.log_device_placement.value_or(false)) {
+      const std::string& scope = OpScope::current();
+      std::string name = scope.empty() ? std::string(op) : str(scope, "/", op);
+      log_once(str(name, "@", d), str(name, ": (", op, "): ", d.full_name()), false);
+    }
+    return false;
+  }
+  if (!opts.allow_soft_placement.value_or(false))
+    raise<DeviceError>("op ", op, " has no ", to_string(kind), " kernel on ", d, " (", be.name(),
+                       "); set allow_soft_placement = true (--allow_soft_placement) to run it on "
+                       "/cpu:0, or keep the model on a device that has one");
+  log_once(str("fallback:", op, "@", d),
+           str("op ", op, " has no kernel on ", d, "; running it on /cpu:0 (allow_soft_placement)"),
+           true);
+  return true;
+}
+
+// The one device all defined inputs live on.
+const Device& common_device(std::string_view op, std::initializer_list<const Tensor*> inputs) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : inputs) {
+    if (!t->defined()) continue;
+    if (!first) {
+      first = t;
+    } else if (t->device() != first->device()) {
+      raise<InvalidArgument>(op, ": inputs live on different devices: ", first->describe(),
+                             " and ", t->describe(), "; copy one with .to(device)");
+    }
+    if (!t->is_contiguous())
+      raise<InvalidArgument>(op, ": input ", t->describe(), " is not contiguous");
+  }
+  if (!first) raise<InvalidArgument>(op, ": no defined input");
+  return first->device();
+}
+
+void check_float(std::string_view op, const char* what, const Tensor& t) {
+  if (t.defined() && t.dtype() != DType::kFloat32)
+    raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32");
+}
+
+void check_ndim(std::string_view op, const char* what, const Tensor& t, int ndim,
+                const char* layout) {
+  if (t.ndim() != ndim)
+    raise<InvalidArgument>(op, ": ", what, " must be ", ndim, "-D ", layout, ", got ",
+                           t.describe());
+}
+
+Tensor to_cpu(const Tensor& t) { return t.defined() ? t.to(Device::cpu(0)) : Tensor(); }
+
+float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(), t.dtype()); }
+
+}  // namespace
+
+// ---- convolution ------------------------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions opts) {
+  constexpr std::string_view kOp = "Conv2D";
+  const Device d = common_device(kOp, {&x, &w, &bias});
+  check_float(kOp, "input", x);
+  check_float(kOp, "weight", w);
+  check_float(kOp, "bias", bias);
+  check_ndim(kOp, "input", x, 4, "NHWC [n, h, w, c_in]");
+  check_ndim(kOp, "weight", w, 4, "OIHW [c_out, c_in, kh, kw]");
+  if (w.dim(1) != x.dim(3))
+    raise<InvalidArgument>(kOp, ": input ", shape_str(x.shape()), " (NHWC) has ", x.dim(3),
+                           " channels but weight ", shape_str(w.shape()), " (OIHW) expects ",
+                           w.dim(1));
+  if (bias.defined() && (bias.ndim() != 1 || bias.dim(0) != w.dim(0)))
+    raise<InvalidArgument>(kOp, ": bias ", shape_str(bias.shape()), " does not match weight ",
+                           shape_str(w.shape()), "; expected [", w.dim(0), "]");
+  if (opts.stride < 1 || opts.padding < 0)
+    raise<InvalidArgument>(kOp, ": stride ", opts.stride, " must be >= 1 and padding ",
+                           opts.padding, " >= 0");
+  if (x.dim(1) + 2 * opts.padding < w.dim(2) || x.dim(2) + 2 * opts.padding < w.dim(3))
+    raise<InvalidArgument>(kOp, ": kernel ", w.dim(2), "x", w.dim(3), " is larger than the input ",
+                           shape_str(x.shape()), " padded by ", opts.padding);
+  if (run_on_cpu_instead(kOp, OpKind::kConv2d, d))
+    return conv2d(to_cpu(x), to_cpu(w), to_cpu(bias), opts).to(d);
+
+  const Conv2dShape s{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
+                      .w = static_cast<int>(x.dim(2)), .c_in = static_cast<int>(x.dim(3)),
+                      .c_out = static_cast<int>(w.dim(0)), .kh = static_cast<int>(w.dim(2)),
+                      .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
+                      .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
+  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
+  backend_for(d).conv2d_forward(s, x.data<float>(), w.data<float>(), fptr(bias), y.data<float>());
+  if (needs_grad({&x, &w, &bias})) {
+    record(y, std::string(kOp), {x, w, bias}, [s, x, w, bias](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor dx, dw, db;
+      if (x.requires_grad()) {
+        dx = empty_like(x);
+        be.conv2d_backward_input(s, g.data<float>(), w.data<float>(), dx.data<float>());
+      }
+      if (w.requires_grad()) {
+        dw = empty_like(w);
+        be.conv2d_backward_weight(s, x.data<float>(), g.data<float>(), dw.data<float>());
+      }
+      if (bias.defined() && bias.requires_grad()) {
+        db = empty_like(bias);
+        be.conv2d_backward_bias(s, g.data<float>(), db.data<float>());
+      }
+      return std::vector<Tensor>{dx, dw, db};
+    });
+  }
+  return y;
+}
+
+// ---- matrix products ---------------------------------------------------------------------------
+
+Tensor bias_add(const Tensor& x, const Tensor& bias) {
+  constexpr std::string_view kOp = "BiasAdd";
+  const Device d = common_device(kOp, {&x, &bias});
+  check_float(kOp, "input", x);
+  check_float(kOp, "bias", bias);
+  if (x.ndim() < 1 || bias.ndim() != 1 || bias.dim(0) != x.dim(-1))
+    raise<InvalidArgument>(kOp, ": bias ", shape_str(bias.shape()),
+                           " must be 1-D with the input's last dimension; input ",
+                           shape_str(x.shape()));
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d))
+    return bias_add(to_cpu(x), to_cpu(bias)).to(d);
+  const int c = static_cast<int>(bias.dim(0));
+  const std::int64_t rows = c ? x.numel() / c : 0;
+  Tensor y = empty_like(x);
+  backend_for(d).bias_add(rows, c, x.data<float>(), bias.data<float>(), y.data<float>());
+  if (needs_grad({&x, &bias})) {
+    record(y, std::string(kOp), {x, bias}, [rows, c, bias](const Tensor& g) {
+      Tensor db;
+      if (bias.requires_grad()) {
+        db = empty_like(bias);
+        backend_for(g.device()).sum_rows(rows, c, g.data<float>(), db.data<float>());
+      }
+      return std::vector<Tensor>{g, db};
+    });
+  }
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  constexpr std::string_view kOp = "MatMul";
+  const Device d = common_device(kOp, {&x, &w, &bias});
+  check_float(kOp, "input", x);
+  check_float(kOp, "weight", w);
+  check_float(kOp, "bias", bias);
+  check_ndim(kOp, "input", x, 2, "[n, in]");
+  check_ndim(kOp, "weight", w, 2, "[out, in]");
+  if (w.dim(1) != x.dim(1))
+    raise<InvalidArgument>(kOp, ": input ", shape_str(x.shape()), " has ", x.dim(1),
+                           " features but weight ", shape_str(w.shape()), " ([out, in]) expects ",
+                           w.dim(1));
+  if (bias.defined() && (bias.ndim() != 1 || bias.dim(0) != w.dim(0)))
+    raise<InvalidArgument>(kOp, ": bias ", shape_str(bias.shape()), " does not match weight ",
+                           shape_str(w.shape()));
+  if (run_on_cpu_instead(kOp, OpKind::kGemm, d))
+    return linear(to_cpu(x), to_cpu(w), to_cpu(bias)).to(d);
+  const int n = static_cast<int>(x.dim(0)), in = static_cast<int>(x.dim(1)),
+            out = static_cast<int>(w.dim(0));
+  Tensor y = Tensor::empty({n, out}, d);
+  Backend& be = backend_for(d);
+  be.gemm(false, true, n, out, in, 1.0f, x.data<float>(), in, w.data<float>(), in, 0.0f,
+          y.data<float>(), out);
+  if (bias.defined()) be.bias_add(n, out, y.data<float>(), bias.data<float>(), y.data<float>());
+  if (needs_grad({&x, &w, &bias})) {
+    record(y, std::string(kOp), {x, w, bias}, [n, in, out, x, w, bias](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor dx, dw, db;
+      if (x.requires_grad()) {  // dx = g w
+        dx = empty_like(x);
+        be.gemm(false, false, n, in, out, 1.0f, g.data<float>(), out, w.data<float>(), in, 0.0f,
+                dx.data<float>(), in);
+      }
+      if (w.requires_grad()) {  // dw = g^T x
+        dw = empty_like(w);
+        be.gemm(true, false, out, in, n, 1.0f, g.data<float>(), out, x.data<float>(), in, 0.0f,
+                dw.data<float>(), in);
+      }
+      if (bias.defined() && bias.requires_grad()) {
+        db = empty_like(bias);
+        be.sum_rows(n, out, g.data<float>(), db.data<float>());
+      }
+      return std::vector<Tensor>{dx, dw, db};
+    });
+  }
+  return y;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  constexpr std::string_view kOp = "MatMul";
+  const Device d = common_device(kOp, {&a, &b});
+  check_float(kOp, "a", a);
+  check_float(kOp, "b", b);
+  check_ndim(kOp, "a", a, 2, "[m, k]");
+  check_ndim(kOp, "b", b, 2, "[k, n]");
+  if (a.dim(1) != b.dim(0))
+    raise<InvalidArgument>(kOp, ": shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+                           " cannot be multiplied (inner dimensions ", a.dim(1), " != ", b.dim(0),
+                           ")");
+  if (run_on_cpu_instead(kOp, OpKind::kGemm, d)) return matmul(to_cpu(a), to_cpu(b)).to(d);
+  const int m = static_cast<int>(a.dim(0)), k = static_cast<int>(a.dim(1)),
+            n = static_cast<int>(b.dim(1));
+  Tensor y = Tensor::empty({m, n}, d);
+  backend_for(d).gemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
+                      y.data<float>(), n);
+  if (needs_grad({&a, &b})) {
+    record(y, std::string(kOp), {a, b}, [m, n, k, a, b](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor da, db;
+      if (a.requires_grad()) {  // da = g b^T
+        da = empty_like(a);
+        be.gemm(false, true, m, k, n, 1.0f, g.data<float>(), n, b.data<float>(), n, 0.0f,
+                da.data<float>(), k);
+      }
+      if (b.requires_grad()) {  // db = a^T g
+        db = empty_like(b);
+        be.gemm(true, false, k, n, m, 1.0f, a.data<float>(), k, g.data<float>(), n, 0.0f,
+                db.data<float>(), n);
+      }
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return y;
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+Tensor relu(const Tensor& x) {
+  constexpr std::string_view kOp = "Relu";
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return relu(to_cpu(x)).to(d);
+  Tensor y = empty_like(x);
+  backend_for(d).relu_forward(x.numel(), x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    // Keep y's data, not y itself: y owns this node, and a node holding y would be a cycle.
+    record(y, std::string(kOp), {x}, [out = y.detach()](const Tensor& g) {
+      Tensor dx = empty_like(g);
+      backend_for(g.device())
+          .relu_backward(g.numel(), out.data<float>(), g.data<float>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
+namespace {
+void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape())
+    raise<InvalidArgument>(op, ": shapes differ: ", shape_str(a.shape()), " vs ",
+                           shape_str(b.shape()));
+}
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  constexpr std::string_view kOp = "Add";
+  const Device d = common_device(kOp, {&a, &b});
+  check_float(kOp, "a", a);
+  check_float(kOp, "b", b);
+  check_same_shape(kOp, a, b);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return add(to_cpu(a), to_cpu(b)).to(d);
+  Tensor y = empty_like(a);
+  backend_for(d).add(a.numel(), a.data<float>(), b.data<float>(), y.data<float>());
+  if (needs_grad({&a, &b}))
+    record(y, std::string(kOp), {a, b},
+           [](const Tensor& g) { return std::vector<Tensor>{g, g}; });
+  return y;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  constexpr std::string_view kOp = "Mul";
+  const Device d = common_device(kOp, {&a, &b});
+  check_float(kOp, "a", a);
+  check_float(kOp, "b", b);
+  check_same_shape(kOp, a, b);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return mul(to_cpu(a), to_cpu(b)).to(d);
+  Tensor y = empty_like(a);
+  backend_for(d).mul(a.numel(), a.data<float>(), b.data<float>(), y.data<float>());
+  if (needs_grad({&a, &b})) {
+    record(y, std::string(kOp), {a, b}, [a, b](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor da, db;
+      if (a.requires_grad()) {
+        da = empty_like(g);
+        be.mul(g.numel(), g.data<float>(), b.data<float>(), da.data<float>());
+      }
+      if (b.requires_grad()) {
+        db = empty_like(g);
+        be.mul(g.numel(), g.data<float>(), a.data<float>(), db.data<float>());
+      }
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return y;
+}
+
+Tensor sum(const Tensor& x) {
+  constexpr std::string_view kOp = "Sum";
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return sum(to_cpu(x)).to(d);
+  Tensor y = Tensor::empty({1}, d);
+  backend_for(d).sum(x.numel(), x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [shape = x.shape()](const Tensor& g) {
+      return std::vector<Tensor>{Tensor::full(shape, g.item(), g.device())};
+    });
+  }
+  return y;
+}
+
+// ---- pooling -----------------------------------------------------------------------------------
+
+namespace {
+Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
+  check_float(op, "input", x);
+  check_ndim(op, "input", x, 4, "NHWC [n, h, w, c]");
+  if (o.kernel < 1 || o.stride < 1 || o.padding < 0 || 2 * o.padding > o.kernel)
+    raise<InvalidArgument>(op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ",
+                           o.padding, " are invalid (kernel, stride >= 1; 0 <= padding <= kernel/2)");
+  if (x.dim(1) + 2 * o.padding < o.kernel || x.dim(2) + 2 * o.padding < o.kernel)
+    raise<InvalidArgument>(op, ": window ", o.kernel, "x", o.kernel,
+                           " is larger than the padded input ", shape_str(x.shape()));
+  return Pool2dShape{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
+                     .w = static_cast<int>(x.dim(2)), .c = static_cast<int>(x.dim(3)),
+                     .kh = o.kernel, .kw = o.kernel, .stride_h = o.stride, .stride_w = o.stride,
+                     .pad_h = o.padding, .pad_w = o.padding};
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) {
+  constexpr std::string_view kOp = "MaxPool";
+  const Device d = common_device(kOp, {&x});
+  const Pool2dShape s = pool_shape(kOp, x, opts);
+  if (run_on_cpu_instead(kOp, OpKind::kMaxPool, d)) return max_pool2d(to_cpu(x), opts).to(d);
+  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
+  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
+  backend_for(d).max_pool_forward(s, x.data<float>(), y.data<float>(),
+                                  argmax.data<std::int32_t>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [s, argmax, xs = x.shape()](const Tensor& g) {
+      Tensor dx = Tensor::empty(xs, g.device());
+      backend_for(g.device())
+          .max_pool_backward(s, g.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
+namespace {
+Tensor avg_pool_impl(std::string_view op, const Tensor& x, const Pool2dShape& s) {
+  const Device d = x.device();
+  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
+  backend_for(d).avg_pool_forward(s, x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    record(y, std::string(op), {x}, [s, xs = x.shape()](const Tensor& g) {
+      Tensor dx = Tensor::empty(xs, g.device());
+      backend_for(g.device()).avg_pool_backward(s, g.data<float>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+}  // namespace
+
+Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts) {
+  constexpr std::string_view kOp = "AvgPool";
+  const Device d = common_device(kOp, {&x});
+  const Pool2dShape s = pool_shape(kOp, x, opts);
+  if (run_on_cpu_instead(kOp, OpKind::kAvgPool, d)) return avg_pool2d(to_cpu(x), opts).to(d);
+  return avg_pool_impl(kOp, x, s);
+}
+
+Tensor global_avg_pool(const Tensor& x) {
+  constexpr std::string_view kOp = "Mean";
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  check_ndim(kOp, "input", x, 4, "NHWC [n, h, w, c]");
+  if (run_on_cpu_instead(kOp, OpKind::kAvgPool, d)) return global_avg_pool(to_cpu(x)).to(d);
+  const int h = static_cast<int>(x.dim(1)), w = static_cast<int>(x.dim(2));
+  const Pool2dShape s{.n = static_cast<int>(x.dim(0)), .h = h, .w = w,
+                      .c = static_cast<int>(x.dim(3)), .kh = h, .kw = w, .stride_h = h,
+                      .stride_w = w};
+  return avg_pool_impl(kOp, x, s).view({x.dim(0), x.dim(3)});
+}
+
+// ---- batch norm --------------------------------------------------------------------------------
+
+namespace {
+
+Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& residual, bool relu_on,
+                       const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                       const Tensor& running_var, BatchNormOptions opts) {
+  const Device d = common_device(op, {&x, &residual, &gamma, &beta, &running_mean, &running_var});
+  for (const Tensor* t : {&x, &residual, &gamma, &beta, &running_mean, &running_var})
+    check_float(op, "argument", *t);
+  if (x.ndim() < 1 || x.numel() == 0)
+    raise<InvalidArgument>(op, ": input ", x.describe(), " must be non-empty [..., c]");
+  const std::int64_t c64 = x.dim(-1);
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
+    if (t->defined() && (t->ndim() != 1 || t->dim(0) != c64))
+      raise<InvalidArgument>(op, ": per-channel tensor ", shape_str(t->shape()),
+                             " does not match the input ", shape_str(x.shape()), "; expected [",
+                             c64, "]");
+  if (!gamma.defined() || !beta.defined())
+    raise<InvalidArgument>(op, ": gamma and beta are required");
+  if (residual.defined()) check_same_shape(op, x, residual);
+  if (running_mean.defined() != running_var.defined())
+    raise<InvalidArgument>(op, ": running_mean and running_var must both be given or neither");
+  if (!opts.training && !running_mean.defined())
+    raise<InvalidArgument>(op, ": inference mode (training = false) needs running statistics");
+  if (!(opts.eps > 0.0f) || !(opts.momentum >= 0.0f && opts.momentum <= 1.0f))
+    raise<InvalidArgument>(op, ": eps ", opts.eps, " must be > 0 and momentum ", opts.momentum,
+                           " in [0, 1]");
+  const std::int64_t rows = x.numel() / c64;
+  const int c = static_cast<int>(c64);
+  if (opts.training && rows < 2)
+    raise<InvalidArgument>(op, ": training needs more than one value per channel, got input ",
+                           shape_str(x.shape()), " (PyTorch's rule; use eval mode for batch 1 "
+                           "of 1x1 inputs)");
+
+  if (run_on_cpu_instead(op, OpKind::kBatchNorm, d)) {
+    Tensor rm = to_cpu(running_mean), rv = to_cpu(running_var);
+    Tensor y = batch_norm_impl(op, to_cpu(x), to_cpu(residual), relu_on, to_cpu(gamma),
+                               to_cpu(beta), rm, rv, opts)
+                   .to(d);
+    if (running_mean.defined() && opts.training) {  // the running statistics changed on the CPU
+      NoGradGuard no_grad;
+      running_mean.copy_(rm);
+      running_var.copy_(rv);
+    }
+    return y;
+  }
+
+  Backend& be = backend_for(d);
+  Tensor y = empty_like(x);
+  if (!opts.training) {
+    be.batch_norm_forward_inference(rows, c, x.data<float>(), gamma.data<float>(),
+                                    beta.data<float>(), running_mean.data<float>(),
+                                    running_var.data<float>(), opts.eps, y.data<float>());
+    if (needs_grad({&x, &gamma, &beta})) {
+      // Eval-mode gradients flow to the input only: dx = dy * gamma / sqrt(var + eps), which is
+      // the inference transform of dy with mean 0 and beta 0.
+      record(y, std::string(op), {x}, [rows, c, gamma, running_var, eps = opts.eps](const Tensor& g) {
+        Backend& be = backend_for(g.device());
+        Tensor zeros = Tensor::zeros({c}, g.device());
+        Tensor dx = empty_like(g);
+        be.batch_norm_forward_inference(rows, c, g.data<float>(), gamma.data<float>(),
+                                        zeros.data<float>(), zeros.data<float>(),
+                                        running_var.data<float>(), eps, dx.data<float>());
+        return std::vector<Tensor>{dx};
+      });
+    }
+    if (residual.defined()) y = add(y, residual);
+    if (relu_on) y = relu(y);
+    return y;
+  }
+
+  Tensor save_mean = Tensor::empty({c}, d), save_invstd = Tensor::empty({c}, d);
+  {
+    NoGradGuard no_grad;  // running statistics are state, not part of the graph
+    be.batch_norm_forward_training(rows, c, x.data<float>(), fptr(residual), relu_on,
+                                   gamma.data<float>(), beta.data<float>(), opts.eps,
+                                   opts.momentum, fptr(running_mean), fptr(running_var),
+                                   y.data<float>(), save_mean.data<float>(),
+                                   save_invstd.data<float>());
+  }
+  if (needs_grad({&x, &residual, &gamma, &beta})) {
+    record(y, std::string(op), {x, gamma, beta, residual},
+           [rows, c, relu_on, x, gamma, save_mean, save_invstd, out = y.detach(),
+            has_residual = residual.defined()](const Tensor& g) {
+             Backend& be = backend_for(g.device());
+             Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
+             Tensor dres = has_residual ? empty_like(x) : Tensor();
+             be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? out.data<float>() : nullptr,
+                                    relu_on, g.data<float>(), gamma.data<float>(),
+                                    save_mean.data<float>(), save_invstd.data<float>(),
+                                    dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
+                                    fptr(dres));
+             return std::vector<Tensor>{dx, dgamma, dbeta, dres};
+           });
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, BatchNormOptions opts) {
+  return batch_norm_impl("FusedBatchNorm", x, Tensor(), false, gamma, beta, running_mean,
+                         running_var, opts);
+}
+
+Tensor batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                       const Tensor& running_mean, const Tensor& running_var,
+                       BatchNormOptions opts) {
+  return batch_norm_impl("FusedBatchNormRelu", x, Tensor(), true, gamma, beta, running_mean,
+                         running_var, opts);
+}
+
+Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor& gamma,
+                           const Tensor& beta, const Tensor& running_mean,
+                           const Tensor& running_var, BatchNormOptions opts) {
+  if (!residual.defined())
+    raise<InvalidArgument>("FusedBatchNormAddRelu: the residual is undefined");
+  return batch_norm_impl("FusedBatchNormAddRelu", x, residual, true, gamma, beta, running_mean,
+                         running_var, opts);
+}
+
+// ---- shape ops ---------------------------------------------------------------------------------
+
+Tensor flatten(const Tensor& x) {
+  constexpr std::string_view kOp = "Flatten";
+  const Device d = common_device(kOp, {&x});
+  if (x.ndim() < 1) raise<InvalidArgument>(kOp, ": input ", x.describe(), " has no batch dim");
+  if (x.ndim() != 4 || (x.dim(1) == 1 && x.dim(2) == 1)) return x.view({x.dim(0), -1});
+  check_float(kOp, "input", x);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return flatten(to_cpu(x)).to(d);
+  const std::int64_t n = x.dim(0), hw = x.dim(1) * x.dim(2);
+  const int c = static_cast<int>(x.dim(3));
+  Tensor y = Tensor::empty({n, hw * c}, d);
+  backend_for(d).nhwc_to_nchw(n, hw, c, x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [n, hw, c, xs = x.shape()](const Tensor& g) {
+      Tensor dx = Tensor::empty(xs, g.device());
+      backend_for(g.device()).nchw_to_nhwc(n, hw, c, g.data<float>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
+Tensor dropout(const Tensor& x, float p, bool training, std::uint64_t seed,
+               std::uint64_t offset) {
+  constexpr std::string_view kOp = "Dropout";
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  if (!(p >= 0.0f && p < 1.0f))
+    raise<InvalidArgument>(kOp, ": drop probability p = ", p, " must be in [0, 1)");
+  if (!training || p == 0.0f) return x;
+  if (run_on_cpu_instead(kOp, OpKind::kDropout, d))
+    return dropout(to_cpu(x), p, training, seed, offset).to(d);
+  Tensor y = empty_like(x);
+  Tensor mask = Tensor::empty(x.shape(), d, DType::kUInt8);
+  backend_for(d).dropout_forward(x.numel(), p, seed, offset, x.data<float>(), y.data<float>(),
+                                 mask.data<std::uint8_t>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [p, mask](const Tensor& g) {
+      Tensor dx = empty_like(g);
+      backend_for(g.device())
+          .dropout_backward(g.numel(), p, mask.data<std::uint8_t>(), g.data<float>(),
+                            dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
+// ---- loss and metrics --------------------------------------------------------------------------
+
+namespace {
+void check_logits_labels(std::string_view op, const Tensor& logits, const Tensor& labels) {
+  check_float(op, "logits", logits);
+  check_ndim(op, "logits", logits, 2, "[n, classes]");
+  if (labels.dtype() != DType::kInt32 || labels.ndim() != 1 || labels.dim(0) != logits.dim(0))
+    raise<InvalidArgument>(op, ": labels ", labels.describe(), " must be int32 [",
+                           logits.dim(0), "] to match logits ", shape_str(logits.shape()));
+  if (logits.dim(1) < 1) raise<InvalidArgument>(op, ": logits ", logits.describe(), " has no class");
+}
+}  // namespace
+
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
+                             SoftmaxCrossEntropyOptions opts) {
+  constexpr std::string_view kOp = "SoftmaxCrossEntropyWithLogits";
+  const Device d = common_device(kOp, {&logits, &labels});
+  check_logits_labels(kOp, logits, labels);
+  if (!(opts.label_smoothing >= 0.0f && opts.label_smoothing < 1.0f))
+    raise<InvalidArgument>(kOp, ": label_smoothing ", opts.label_smoothing, " must be in [0, 1)");
+  if (!(opts.scale >= 0.0f) || std::isinf(opts.scale))
+    raise<InvalidArgument>(kOp, ": scale ", opts.scale,
+                           " must be positive (the global batch size), or 0 for the batch mean");
+  if (run_on_cpu_instead(kOp, OpKind::kSoftmaxXent, d))
+    return softmax_cross_entropy(to_cpu(logits), to_cpu(labels), opts).to(d);
+  const std::int64_t rows = logits.dim(0);
+  const int classes = static_cast<int>(logits.dim(1));
+  const float scale = opts.scale > 0.0f ? opts.scale : static_cast<float>(rows);
+  Tensor loss = Tensor::empty({1}, d);
+  Tensor probs = empty_like(logits);
+  backend_for(d).softmax_cross_entropy_forward(rows, classes, logits.data<float>(),
+                                               labels.data<std::int32_t>(), scale,
+                                               opts.label_smoothing, loss.data<float>(),
+                                               probs.data<float>());
+  if (needs_grad({&logits})) {
+    record(loss, std::string(kOp), {logits},
+           [rows, classes, scale, s = opts.label_smoothing, probs, labels](const Tensor& g) {
+             Tensor dlogits = empty_like(probs);
+             backend_for(g.device())
+                 .softmax_cross_entropy_backward(rows, classes, probs.data<float>(),
+                                                 labels.data<std::int32_t>(), scale, s,
+                                                 g.data<float>(), dlogits.data<float>());
+             return std::vector<Tensor>{dlogits};
+           });
+  }
+  return loss;
+}
+
+std::int64_t top_k_correct(const Tensor& logits, const Tensor& labels, int k) {
+  constexpr std::string_view kOp = "InTopK";
+  const Device d = common_device(kOp, {&logits, &labels});
+  check_logits_labels(kOp, logits, labels);
+  if (k < 1 || k > logits.dim(1))
+    raise<InvalidArgument>(kOp, ": k = ", k, " must be in [1, ", logits.dim(1), "] (the classes)");
+  if (run_on_cpu_instead(kOp, OpKind::kTopK, d))
+    return top_k_correct(to_cpu(logits), to_cpu(labels), k);
+  Tensor correct = Tensor::empty({1}, d, DType::kInt32);
+  backend_for(d).top_k_correct(logits.dim(0), static_cast<int>(logits.dim(1)),
+                               logits.data<float>(), labels.data<std::int32_t>(), k,
+                               correct.data<std::int32_t>());
+  return correct.to_host_int32()[0];
+}
+
+double accuracy(const Tensor& logits, const Tensor& labels, int k) {
+  const std::int64_t n = logits.defined() && logits.ndim() >= 1 ? logits.dim(0) : 0;
+  const std::int64_t correct = top_k_correct(logits, labels, k);
+  return n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0;
+}
+
+}  // namespace towerflow

@@ -1,0 +1,46 @@
+#include "models/tfcnn.h"
+
+#include "core/error.h"
+
+namespace towerflow::models {
+
+TfCnn::TfCnn(const Device& device, int num_classes, nn::InitRng& rng) : Module(device) {
+  if (num_classes < 1)
+    raise<InvalidArgument>("num_classes ", num_classes, " must be at least 1");
+  const auto conv = [&](int in) {
+    return std::make_shared<nn::Conv2d>(
+        device,
+        nn::Conv2dSpec{.in_channels = in, .out_channels = 64, .kernel = 5, .stride = 1,
+                       .padding = 2, .bias = true},
+        rng);
+  };
+  conv1_ = register_module("conv1", conv(3));
+  conv2_ = register_module("conv2", conv(64));
+  fc1_ = register_module("fc1", std::make_shared<nn::Linear>(device, 64 * 8 * 8, 384, rng));
+  fc2_ = register_module("fc2", std::make_shared<nn::Linear>(device, 384, 192, rng));
+  fc3_ = register_module("fc3", std::make_shared<nn::Linear>(device, 192, num_classes, rng));
+}
+
+Tensor TfCnn::forward(const Tensor& x) {
+  const Pool2dOptions pool{.kernel = 3, .stride = 2, .padding = 1};
+  Tensor y;
+  {
+    OpScope scope("pool1");
+    y = max_pool2d(relu(conv1_->forward(x)), pool);
+  }
+  {
+    OpScope scope("pool2");
+    y = towerflow::flatten(max_pool2d(relu(conv2_->forward(y)), pool));
+  }
+  {
+    OpScope scope("fc1");
+    y = relu(fc1_->forward(y));
+  }
+  {
+    OpScope scope("fc2");
+    y = relu(fc2_->forward(y));
+  }
+  return fc3_->forward(y);
+}
+
+}  // namespace towerflow::models

@@ -1,0 +1,256 @@
+// Tensor basics, autograd mechanics, error messages, and op placement (soft placement and
+// log_device_placement) with a stand-in device that lacks a kernel.
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory/allocator.h"
+#include "core/platform/registry.h"
+#include "core/tensor/autograd.h"
+#include "core/tensor/backend_impl.h"
+#include "core/tensor/cpu_backend.h"
+#include "core/tensor/ops.h"
+
+namespace towerflow {
+namespace {
+
+const Device kCpu = Device::cpu();
+
+Tensor ramp(const Shape& shape, float start = 0.0f) {
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = start + static_cast<float>(i);
+  return Tensor::from_host(std::span<const float>(v), shape, kCpu);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no exception)";
+}
+
+}  // namespace
+
+TEST_CASE("tensors: creation, host copies, views share memory", "[tensor]") {
+  Tensor t = ramp({2, 3, 4});
+  CHECK(t.shape() == Shape{2, 3, 4});
+  CHECK(t.strides() == Shape{12, 4, 1});
+  CHECK(t.numel() == 24);
+  CHECK(t.dim(-1) == 4);
+  CHECK(t.dtype() == DType::kFloat32);
+  CHECK(t.device() == kCpu);
+  CHECK(t.describe() == "float32[2, 3, 4] on /cpu:0");
+  CHECK(t.to_host()[23] == 23.0f);
+
+  Tensor v = t.view({6, -1});
+  CHECK(v.shape() == Shape{6, 4});
+  Tensor s = t.slice(1, 2);
+  CHECK(s.shape() == Shape{1, 3, 4});
+  CHECK(s.to_host()[0] == 12.0f);
+  // Writing through a view is seen by the original (no copy was made).
+  std::vector<float> minus(12, -1.0f);
+  s.copy_from_host(std::span<const float>(minus));
+  CHECK(t.to_host()[12] == -1.0f);
+  CHECK(v.to_host()[12] == -1.0f);
+  CHECK(t.to_host()[11] == 11.0f);
+
+  Tensor c = t.clone();
+  CHECK(c.raw_data() != t.raw_data());
+  CHECK(c.to_host() == t.to_host());
+  CHECK(Tensor::zeros({3}, kCpu).to_host() == std::vector<float>{0, 0, 0});
+  CHECK(Tensor::full({2}, 2.5f, kCpu).to_host() == std::vector<float>{2.5f, 2.5f});
+  Tensor labels = Tensor::from_host(std::vector<std::int32_t>{1, 2}, {2}, kCpu);
+  CHECK(labels.to_host_int32() == std::vector<std::int32_t>{1, 2});
+  CHECK(Tensor::zeros({2}, kCpu, DType::kInt32).to_host_int32() == std::vector<std::int32_t>{0, 0});
+}
+
+TEST_CASE("tensors: bad sizes and dtypes raise errors that name both sides", "[tensor][errors]") {
+  Tensor t = ramp({2, 3});
+  std::vector<float> five(5);
+  CHECK_THROWS_AS(t.copy_from_host(std::span<const float>(five)), InvalidArgument);
+  CHECK_THAT(message_of([&] { t.copy_from_host(std::span<const float>(five)); }),
+             Catch::Contains("5 elements") && Catch::Contains("[2, 3]"));
+  CHECK_THAT(message_of([&] { t.view({4, 2}); }), Catch::Contains("[2, 3]") && Catch::Contains("[4, 2]"));
+  CHECK_THAT(message_of([&] { (void)t.data<std::int32_t>(); }), Catch::Contains("int32"));
+  CHECK_THAT(message_of([&] { t.slice(1, 3); }), Catch::Contains("[1, 3)"));
+  CHECK_THAT(message_of([&] { Tensor().numel(); }), Catch::Contains("undefined"));
+  CHECK_THAT(message_of([&] { Tensor::empty({-1}, kCpu); }), Catch::Contains("[-1]"));
+  CHECK_THAT(message_of([&] { ramp({2, 3}).item(); }), Catch::Contains("one-element"));
+}
+
+TEST_CASE("ops: shape mismatches print both shapes", "[ops][errors]") {
+  Tensor x = ramp({2, 5, 5, 3});
+  Tensor w = ramp({4, 2, 3, 3});
+  CHECK_THAT(message_of([&] { conv2d(x, w, Tensor()); }),
+             Catch::Contains("[2, 5, 5, 3]") && Catch::Contains("[4, 2, 3, 3]"));
+  CHECK_THAT(message_of([&] { add(ramp({2, 3}), ramp({3, 2})); }),
+             Catch::Contains("[2, 3]") && Catch::Contains("[3, 2]"));
+  CHECK_THAT(message_of([&] { matmul(ramp({2, 3}), ramp({2, 3})); }),
+             Catch::Contains("[2, 3] and [2, 3]"));
+  CHECK_THAT(message_of([&] { linear(ramp({2, 3}), ramp({4, 5}), Tensor()); }),
+             Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
+  CHECK_THAT(message_of([&] { max_pool2d(ramp({1, 2, 2, 1}), {.kernel = 3, .stride = 1}); }),
+             Catch::Contains("[1, 2, 2, 1]"));
+  Tensor logits = ramp({2, 3});
+  Tensor bad = Tensor::from_host(std::vector<std::int32_t>{0, 3}, {2}, kCpu);
+  CHECK_THROWS_AS(softmax_cross_entropy(logits, bad), InvalidArgument);
+  CHECK_THAT(message_of([&] { softmax_cross_entropy(logits, bad); }),
+             Catch::Contains("label 3") && Catch::Contains("[0, 3)"));
+  Tensor three = Tensor::from_host(std::vector<std::int32_t>{0, 1, 2}, {3}, kCpu);
+  CHECK_THAT(message_of([&] { softmax_cross_entropy(logits, three); }),
+             Catch::Contains("[2, 3]") && Catch::Contains("[3]"));
+  CHECK_THAT(message_of([&] { softmax_cross_entropy(logits, three.slice(0, 2), {.label_smoothing = 1.5f}); }),
+             Catch::Contains("label_smoothing 1.5"));
+  CHECK_THAT(message_of([&] { dropout(logits, 1.0f, true, 0); }), Catch::Contains("p = 1"));
+  CHECK_THAT(message_of([&] { batch_norm(ramp({1, 1, 1, 3}), ramp({3}), ramp({3}), Tensor(), Tensor(), {}); }),
+             Catch::Contains("more than one value per channel"));
+  CHECK_THAT(message_of([&] { top_k_correct(logits, three.slice(0, 2), 4); }),
+             Catch::Contains("k = 4"));
+}
+
+TEST_CASE("autograd: accumulation, shared inputs, freed graph, no_grad", "[autograd]") {
+  Tensor a = ramp({3}, 1.0f).set_requires_grad(true);  // 1 2 3
+  Tensor b = ramp({3}, 4.0f).set_requires_grad(true);  // 4 5 6
+  Tensor loss = sum(add(mul(a, b), mul(a, a)));        // d/da = b + 2a, d/db = a
+  loss.backward();
+  CHECK(a.grad().to_host() == std::vector<float>{6, 9, 12});
+  CHECK(b.grad().to_host() == std::vector<float>{1, 2, 3});
+  // A second graph accumulates into the same gradients.
+  sum(a).backward();
+  CHECK(a.grad().to_host() == std::vector<float>{7, 10, 13});
+  // The first graph was freed.
+  CHECK_THROWS_AS(loss.backward(), InvalidArgument);
+  {
+    NoGradGuard no_grad;
+    Tensor y = mul(a, b);
+    CHECK_FALSE(y.requires_grad());
+    CHECK_THROWS_AS(sum(y).backward(), InvalidArgument);
+  }
+  CHECK(grad_enabled());
+  CHECK_THROWS_AS(mul(a, b).backward(), InvalidArgument);  // not a scalar
+  // Gradients flow through views.
+  Tensor m = ramp({2, 2}).set_requires_grad(true);
+  sum(mul(m.view({4}), ramp({4}, 1.0f))).backward();
+  CHECK(m.grad().to_host() == std::vector<float>{1, 2, 3, 4});
+}
+
+TEST_CASE("accuracy and top-k count ties against the label", "[ops]") {
+  const std::vector<float> z = {0.1f, 0.7f, 0.2f,   // label 1: top-1
+                                0.5f, 0.2f, 0.5f,   // label 2 ties with 0, which ranks first
+                                0.3f, 0.3f, 0.4f};  // label 1: behind 2 and the tie at 0
+  Tensor logits = Tensor::from_host(std::span<const float>(z), {3, 3}, kCpu);
+  Tensor labels = Tensor::from_host(std::vector<std::int32_t>{1, 2, 1}, {3}, kCpu);
+  CHECK(top_k_correct(logits, labels, 1) == 1);
+  CHECK(top_k_correct(logits, labels, 2) == 2);
+  CHECK(top_k_correct(logits, labels, 3) == 3);
+  CHECK(accuracy(logits, labels) == Approx(1.0 / 3));
+}
+
+TEST_CASE("dropout: inverted scaling, a mask that is a pure function of seed and offset",
+          "[ops]") {
+  Tensor x = Tensor::full({1000}, 1.0f, kCpu);
+  const auto y = dropout(x, 0.25f, true, 5).to_host();
+  int kept = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    CHECK((y[i] == 0.0f || y[i] == Approx(1.0f / 0.75f)));
+    CHECK((y[i] != 0.0f) == dropout_keeps(5, i, 0.25f));
+    kept += y[i] != 0.0f;
+  }
+  CHECK(kept > 700);
+  CHECK(kept < 800);
+  CHECK(dropout(x, 0.25f, true, 5).to_host() == y);
+  CHECK(dropout(x, 0.25f, true, 5, 1000).to_host() != y);
+  CHECK(dropout(x, 0.25f, false, 5).raw_data() == x.raw_data());
+}
+
+TEST_CASE("placement: a missing kernel is an error without soft placement, a logged CPU "
+          "fallback with it; log_device_placement names every op once", "[placement]") {
+  const Device gpu = Device::gpu(0);
+  // A stand-in for a device whose backend lacks conv2d: host memory behind a GPU's name.
+  auto fake_allocator = make_bfc_allocator(make_host_sub_allocator(),
+                                           {.device_name = "/gpu:0 (test)", .limit_bytes = 64 << 20});
+  auto install = [&] {
+    set_backend_for_testing(gpu, make_cpu_backend(gpu, *fake_allocator, 1, {OpKind::kConv2d}));
+  };
+  std::vector<std::string> lines;
+  std::mutex mu;
+  auto previous_sink = set_log_sink([&](LogLevel, std::string_view m) {
+    std::lock_guard lock(mu);
+    lines.emplace_back(m);
+  });
+
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+  initialise_devices(ProcessOptions{.allow_soft_placement = false, .log_device_placement = false});
+  install();
+  {
+    Tensor x = Tensor::full({1, 4, 4, 2}, 1.0f, gpu);
+    Tensor w = Tensor::full({3, 2, 3, 3}, 1.0f, gpu);
+    CHECK(relu(x).device() == gpu);  // supported ops run where the inputs live
+    CHECK_THROWS_AS(conv2d(x, w, Tensor()), DeviceError);
+    CHECK_THAT(message_of([&] { conv2d(x, w, Tensor()); }),
+               Catch::Contains("Conv2D") && Catch::Contains("/gpu:0") &&
+                   Catch::Contains("allow_soft_placement"));
+    CHECK_THAT(message_of([&] { add(x, Tensor::full({1, 4, 4, 2}, 1.0f, kCpu)); }),
+               Catch::Contains("/gpu:0") && Catch::Contains("/cpu:0"));
+  }
+  set_backend_for_testing(gpu, nullptr);
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+
+  initialise_devices(ProcessOptions{.allow_soft_placement = true, .log_device_placement = true});
+  install();
+  {
+    std::vector<float> xv(32);
+    for (std::size_t i = 0; i < xv.size(); ++i) xv[i] = 0.1f * static_cast<float>(i);
+    Tensor x = Tensor::from_host(std::span<const float>(xv), {1, 4, 4, 2}, gpu);
+    Tensor w = Tensor::full({3, 2, 3, 3}, 0.5f, gpu).set_requires_grad(true);
+    Tensor y;
+    {
+      OpScope scope("block.conv");
+      y = conv2d(x, w, Tensor(), {.padding = 1});
+      y = conv2d(x, w, Tensor(), {.padding = 1});  // logged once only
+    }
+    CHECK(y.device() == gpu);
+    // Same result as on the CPU, and gradients come back to the GPU tensor.
+    Tensor ref = conv2d(x.to(kCpu), w.detach().to(kCpu), Tensor(), {.padding = 1});
+    CHECK(y.to_host() == ref.to_host());
+    sum(y).backward();
+    REQUIRE(w.grad().defined());
+    CHECK(w.grad().device() == gpu);
+    std::lock_guard lock(mu);
+    int fallbacks = 0, conv_lines = 0;
+    for (const auto& l : lines) {
+      fallbacks += l.find("no kernel on /gpu:0; running it on /cpu:0") != std::string::npos;
+      conv_lines += l == "block.conv/Conv2D: (Conv2D): /job:localhost/replica:0/task:0/device:CPU:0";
+    }
+    CHECK(fallbacks == 1);
+    CHECK(conv_lines == 1);
+  }
+  set_backend_for_testing(gpu, nullptr);
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+  set_log_sink(previous_sink);
+}
+
+TEST_CASE("steady-state steps reuse pool memory: no new regions", "[tensor][memory]") {
+  Tensor w = Tensor::full({8, 3, 3, 3}, 0.1f, kCpu).set_requires_grad(true);
+  Tensor x = ramp({4, 8, 8, 3});
+  auto step = [&] { sum(relu(conv2d(x, w, Tensor(), {.padding = 1}))).backward(); };
+  step();
+  step();
+  const AllocatorStats before = device_allocator(kCpu).stats();
+  for (int i = 0; i < 3; ++i) step();
+  const AllocatorStats after = device_allocator(kCpu).stats();
+  CHECK(after.num_regions == before.num_regions);
+  CHECK(after.pool_bytes == before.pool_bytes);
+  CHECK(after.num_allocs > before.num_allocs);  // the steps did allocate, from the pool
+}
+
+}  // namespace towerflow
