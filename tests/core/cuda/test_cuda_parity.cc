@@ -33,6 +33,11 @@
 #include "core/platform/registry.h"
 #include "core/tensor/backend_impl.h"
 #include "core/tensor/cpu_backend.h"
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#if TW_PARITY_WITH_MODELS
+#include "models/models.h"
+#endif
 
 namespace tw = towerflow;
 namespace gpu = towerflow::gpu;
@@ -643,6 +648,84 @@ TEST_CASE("the GPU backend is reachable through the registry", "[cuda]") {
   be.allocator().deallocate(p);
   CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 2.5f; }));
 }
+
+#if TW_PARITY_WITH_MODELS
+namespace {
+
+// Relative L2 error of a against the reference b, with the max abs error printed.
+double relative_l2(const char* what, const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0, den = 0, max_abs = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = double(a[i]) - b[i];
+    num += d * d;
+    den += double(b[i]) * b[i];
+    max_abs = std::max(max_abs, std::fabs(d));
+  }
+  const double rel = std::sqrt(num / std::max(den, 1e-300));
+  std::printf("[cuda] %-36s n=%-8zu relative L2 err %.3e, max abs err %.3e\n", what, a.size(),
+              rel, max_abs);
+  return rel;
+}
+
+}  // namespace
+
+TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]") {
+  tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
+  const int n = 8;
+  const auto images = random_vector(std::size_t(n) * 32 * 32 * 3, 101);
+  std::vector<std::int32_t> labels(n);
+  for (int i = 0; i < n; ++i) labels[i] = (i * 3) % 10;
+
+  struct Step {
+    std::vector<float> logits, loss, grads, params, buffers;
+  };
+  auto run = [&](const tw::Device& device) {
+    auto model = tw::models::make_model("resnet20", device, {.num_classes = 10, .seed = 5});
+    model->zero_grad();
+    const tw::Tensor x = tw::Tensor::from_host(std::span<const float>(images), {n, 32, 32, 3},
+                                               device);
+    const tw::Tensor y = tw::Tensor::from_host(std::span<const std::int32_t>(labels), {n}, device);
+    const tw::Tensor logits = model->forward(x);
+    const tw::Tensor loss = tw::softmax_cross_entropy(logits, y, {.scale = 2.0f * n});
+    loss.backward();
+    Step s{logits.to_host(), loss.to_host(), model->flat_gradients().to_host(), {}, {}};
+    for (const auto& [name, t] : model->named_buffers()) {
+      const auto v = t.to_host();
+      s.buffers.insert(s.buffers.end(), v.begin(), v.end());
+    }
+    // The update: SGD with momentum and weight decay, first step (buf = d), p -= lr * buf.
+    const float lr = 0.1f, wd = 5e-4f;
+    if (device.is_gpu()) {
+      tw::backend_for(device).synchronize();  // the model's stream, before this suite's stream
+      const tw::Tensor p = model->flat_parameters(), g = model->flat_gradients();
+      auto buf = device_zeros(std::size_t(p.numel()));
+      gpu::sgd_update(*the_gpu().ctx, p.numel(), p.data<float>(), g.data<float>(),
+                      buf.as<float>(),
+                      {.lr = lr, .momentum = 0.9f, .weight_decay = wd, .first_step = true});
+      the_gpu().ctx->synchronize();
+      s.params = p.to_host();
+    } else {
+      s.params = model->flat_parameters().to_host();
+      for (std::size_t i = 0; i < s.params.size(); ++i)
+        s.params[i] -= lr * (s.grads[i] + wd * s.params[i]);
+    }
+    return s;
+  };
+  const Step c = run(tw::Device::cpu(0));
+  const Step g = run(tw::Device::gpu(0));
+  // Twenty layers of batch norm amplify rounding differences; the tolerances are per quantity.
+  expect_close("resnet20 logits", g.logits, c.logits, 1e-3, 1e-3);
+  expect_close("resnet20 loss", g.loss, c.loss, 1e-5, 1e-4);
+  CHECK(relative_l2("resnet20 flat gradients", g.grads, c.grads) < 1e-3);
+  CHECK(relative_l2("resnet20 running statistics", g.buffers, c.buffers) < 1e-4);
+  CHECK(relative_l2("resnet20 parameters after SGD", g.params, c.params) < 1e-6);
+}
+#else
+TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]") {
+  FAIL("not built: the models library (towerflow_models) was not part of this build");
+}
+#endif
 
 int main(int argc, char** argv) {
   const gpu::CudaAvailability a = gpu::cuda_availability();
