@@ -70,7 +70,10 @@ class BucketTracker {
     {
       std::lock_guard lock(mu_);
       for (std::size_t b = 0; b < min_seq_.size(); ++b)
-        if (!ready_[b] && min_seq_[b] > sequence) ready_[b] = any = true;
+        if (!ready_[b] && min_seq_[b] > sequence) {
+          ready_[b] = any = true;
+          ++early_;
+        }
     }
     if (any) cv_.notify_all();
   }
@@ -88,6 +91,11 @@ class BucketTracker {
     }
     cv_.notify_all();
   }
+  // Buckets found ready while backward was still running, since construction.
+  std::int64_t ready_during_backward() {
+    std::lock_guard lock(mu_);
+    return early_;
+  }
   // False when cancelled.
   bool wait(std::size_t b) {
     std::unique_lock lock(mu_);
@@ -101,6 +109,7 @@ class BucketTracker {
   std::vector<std::uint64_t> min_seq_;
   std::vector<bool> ready_;
   bool cancelled_ = false;
+  std::int64_t early_ = 0;
 };
 
 std::string device_list(const std::vector<Device>& devices) {
@@ -351,8 +360,13 @@ std::string Trainer::describe() const {
   if (impl_->use_pd) {
     s += str("gradients summed on the parameter device ", impl_->pd);
   } else {
-    s += str(to_string(reduction_), " over ", impl_->comm_name);
-    if (impl_->bucket_bytes > 0) s += str(", ", impl_->buckets.size(), " buckets");
+    if (impl_->bucket_bytes > 0)
+      s += str("bucketed all_reduce (", impl_->buckets.size(), " buckets of at most ",
+               impl_->bucket_bytes >= (1 << 20) ? str(impl_->bucket_bytes >> 20, " MiB")
+                                                : str(impl_->bucket_bytes, " bytes"),
+               " or one parameter) over ", impl_->comm_name);
+    else
+      s += str("all_reduce over ", impl_->comm_name);
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
   return s;
@@ -600,6 +614,11 @@ float Trainer::forward_backward(const HostBatch& batch) {
   }
   last_ = {.loss = static_cast<float>(loss), .accuracy = static_cast<double>(correct) / B, .rows = B,
            .split = total_rows};
+  if (im.bucket_bytes > 0) {
+    std::int64_t early = 0;
+    for (auto& t : im.trackers) early += t->ready_during_backward();
+    timings_.buckets_reduced_during_backward = early;  // since construction, all towers
+  }
   timings_.steps += 1;
   timings_.compute_seconds += *std::max_element(im.compute_s.begin(), im.compute_s.end());
   timings_.reduction_seconds += reduction;

@@ -102,6 +102,9 @@ struct TrainerTimings {
                                  // counted) or the parameter device's gather and sum
   double optimizer_seconds = 0;  // optimizer steps through parameters()
   double sync_seconds = 0;       // buffer averaging and parameter-device broadcasts
+  // Bucketed all-reduce: buckets whose reduction could start before their tower's backward
+  // ended (summed over towers, since construction; reset_timings() does not clear it).
+  std::int64_t buckets_reduced_during_backward = 0;
 };
 
 class Trainer {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "core/error.h"
@@ -32,30 +33,35 @@ class Mlp : public nn::Module {
       for (float& x : v) x = u(rng);
       return Tensor::from_host(v, shape, d).set_requires_grad(true);
     };
-    w1_ = &register_parameter("fc1.weight", init({kHidden, kH * kW * kC}, 0.3f));
-    b1_ = &register_parameter("fc1.bias", init({kHidden}, 0.1f));
+    register_parameter("fc1.weight", init({kHidden, kH * kW * kC}, 0.3f));
+    register_parameter("fc1.bias", init({kHidden}, 0.1f));
     if (bn_) {
-      gamma_ = &register_parameter("bn.weight", Tensor::full({kHidden}, 1.0f, d).set_requires_grad(true));
-      beta_ = &register_parameter("bn.bias", Tensor::zeros({kHidden}, d).set_requires_grad(true));
-      mean_ = &register_buffer("bn.running_mean", Tensor::zeros({kHidden}, d));
-      var_ = &register_buffer("bn.running_var", Tensor::full({kHidden}, 1.0f, d));
+      register_parameter("bn.weight", Tensor::full({kHidden}, 1.0f, d).set_requires_grad(true));
+      register_parameter("bn.bias", Tensor::zeros({kHidden}, d).set_requires_grad(true));
+      register_buffer("bn.running_mean", Tensor::zeros({kHidden}, d));
+      register_buffer("bn.running_var", Tensor::full({kHidden}, 1.0f, d));
     }
-    w2_ = &register_parameter("fc2.weight", init({kClasses, kHidden}, 0.3f));
-    b2_ = &register_parameter("fc2.bias", init({kClasses}, 0.1f));
+    register_parameter("fc2.weight", init({kClasses, kHidden}, 0.3f));
+    register_parameter("fc2.bias", init({kClasses}, 0.1f));
     flatten();
+    // Handles taken after flatten(): the parameters are views into the flat buffer now.
+    for (auto& [name, t] : named_parameters()) p_[name] = t;
+    for (auto& [name, t] : named_buffers()) p_[name] = t;
   }
 
   Tensor forward(const Tensor& x) override {
     if (device().is_cpu() && device().index == g_fail_on_cpu.load())
       raise<OutOfMemory>("out of memory on ", device(), ": 1.0 MiB requested, 0 free (test)");
-    Tensor h = linear(towerflow::flatten(x), *w1_, *b1_);
-    if (bn_) h = batch_norm(h, *gamma_, *beta_, *mean_, *var_, {.training = is_training()});
-    return linear(relu(h), *w2_, *b2_);
+    Tensor h = linear(towerflow::flatten(x), p_["fc1.weight"], p_["fc1.bias"]);
+    if (bn_)
+      h = batch_norm(h, p_["bn.weight"], p_["bn.bias"], p_["bn.running_mean"], p_["bn.running_var"],
+                     {.training = is_training()});
+    return linear(relu(h), p_["fc2.weight"], p_["fc2.bias"]);
   }
 
  private:
   bool bn_;
-  Tensor *w1_, *b1_, *w2_, *b2_, *gamma_ = nullptr, *beta_ = nullptr, *mean_ = nullptr, *var_ = nullptr;
+  std::map<std::string, Tensor> p_;
 };
 
 nn::ModelFactory mlp_factory(unsigned seed, bool bn = false) {
@@ -199,6 +205,18 @@ TEST_CASE("the parameters really move (the equivalence test is not vacuous)", "[
   CHECK(trainer.timings().step_seconds > 0);
   CHECK(trainer.timings().optimizer_seconds > 0);
   CHECK(trainer.last_step().split == std::vector<int>{12, 12});
+}
+
+TEST_CASE("bucketed reduction starts buckets while backward is still running", "[tower][bucketed]") {
+  const Data data = make_data(48, 8);
+  // 256-byte buckets: fc2 (80 + 5 floats) and fc1 (768 + 16) land in separate buckets, and fc2's
+  // gradients are final before fc1's backward runs.
+  Trainer trainer(mlp_factory(7), cpus(2), {.reduction = AllReduce{.bucket_bytes = 256}});
+  CHECK_THAT(trainer.describe(), Catch::Contains("bucketed all_reduce (4 buckets"));
+  trainer.forward_backward(data.batch(0, 24));
+  const std::int64_t early = trainer.timings().buckets_reduced_during_backward;
+  CHECK(early >= 2);  // at least one per tower
+  CHECK(early <= 2 * 3);  // the first parameter's bucket is only ready when backward ends
 }
 
 TEST_CASE("a tower that throws fails the step with its device's error and changes nothing",
