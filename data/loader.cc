@@ -43,6 +43,7 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options)
   if (!options_.allocator.allocate) options_.allocator = aligned_host_allocator();
   const int buffers = options_.threads == 0 ? 1 : std::max(options_.prefetch, options_.threads) + 1;
   pool_.reserve(buffers);
+  free_.reserve(buffers);
   for (int i = 0; i < buffers; ++i) {
     Batch b;
     b.h = shape_.h;
@@ -54,9 +55,8 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options)
     pool_.push_back(std::move(b));
     free_.push_back(i);
   }
-  free_.reserve(buffers);
   slots_.resize(buffers);
-  order_.resize(static_cast<std::size_t>(dataset.size()));
+  for (auto& order : orders_) order.resize(static_cast<std::size_t>(dataset.size()));
   if (options_.threads == 0) sync_scratch_.resize(shape_.bytes());
   for (int t = 0; t < options_.threads; ++t) workers_.emplace_back([this] { worker_main(); });
 }
@@ -73,10 +73,10 @@ Loader::~Loader() {
 
 void Loader::set_epoch(std::int64_t epoch, std::int64_t start_step) {
   if (epoch < 0) raise<InvalidArgument>("epoch ", epoch, " must be >= 0");
+  // start_step == steps_ is an empty pass (a run saved right at the end of an epoch).
   if (start_step < 0 || start_step > steps_)
     raise<InvalidArgument>("start step ", start_step, " of epoch ", epoch, " is out of range; an epoch has ", steps_,
-                           " steps (0..", steps_ - 1, ")");
-  stop();
+                           " steps (0..", steps_ - 1, ", or ", steps_, " for an empty pass)");
   next_epoch_ = epoch;
   next_start_step_ = start_step;
 }
@@ -100,25 +100,43 @@ void Loader::cancel_locked(std::unique_lock<std::mutex>& lock) {
   for (auto& s : slots_) s = Slot{};
 }
 
+// The epoch's order, the same on every rank: Fisher-Yates from (seed, epoch).
+void Loader::shuffle_into(std::int64_t epoch) {
+  auto& order = orders_[static_cast<std::size_t>(epoch & 1)];
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<std::int64_t>(i);
+  if (!options_.shuffle) return;
+  SampleRng rng(options_.seed, RngStream::Shuffle, static_cast<std::uint64_t>(epoch));
+  for (std::size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[rng.below(static_cast<std::uint32_t>(i + 1))]);
+}
+
 void Loader::start() {
-  stop();
-  const std::int64_t epoch = next_epoch_;
-  // The epoch's order, the same on every rank: Fisher-Yates from (seed, epoch).
-  for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<std::int64_t>(i);
-  if (options_.shuffle) {
-    SampleRng rng(options_.seed, RngStream::Shuffle, static_cast<std::uint64_t>(epoch));
-    for (std::size_t i = order_.size() - 1; i > 0; --i)
-      std::swap(order_[i], order_[rng.below(static_cast<std::uint32_t>(i + 1))]);
-  }
-  {
-    std::lock_guard lock(mutex_);
-    epoch_ = epoch;
-    claim_ = consume_ = next_start_step_;
-    end_step_ = steps_;
-    active_ = true;
-  }
+  const std::int64_t epoch = next_epoch_, step = next_start_step_;
   next_epoch_ = epoch + 1;
   next_start_step_ = 0;
+  bool continuing;
+  {
+    std::unique_lock lock(mutex_);
+    // The previous pass ended at the start of exactly this epoch: keep what the workers made.
+    continuing = active_ && epoch == epoch_ + 1 && step == 0 && epoch_of(consume_) == epoch && step_of(consume_) == 0;
+    if (!continuing) cancel_locked(lock);
+  }
+  if (continuing) {
+    // Epoch - 1 is fully consumed, so no worker reads its order any more: reuse it for epoch + 1.
+    shuffle_into(epoch + 1);
+    std::lock_guard lock(mutex_);
+    epoch_ = epoch;
+    epoch_limit_ = epoch + 1;
+  } else {
+    shuffle_into(epoch);
+    shuffle_into(epoch + 1);
+    std::lock_guard lock(mutex_);
+    base_epoch_ = epoch_ = epoch;
+    base_step_ = step;
+    claim_ = consume_ = 0;
+    epoch_limit_ = epoch + 1;
+    active_ = true;
+  }
   work_cv_.notify_all();
 }
 
@@ -134,12 +152,8 @@ const Batch* Loader::next() {
     held_ = -1;
     work_cv_.notify_one();
   }
-  if (!active_) return nullptr;
-  if (consume_ >= end_step_) {
-    active_ = false;
-    return nullptr;
-  }
-  const std::int64_t step = consume_;
+  if (!active_ || epoch_of(consume_) > epoch_) return nullptr;  // the epoch is over
+  const std::int64_t position = consume_;
   if (options_.threads == 0) {
     const int buffer = free_.back();
     free_.pop_back();
@@ -147,14 +161,14 @@ const Batch* Loader::next() {
     ++consume_;
     lock.unlock();
     try {
-      produce(step, pool_[buffer], sync_scratch_);
+      produce(position, pool_[buffer], sync_scratch_);
     } catch (...) {
       stop();
       throw;
     }
     return &pool_[buffer];
   }
-  Slot& slot = slots_[static_cast<std::size_t>(step % static_cast<std::int64_t>(slots_.size()))];
+  Slot& slot = slots_[static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size()))];
   ready_cv_.wait(lock, [&] { return slot.done; });
   ++consume_;
   held_ = slot.buffer;
@@ -171,31 +185,37 @@ void Loader::worker_main() {
   std::vector<std::uint8_t> scratch(shape_.bytes());
   std::unique_lock lock(mutex_);
   for (;;) {
-    work_cv_.wait(lock, [this] { return shutdown_ || (active_ && !cancel_ && claim_ < end_step_ && !free_.empty()); });
+    work_cv_.wait(lock, [this] {
+      return shutdown_ || (active_ && !cancel_ && !free_.empty() && epoch_of(claim_) <= epoch_limit_);
+    });
     if (shutdown_) return;
-    const std::int64_t step = claim_++;
+    const std::int64_t position = claim_++;
     const int buffer = free_.back();
     free_.pop_back();
     ++busy_;
     lock.unlock();
     std::exception_ptr error;
     try {
-      produce(step, pool_[buffer], scratch);
+      produce(position, pool_[buffer], scratch);
     } catch (...) {
       error = std::current_exception();
     }
     lock.lock();
     --busy_;
-    Slot& slot = slots_[static_cast<std::size_t>(step % static_cast<std::int64_t>(slots_.size()))];
+    Slot& slot = slots_[static_cast<std::size_t>(position % static_cast<std::int64_t>(slots_.size()))];
     slot.buffer = buffer;
     slot.error = error;
     slot.done = true;
-    // The consumer waits for its step, and cancel_locked() for busy_ == 0.
+    // The consumer waits for its position, and cancel_locked() for busy_ == 0.
     ready_cv_.notify_all();
   }
 }
 
-void Loader::produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>& scratch) {
+// Reads only state that is fixed while the position is in flight (the position's epoch's order,
+// written before any worker could claim a position of that epoch).
+void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8_t>& scratch) {
+  const std::int64_t epoch = epoch_of(position), step = step_of(position);
+  const auto& order = orders_[static_cast<std::size_t>(epoch & 1)];
   const std::int64_t n = dataset_.size();
   const std::int64_t global_begin = step * options_.batch;
   const auto global_n = static_cast<int>(std::min<std::int64_t>(options_.batch, n - global_begin));
@@ -204,7 +224,7 @@ void Loader::produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>&
   const int begin = static_cast<int>(static_cast<std::int64_t>(global_n) * r / w);
   const int end = static_cast<int>(static_cast<std::int64_t>(global_n) * (r + 1) / w);
   batch.n = end - begin;
-  batch.epoch = epoch_;
+  batch.epoch = epoch;
   batch.index_in_epoch = step;
   batch.global_n = global_n;
   batch.global_offset = begin;
@@ -213,7 +233,7 @@ void Loader::produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>&
   const std::size_t stride = shape_.bytes();
   for (int j = 0; j < batch.n; ++j) {
     if (cancel_.load(std::memory_order_relaxed)) return;
-    const std::int64_t index = order_[static_cast<std::size_t>(global_begin + begin + j)];
+    const std::int64_t index = order[static_cast<std::size_t>(global_begin + begin + j)];
     const std::int32_t label = dataset_.read(index, scratch);
     if (label < 0 || label >= dataset_.num_classes())
       raise<DataError>(dataset_.describe(), " item ", index, " has label ", label, ", expected 0..",
@@ -221,7 +241,7 @@ void Loader::produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>&
     batch.labels[static_cast<std::size_t>(j)] = label;
     batch.indices[static_cast<std::size_t>(j)] = index;
     augmenter_.apply(scratch.data(), batch.images.data() + static_cast<std::size_t>(j) * stride, options_.seed,
-                     epoch_, index);
+                     epoch, index);
   }
 }
 

@@ -33,9 +33,11 @@
 // batch, after the workers have stopped. Destroying the loader or calling stop() mid-epoch cancels
 // the pass promptly (workers check between samples); the destructor then joins the workers.
 //
-// Epoch boundaries: workers prefetch within a pass only, so the first batch of each epoch is
-// produced after begin() (a few milliseconds for CIFAR-sized batches, once per epoch).
+// Epoch boundaries: when a pass ends, the workers go on producing the first batches of the next
+// epoch, so a following begin() for that epoch (from step 0) starts with batches ready. Any other
+// begin() (set_epoch to another epoch or step, or a pass abandoned mid-epoch) discards them.
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -77,12 +79,13 @@ class Loader {
   const Dataset& dataset() const { return dataset_; }
   const LoaderOptions& options() const { return options_; }
 
-  // The epoch (and first step) the next pass runs. Stops a pass in progress.
+  // The epoch (and first step) the next pass runs; takes effect at the next begin()/start().
   void set_epoch(std::int64_t epoch, std::int64_t start_step = 0);
   std::int64_t next_epoch() const { return next_epoch_; }
 
   // Explicit form of the range-for: start() begins a pass; next() returns its batches in order,
-  // then nullptr; stop() cancels it (also done by start(), set_epoch() and the destructor).
+  // then nullptr; stop() cancels it (as the destructor does, and start() unless it continues into
+  // the epoch the workers are already producing).
   void start();
   const Batch* next();
   void stop();
@@ -114,8 +117,14 @@ class Loader {
     bool done = false;
     std::exception_ptr error;
   };
+  // The batches of a pass form a stream of positions 0, 1, 2, ... that run through the end of an
+  // epoch into the next: position p is step (base_step_ + p) % steps_ of epoch
+  // base_epoch_ + (base_step_ + p) / steps_.
+  std::int64_t epoch_of(std::int64_t position) const { return base_epoch_ + (base_step_ + position) / steps_; }
+  std::int64_t step_of(std::int64_t position) const { return (base_step_ + position) % steps_; }
+  void shuffle_into(std::int64_t epoch);
   void worker_main();
-  void produce(std::int64_t step, Batch& batch, std::vector<std::uint8_t>& scratch);
+  void produce(std::int64_t position, Batch& batch, std::vector<std::uint8_t>& scratch);
   void cancel_locked(std::unique_lock<std::mutex>& lock);
 
   const Dataset& dataset_;
@@ -127,16 +136,21 @@ class Loader {
   std::int64_t next_epoch_ = 0, next_start_step_ = 0;
 
   std::vector<Batch> pool_;
-  std::vector<std::int64_t> order_;       // the running epoch's permutation
+  // The permutations of the consumer's epoch and of the one after it (which the workers may
+  // already be producing), by the epoch's parity.
+  std::array<std::vector<std::int64_t>, 2> orders_;
   std::vector<std::uint8_t> sync_scratch_;  // for threads = 0
 
   // Shared with the workers, under mutex_.
   std::mutex mutex_;
   std::condition_variable work_cv_, ready_cv_;
   std::vector<int> free_;                 // buffers no one holds
-  std::vector<Slot> slots_;               // step s lives in slots_[s % slots_.size()]
+  std::vector<Slot> slots_;               // position p lives in slots_[p % slots_.size()]
   bool active_ = false, shutdown_ = false;
-  std::int64_t epoch_ = 0, claim_ = 0, consume_ = 0, end_step_ = 0;
+  std::int64_t base_epoch_ = 0, base_step_ = 0;
+  std::int64_t claim_ = 0, consume_ = 0;  // the next positions to produce and to hand out
+  std::int64_t epoch_ = 0;                // the epoch the consumer is in
+  std::int64_t epoch_limit_ = 0;          // workers produce positions of epochs up to this one
   int busy_ = 0;                          // workers producing a batch
   int held_ = -1;                         // the buffer the consumer holds
   std::atomic<bool> cancel_{false};

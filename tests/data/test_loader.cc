@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <map>
 #include <set>
 
@@ -177,6 +179,34 @@ TEST_CASE("An epoch can start at step k, giving the rest of that epoch exactly",
   for (int i = 0; i < 5; ++i) CHECK(tail[i] == full[7 + i]);
   CHECK(loader.next_epoch() == 4);
   require_throws_mentioning<InvalidArgument>([&] { loader.set_epoch(0, 13); }, {"start step 13", "12 steps"});
+  loader.set_epoch(5, 12);  // resuming right at the end of epoch 5: nothing left of it
+  CHECK(run_epoch(loader).empty());
+  CHECK(run_epoch(loader).front().epoch == 6);
+}
+
+TEST_CASE("Workers prefetch the next epoch while the consumer is between epochs", "[data][loader]") {
+  const Indexed data(100);
+  Loader loader(data, {.batch = 10, .augment = {}, .seed = 8, .threads = 2, .prefetch = 3});
+  const auto epoch0 = run_epoch(loader);
+  REQUIRE(epoch0.size() == 10);
+  // Without begin(), the workers fill the pool (4 buffers) with epoch 1's first batches.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (data.reads_.load() < 140 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(data.reads_.load() == 140);
+  const auto epoch1 = run_epoch(loader);  // continues with them
+  // Nothing was made twice: epochs 0 and 1, plus at most 4 batches of epoch 2 by now.
+  CHECK(data.reads_.load() >= 200);
+  CHECK(data.reads_.load() <= 240);
+  // The same batches as a loader that starts at epoch 1 directly.
+  Loader fresh(data, {.batch = 10, .augment = {}, .seed = 8, .threads = 1});
+  fresh.set_epoch(1);
+  CHECK(run_epoch(fresh) == epoch1);
+  // Going elsewhere discards the prefetched epoch 2 and still gives the right batches.
+  loader.set_epoch(1, 4);
+  const auto tail = run_epoch(loader);
+  REQUIRE(tail.size() == 6);
+  CHECK(tail.front() == epoch1[4]);
 }
 
 TEST_CASE("Stopping mid-epoch is clean, and the loader is reusable afterwards", "[data][loader]") {
