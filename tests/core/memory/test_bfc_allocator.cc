@@ -178,6 +178,46 @@ TEST_CASE("growth_cap keeps a growing pool's idle tail near a quarter", "[memory
   for (void* p : live) pool->deallocate(p);
 }
 
+TEST_CASE("a steady-state training step makes no new region", "[memory]") {
+  // One model's step, repeated: parameters live throughout; per layer an activation kept for the
+  // backward pass and a transient workspace; backward frees activations in reverse order.
+  Pool pool({.device_name = "/cpu:0", .limit_bytes = 1024 * MiB, .initial_region_bytes = 1 * MiB});
+  std::vector<std::size_t> act, ws;
+  std::uint64_t x = 12345;
+  auto next_size = [&] {  // a small LCG: log-uniform-ish sizes from 1 KiB to 4 MiB
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return std::size_t{1024} << ((x >> 33) % 13) | ((x >> 20) & 1023);
+  };
+  for (int l = 0; l < 40; ++l) {
+    act.push_back(next_size());
+    ws.push_back(next_size());
+  }
+  std::vector<void*> params;
+  for (int i = 0; i < 10; ++i) params.push_back(pool->allocate(next_size()));
+  std::size_t pool_after_first = 0, regions_after_first = 0;
+  for (int step = 0; step < 20; ++step) {
+    std::vector<void*> saved;
+    for (std::size_t l = 0; l < act.size(); ++l) {
+      saved.push_back(pool->allocate(act[l]));
+      pool->deallocate(pool->allocate(ws[l]));
+    }
+    for (std::size_t l = act.size(); l-- > 0;) {
+      void* grad = pool->allocate(act[l]);
+      pool->deallocate(saved[l]);
+      pool->deallocate(pool->allocate(ws[l]));
+      pool->deallocate(grad);
+    }
+    if (step == 0) {
+      pool_after_first = pool->stats().pool_bytes;
+      regions_after_first = pool->stats().num_regions;
+    }
+  }
+  CHECK(pool->stats().pool_bytes == pool_after_first);
+  CHECK(pool->stats().num_regions == regions_after_first);
+  CHECK(pool->stats().live_allocs == params.size());
+  for (void* p : params) pool->deallocate(p);
+}
+
 TEST_CASE("without growth the whole limit is reserved on first use, not before", "[memory]") {
   Pool pool({.device_name = "/gpu:0", .limit_bytes = 10 * MiB + 100, .allow_growth = false});
   CHECK(pool.log->granted.empty());
