@@ -30,7 +30,7 @@ endfunction()
 # Flags every towerflow target compiles with (not exported to users' code).
 add_library(tw_build_flags INTERFACE)
 target_compile_options(tw_build_flags INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers>
   $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<BOOL:${TOWERFLOW_WERROR}>>:-Werror>)
 if(TOWERFLOW_NATIVE)
   target_compile_options(tw_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
