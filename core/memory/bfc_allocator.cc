@@ -128,6 +128,44 @@ class PointerMap {
   std::size_t count_ = 0;
 };
 
+// Memory for the bins' tree nodes: every node has the same size, so a free list over slabs
+// serves them in a few instructions (the pool resources of <memory_resource> search size classes
+// on every call). Used only under the allocator's lock.
+class NodeArena final : public std::pmr::memory_resource {
+ private:
+  struct FreeNode {
+    FreeNode* next;
+  };
+  void* do_allocate(std::size_t bytes, std::size_t align) override {
+    if (node_bytes_ == 0) node_bytes_ = std::max(bytes, sizeof(FreeNode));
+    if (bytes > node_bytes_ || align > alignof(std::max_align_t))
+      return std::pmr::new_delete_resource()->allocate(bytes, align);
+    if (free_ == nullptr) {
+      constexpr std::size_t kNodesPerSlab = 256;
+      const std::size_t stride = (node_bytes_ + alignof(std::max_align_t) - 1) / alignof(std::max_align_t) *
+                                 alignof(std::max_align_t);
+      slabs_.push_back(std::make_unique<std::max_align_t[]>(stride * kNodesPerSlab / sizeof(std::max_align_t)));
+      char* base = reinterpret_cast<char*>(slabs_.back().get());
+      for (std::size_t i = kNodesPerSlab; i-- > 0;) free_ = new (base + i * stride) FreeNode{free_};
+    }
+    FreeNode* n = free_;
+    free_ = n->next;
+    return n;
+  }
+  void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
+    if (bytes > node_bytes_ || align > alignof(std::max_align_t)) {
+      std::pmr::new_delete_resource()->deallocate(p, bytes, align);
+      return;
+    }
+    free_ = new (p) FreeNode{free_};
+  }
+  bool do_is_equal(const std::pmr::memory_resource& other) const noexcept override { return this == &other; }
+
+  std::size_t node_bytes_ = 0;
+  FreeNode* free_ = nullptr;
+  std::vector<std::unique_ptr<std::max_align_t[]>> slabs_;
+};
+
 struct FreeKey {
   std::size_t size;
   char* ptr;
@@ -519,7 +557,7 @@ class BfcAllocator final : public Allocator {
   std::vector<Chunk> chunks_;
   std::vector<std::uint32_t> free_handles_;
   std::vector<Region> regions_;  // sorted by base
-  std::pmr::unsynchronized_pool_resource node_pool_;
+  NodeArena node_pool_;
   std::unique_ptr<Bin> bins_[kNumBins];
   std::uint32_t nonempty_ = 0;  // bit b set when bin b has a free chunk
   PointerMap live_map_;
