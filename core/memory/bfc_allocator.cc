@@ -483,9 +483,10 @@ class BfcAllocator final : public Allocator {
     std::string msg = str("out of memory on ", opts_.device_name, ": cannot allocate ", bytes, " bytes (",
                           format_bytes(rounded), " rounded); ", why, ". Limit ", format_bytes(limit_),
                           ", in use ", format_bytes(s.bytes_in_use), " in ", s.live_allocs,
-                          " allocations, pool ", format_bytes(s.pool_bytes), " in ", s.num_regions,
-                          " regions, largest free block ", format_bytes(s.largest_free_block), ". To fix: ",
-                          fix, ".");
+                          s.live_allocs == 1 ? " allocation" : " allocations", ", pool ",
+                          format_bytes(s.pool_bytes), " in ", s.num_regions,
+                          s.num_regions == 1 ? " region" : " regions", ", largest free block ",
+                          format_bytes(s.largest_free_block), ". To fix: ", fix, ".");
     const char* env = std::getenv("TOWERFLOW_ALLOCATOR_DUMP");
     if (opts_.dump_on_oom || (env != nullptr && std::string(env) == "1"))
       msg += "\n" + debug_dump_locked();

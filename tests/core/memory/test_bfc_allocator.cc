@@ -245,7 +245,7 @@ TEST_CASE("a request beyond the limit raises OutOfMemory naming the device, size
     CHECK(contains(m, "5242881 bytes"));
     CHECK(contains(m, "5.0 MiB rounded"));
     CHECK(contains(m, "Limit 4.0 MiB"));
-    CHECK(contains(m, "in use 1.0 MiB"));
+    CHECK(contains(m, "in use 1.0 MiB in 1 allocation, pool 2.0 MiB in 1 region"));
     CHECK(contains(m, "largest free block 1.0 MiB"));
     CHECK(contains(m, "--per_process_gpu_memory_fraction"));
     CHECK(contains(m, "--memory_limit gpu:1=<MiB>"));
