@@ -230,4 +230,8 @@ TEST_CASE("pooling rejects impossible shapes with the field named", "[cpu][pool]
   s.kh = 7;
   s.pad_h = 1;
   CHECK_THAT(message(s), Catch::Contains("larger than the padded input"));
+  s = ok;
+  s.n = 1 << 20;
+  s.h = s.w = 64;
+  CHECK_THAT(message(s), Catch::Contains("more than 2^31"));
 }
