@@ -3,7 +3,10 @@
 #include <cmath>
 #include <map>
 
+#include "core/cuda/context.h"
+#include "core/cuda/copy.h"
 #include "core/error.h"
+#include "core/platform/registry.h"
 
 namespace towerflow::optim {
 
@@ -20,6 +23,32 @@ ParameterSet ParameterSet::single(std::span<float> params, std::span<const float
   return set;
 }
 
+// State buffers of one copy: host vectors for a CPU copy; for a GPU copy, device buffers from
+// the device's allocator and a context (its own stream) the updates run on.
+struct Optimizer::CopyState {
+  std::vector<std::vector<float>> host;
+  std::unique_ptr<gpu::GpuContext> ctx;
+  std::vector<gpu::DeviceBuffer> device;
+
+  float* buffer(std::size_t k) { return ctx ? device[k].as<float>() : host[k].data(); }
+  void read(std::size_t k, std::size_t offset, std::size_t n, float* out) const {
+    if (!ctx) {
+      std::copy(host[k].begin() + offset, host[k].begin() + offset + n, out);
+      return;
+    }
+    gpu::copy_to_host(*ctx, out, device[k].as<float>() + offset, n * sizeof(float));
+  }
+  void write(std::size_t k, std::size_t offset, const std::vector<float>& v) {
+    if (!ctx) {
+      std::copy(v.begin(), v.end(), host[k].begin() + offset);
+      return;
+    }
+    gpu::copy_to_device(*ctx, device[k].as<float>() + offset, v.data(), v.size() * sizeof(float));
+  }
+};
+
+Optimizer::~Optimizer() = default;
+
 Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> state_names)
     : params_(std::move(params)), lr_(lr), state_names_(std::move(state_names)) {
   set_lr(lr);
@@ -30,10 +59,6 @@ Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> st
     if (c.params.size() != n || c.grads.size() != n)
       raise<InvalidArgument>("parameter copy on ", c.device, " has ", c.params.size(),
                              " parameters and ", c.grads.size(), " gradients; every copy needs ", n);
-    if (!c.device.is_cpu())
-      raise<DeviceError>("optimizer update on ", c.device, " needs the CUDA optimizer kernels, which "
-                         "this build does not have; reduce on a CPU parameter device "
-                         "(reduction parameter_device:/cpu:0)");
   }
   std::size_t covered = 0;
   for (const ParameterSlot& s : params_.slots) {
@@ -43,10 +68,24 @@ Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> st
     covered += s.size;
   }
   TW_CHECK(covered <= n, "slots cover ", covered, " of ", n, " floats");
-  // State lives with its copy: host memory for CPU copies.
-  state_.resize(params_.copies.size());
-  for (auto& per_copy : state_)
-    per_copy.assign(state_names_.size(), std::vector<float>(n, 0.f));
+  // State lives with its copy: host memory for CPU copies, device memory for GPU copies.
+  for (const ParameterCopy& c : params_.copies) {
+    auto st = std::make_unique<CopyState>();
+    if (c.device.is_cpu()) {
+      st->host.assign(state_names_.size(), std::vector<float>(n, 0.f));
+    } else {
+      // In a build without CUDA this raises DeviceError ("rebuild with -DTOWERFLOW_CUDA=ON").
+      st->ctx = std::make_unique<gpu::GpuContext>(gpu::GpuContextOptions{
+          .device = c.device, .ordinal = device_info(c.device).physical_index,
+          .allocator = &device_allocator(c.device)});
+      for (std::size_t k = 0; k < state_names_.size(); ++k) {
+        st->device.emplace_back(*st->ctx, std::max<std::size_t>(1, n) * sizeof(float));
+        gpu::memset_device(*st->ctx, st->device.back().data(), 0, n * sizeof(float));
+      }
+      st->ctx->synchronize();
+    }
+    state_.push_back(std::move(st));
+  }
 }
 
 void Optimizer::set_lr(double lr) {
@@ -62,9 +101,19 @@ void Optimizer::step() {
   const double lr = lr_;
   const std::int64_t t = step_ + 1;
   auto one = [&](int i) {
+    CopyState& cs = *state_[i];
+    const ParameterCopy& c = params_.copies[i];
+    if (cs.ctx) {
+      std::vector<float*> st;
+      for (std::size_t k = 0; k < state_names_.size(); ++k) st.push_back(cs.buffer(k));
+      update_gpu(*cs.ctx, static_cast<std::int64_t>(c.params.size()), c.params.data(),
+                 c.grads.data(), st.data(), lr, t);
+      cs.ctx->synchronize();  // the next forward, on the device's own stream, sees the update
+      return;
+    }
     std::vector<std::span<float>> st;
-    for (auto& buf : state_[i]) st.emplace_back(buf);
-    update(params_.copies[i].params, params_.copies[i].grads, st, lr, t);
+    for (auto& buf : cs.host) st.emplace_back(buf);
+    update(c.params, c.grads, st, lr, t);
   };
   if (params_.for_each_copy) {
     params_.for_each_copy(one);
@@ -79,10 +128,9 @@ OptimizerState Optimizer::state() const {
   out.step = step_;
   for (std::size_t k = 0; k < state_names_.size(); ++k)
     for (const ParameterSlot& s : params_.slots) {
-      const auto& buf = state_[0][k];
-      out.tensors.push_back({.name = s.name + "." + state_names_[k],
-                             .values = std::vector<float>(buf.begin() + s.offset,
-                                                          buf.begin() + s.offset + s.size)});
+      std::vector<float> values(s.size);
+      state_[0]->read(k, s.offset, s.size, values.data());
+      out.tensors.push_back({.name = s.name + "." + state_names_[k], .values = std::move(values)});
     }
   return out;
 }
@@ -119,10 +167,8 @@ void Optimizer::load_state(const OptimizerState& state) {
   }
   for (auto& per_copy : state_)
     for (std::size_t k = 0; k < state_names_.size(); ++k)
-      for (const ParameterSlot& s : params_.slots) {
-        const auto& v = by_name.at(s.name + "." + state_names_[k])->values;
-        std::copy(v.begin(), v.end(), per_copy[k].begin() + s.offset);
-      }
+      for (const ParameterSlot& s : params_.slots)
+        per_copy->write(k, s.offset, by_name.at(s.name + "." + state_names_[k])->values);
   step_ = state.step;
 }
 

@@ -9,18 +9,27 @@
 // State (momentum, Adam's moments) lives with the copy it belongs to: one set of buffers per copy,
 // allocated on the copy's device. state() and load_state() exchange it by name for checkpoints,
 // as "<slot name>.<state name>" ("conv1.weight.momentum_buffer"), with the step count; load_state
-// writes the same values into every copy. A GPU copy needs the CUDA optimizer kernels: until they
-// are built, constructing an optimizer over one raises DeviceError.
+// writes the same values into every copy.
+//
+// GPU copies are updated by the CUDA optimizer kernels (core/cuda/optimizer_kernels.h) on a
+// stream of the optimizer's own; step() returns once the update is complete on the device. The
+// gradients must be complete when step() is called (the tower trainer's forward_backward returns
+// only then). In a build without CUDA, an optimizer over a GPU copy raises DeviceError.
 //
 // Thread-safety: an optimizer is driven from one thread (the training loop).
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "optim/parameters.h"
 #include "optim/schedule.h"
+
+namespace towerflow::gpu {
+class GpuContext;
+}
 
 namespace towerflow::optim {
 
@@ -36,7 +45,7 @@ struct OptimizerState {
 
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -63,14 +72,18 @@ class Optimizer {
   // step is 1 for the first update.
   virtual void update(std::span<float> p, std::span<const float> g,
                       std::span<const std::span<float>> state, double lr, std::int64_t step) = 0;
+  // The same on a GPU copy: n floats of device memory each, queued on ctx's stream.
+  virtual void update_gpu(const gpu::GpuContext& ctx, std::int64_t n, float* p, const float* g,
+                          float* const* state, double lr, std::int64_t step) = 0;
 
  private:
+  struct CopyState;  // one copy's state buffers, on its device
   ParameterSet params_;
   double lr_;
   LrSchedule schedule_;
   std::int64_t step_ = 0;
   std::vector<std::string> state_names_;
-  std::vector<std::vector<std::vector<float>>> state_;  // [copy][state buffer][element]
+  std::vector<std::unique_ptr<CopyState>> state_;  // [copy]
 };
 
 }  // namespace towerflow::optim
