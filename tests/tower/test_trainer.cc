@@ -193,6 +193,17 @@ TEST_CASE("1, 2 and 4 towers, even and 3:1, both reductions, with accumulation: 
   }
 }
 
+TEST_CASE("replicas start from a given module's parameters and buffers", "[tower]") {
+  auto initial = mlp_factory(99, true)(Device::cpu(3));
+  Trainer trainer(*initial, mlp_factory(1, true), cpus(2), {});
+  const auto expect = flat_params(*initial);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(flat_params(trainer.replica(i)) == expect);
+    CHECK(trainer.replica(i).device() == Device::cpu(i));
+  }
+  CHECK(flat_params(trainer.replica(0)) != flat_params(*mlp_factory(1, true)(Device::cpu(0))));
+}
+
 TEST_CASE("the parameters really move (the equivalence test is not vacuous)", "[tower]") {
   const Data data = make_data(48, 3);
   Trainer trainer(mlp_factory(7), cpus(2), {});
