@@ -194,7 +194,7 @@ TEST_CASE("1, 2 and 4 towers, even and 3:1, both reductions, with accumulation: 
 }
 
 TEST_CASE("replicas start from a given module's parameters and buffers", "[tower]") {
-  auto initial = mlp_factory(99, true)(Device::cpu(3));
+  auto initial = mlp_factory(99, true)(cpus(4)[3]);
   Trainer trainer(*initial, mlp_factory(1, true), cpus(2), {});
   const auto expect = flat_params(*initial);
   for (int i = 0; i < 2; ++i) {
