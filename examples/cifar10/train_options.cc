@@ -42,7 +42,7 @@ const std::vector<Field>& fields() {
       {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower)"},
       {"split_remainder", &TrainOptions::split_remainder, "a batch that does not split exactly: error | spread (largest remainders)"},
       {"reduction", &TrainOptions::reduction, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)"},
-      {"optimizer", &TrainOptions::optimizer, "sgd (momentum with --momentum > 0) | adam"},
+      {"optimizer", &TrainOptions::optimizer, "sgd (with --momentum) | nesterov | adam | adamw"},
       {"lr", &TrainOptions::lr, "peak learning rate", 0, 1e6},
       {"momentum", &TrainOptions::momentum, "SGD momentum", 0, 1},
       {"weight_decay", &TrainOptions::weight_decay, "L2 weight decay", 0, 1},

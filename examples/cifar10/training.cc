@@ -13,6 +13,7 @@
 #include "core/platform/registry.h"
 #include "data/data.h"
 #include "examples/cifar10/checkpoint.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/model_state.h"
 #include "models/models.h"
@@ -54,17 +55,6 @@ optim::LrSchedule make_schedule(const TrainOptions& o, std::int64_t total_steps,
   return optim::parse_schedule(spec, o.lr, total_steps);
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, optim::ParameterSet params) {
-  if (o.optimizer == "sgd" || o.optimizer == "momentum")
-    return std::make_unique<optim::Sgd>(std::move(params),
-                                        optim::SgdOptions{.lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
-  if (o.optimizer == "adam")
-    return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay});
-  if (o.optimizer == "adamw")
-    return std::make_unique<optim::AdamW>(std::move(params), optim::AdamOptions{.lr = o.lr, .weight_decay = o.weight_decay});
-  raise<InvalidArgument>("--optimizer \"", o.optimizer, "\" is not known; use sgd, adam or adamw");
-}
-
 tower::TrainerOptions trainer_options(const TrainOptions& o) {
   tower::TrainerOptions t;
   t.reduction = tower::parse_reduction(o.reduction);
@@ -86,7 +76,6 @@ tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& test, i
     total.correct += r.correct;
     total.rows += r.rows;
   }
-  trainer.model().train();
   if (total.rows > 0) {
     total.loss = loss_sum / static_cast<double>(total.rows);
     total.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.rows);
@@ -118,9 +107,14 @@ int clear_train_dir(io::CheckpointDir& dir) {
        << format_byte_size(s.peak_bytes_in_use) << ", limit " << format_byte_size(s.bytes_limit) << ", pool "
        << format_byte_size(s.pool_bytes) << ", largest free block " << format_byte_size(s.largest_free_block);
   }
-  os << "\nto fit: a smaller batch (--batch_size " << std::max(1, o.batch_size / 2) << ", now " << o.batch_size
-     << "), pools that grow on demand (--allow_growth), a larger share of GPU memory "
-        "(--per_process_gpu_memory_fraction 0.95), or a larger per-device limit (--memory_limit gpu:0=MiB,cpu:0=MiB)";
+  bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_gpu(); });
+  const Device& first = devices.front();
+  os << "\nto fit: a smaller batch (--batch_size " << std::max(1, o.batch_size / 2) << ", now " << o.batch_size << ")";
+  if (any_gpu)
+    os << ", pools that grow on demand (--allow_growth), a larger share of GPU memory "
+          "(--per_process_gpu_memory_fraction 0.95)";
+  os << ", or a larger per-device limit (--memory_limit " << (first.is_gpu() ? "gpu:" : "cpu:") << first.index
+     << "=<MiB>)";
   throw OutOfMemory(os.str());
 }
 
@@ -136,6 +130,21 @@ void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) 
       log_warning(str("--resume: ", key, " was ", then[key].dump(), " in the interrupted run and is ", cur[key].dump(),
                       " now; the run continues with the new value and will not reproduce the uninterrupted one"));
   }
+}
+
+// A resumed run repeats the steps after its checkpoint: drop the interrupted run's records of
+// them (and a line cut short by the kill) so metrics.jsonl reads as one uninterrupted run.
+void truncate_metrics(const fs::path& path, std::int64_t step) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return;
+  std::istringstream in(io::read_file(path));
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    if (j["step"].get<std::int64_t>() <= step) kept += line + "\n";
+  }
+  io::write_file_atomically(path, kept);
 }
 
 std::string memory_summary(const std::vector<Device>& devices) {
@@ -226,7 +235,8 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   try {
     models::ModelOptions mopts{.num_classes = train_set->num_classes(), .seed = o.seed};
     tower::Trainer trainer(models::factory(o.model, mopts), devices, topts);
-    auto optimizer = make_optimizer(o, trainer.parameters());
+    auto optimizer = optim::make_optimizer(
+        trainer.parameters(), {.name = o.optimizer, .lr = o.lr, .momentum = o.momentum, .weight_decay = o.weight_decay});
     optimizer->set_schedule(make_schedule(o, total_steps, steps_per_epoch));
 
     io::CheckpointDir ckpt_dir(o.train_dir);
@@ -240,6 +250,7 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
         pos = info.position;
         warn_on_changed_options(info.metadata, o);
         resumed_from = str(latest->path.string(), " (step ", pos.step, ")");
+        truncate_metrics(fs::path(o.train_dir) / "metrics.jsonl", pos.step);
       } else {
         log_warning(str("--resume: no checkpoint in ", o.train_dir, "; starting a new run"));
       }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/platform/registry.h"
+#include "core/tensor/backend_impl.h"
 #include "examples/cifar10/reporter.h"
 #include "examples/cifar10/train_options.h"
 #include "io/safetensors.h"
@@ -31,6 +33,14 @@ struct TempDir {
     std::filesystem::remove_all(path, ec);
   }
 };
+
+// Device options are process-wide: every test starts from the trainer's default on a machine
+// without a GPU (two logical CPU devices). No tensor may be alive when this is called.
+inline void fresh_devices() {
+  reset_backends_for_testing();  // backends hold the allocators the registry is about to destroy
+  reset_devices_for_testing();
+  initialise_devices(ProcessOptions{.device_count = {{"CPU", 2}}});
+}
 
 // A run of a few steps: 128 training and 64 test images, batch 32 over the two CPU towers.
 inline TrainOptions tiny_options(const std::filesystem::path& train_dir) {
