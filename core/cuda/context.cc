@@ -65,6 +65,12 @@ GpuContext::GpuContext(GpuContextOptions opts) : impl_(std::make_unique<Impl>())
     // FP32 stays FP32 unless asked: PyTorch's default for matmul, and what the parity tests assume.
     TW_CUBLAS_CHECK(cublasSetMathMode(
         m.cublas, opts.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    // NVIDIA's recommended cuBLAS workspace: 32 MiB on Hopper and later, 4 MiB before.
+    int major = 0;
+    TW_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opts.ordinal));
+    const std::size_t cublas_bytes = static_cast<std::size_t>(major >= 9 ? 32 : 4) << 20;
+    m.cublas_workspace = m.allocate(cublas_bytes);
+    TW_CUBLAS_CHECK(cublasSetWorkspace(m.cublas, m.cublas_workspace, cublas_bytes));
     for (int i = 0; i < 2; ++i) {
       TW_CUDA_CHECK(cudaHostAlloc(&m.staging[i], Impl::kStagingBytes, cudaHostAllocPortable));
       TW_CUDA_CHECK(cudaEventCreateWithFlags(&m.staging_done[i], cudaEventDisableTiming));
@@ -75,6 +81,7 @@ GpuContext::GpuContext(GpuContextOptions opts) : impl_(std::make_unique<Impl>())
     // Release what was made before the failure; the destructor does not run for a throwing ctor.
     impl_->conv_plans.clear();
     if (m.input_errors) m.opts.allocator->deallocate(m.input_errors);
+    if (m.cublas_workspace) m.opts.allocator->deallocate(m.cublas_workspace);
     for (int i = 0; i < 2; ++i) {
       if (m.staging_done[i]) cudaEventDestroy(m.staging_done[i]);
       if (m.staging[i]) cudaFreeHost(m.staging[i]);
@@ -96,11 +103,13 @@ GpuContext::~GpuContext() {
   }
   m.conv_plans.clear();
   if (m.input_errors) m.opts.allocator->deallocate(m.input_errors);
+  cublasDestroy(m.cublas);  // before its workspace goes back to the pool
+  m.cublas = nullptr;
+  if (m.cublas_workspace) m.opts.allocator->deallocate(m.cublas_workspace);
   for (int i = 0; i < 2; ++i) {
     cudaEventDestroy(m.staging_done[i]);
     cudaFreeHost(m.staging[i]);
   }
-  cublasDestroy(m.cublas);
   cudnnDestroy(m.cudnn);
   cudaStreamDestroy(m.stream);
   cudaGetLastError();

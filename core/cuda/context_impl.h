@@ -55,6 +55,10 @@ struct GpuContext::Impl {
   // count, [1] the first bad label, [2] its row. Checked by synchronize().
   int* input_errors = nullptr;
 
+  // cuBLAS's workspace, from the device's pool rather than a private cudaMalloc, so the pool's
+  // statistics and limits cover it.
+  void* cublas_workspace = nullptr;
+
   // Makes this context's GPU current and names it in errors for the scope.
   detail::DeviceScope scope() const { return detail::DeviceScope(opts.device, opts.ordinal); }
   void* allocate(std::size_t bytes) const { return opts.allocator->allocate(bytes); }

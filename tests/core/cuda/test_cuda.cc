@@ -12,6 +12,7 @@
 #include "core/cuda/optimizer_kernels.h"
 #include "core/cuda/status.h"
 #include "core/memory/allocator.h"
+#include "core/tensor/backend_impl.h"
 
 namespace tw = towerflow;
 namespace gpu = towerflow::gpu;
@@ -97,4 +98,24 @@ TEST_CASE("the stub backend fails every entry point with the rebuild hint", "[cu
       gpu::GpuContext(gpu::GpuContextOptions{.device = tw::Device::gpu(0), .allocator = &memory}),
       Contains(hint) && Contains("/gpu:0"));
   CHECK(gpu::describe(gpu::cuda_availability()) == hint);
+}
+
+TEST_CASE("a GPU backend where no GPU exists fails with an error naming the device",
+          "[cuda-nogpu]") {
+  if (gpu::cuda_availability().usable()) return;  // with a GPU the parity suite covers it
+  NoMemory memory;
+  // Without CUDA: the stub's rebuild hint. With CUDA but no driver or device: the registry has
+  // no /gpu:0 and says so (NotFound), before any CUDA call.
+  try {
+    (void)tw::make_gpu_backend(tw::Device::gpu(0), memory);
+    FAIL("a GPU backend was made without a GPU");
+  } catch (const tw::Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, Contains("/gpu:0"));
+    if (!gpu::built_with_cuda()) {
+      CHECK(dynamic_cast<const tw::DeviceError*>(&e) != nullptr);
+      CHECK_THAT(what, Contains(std::string(gpu::kNoCudaBuildMessage)));
+    }
+  }
 }
