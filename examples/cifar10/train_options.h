@@ -51,9 +51,9 @@ struct TrainOptions {
   std::string schedule = "cosine";     // see optim::parse_schedule
   double warmup_epochs = 0.0;
   // length
-  int epochs = 8;
+  int epochs = 3;
   std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)
-  int eval_every = 2;                  // epochs between evaluations (0: only at the end)
+  int eval_every = 1;                  // epochs between evaluations (0: only at the end)
   int log_every = 10;                  // steps between progress lines
   // checkpoints and logs
   std::string train_dir = "train_dir";
