@@ -103,11 +103,14 @@ void Tensor::backward() const {
       if (in_impl->grad_fn) {
         auto [slot, inserted] = grads.try_emplace(in_impl->grad_fn.get(), gi);
         if (!inserted) {
-          // The first gradient may be shared with another input (add passes g to both), so
-          // sum into a fresh buffer rather than in place.
-          Tensor sum = slot->second.clone();
-          accumulate_into(sum, gi);
-          slot->second = sum;
+          // Sum in place when this map holds the only reference to the buffer (the usual case:
+          // a ResNet block's input gets a fresh gradient from each of its two consumers).
+          // Otherwise it is shared (add passes g to both inputs): sum into a fresh buffer.
+          Tensor& acc = slot->second;
+          const bool exclusive = acc.impl_ptr().use_count() == 1 &&
+                                 acc.impl()->storage.use_count() == 1;
+          if (!exclusive) acc = acc.clone();
+          accumulate_into(acc, gi);
         }
       } else if (in_impl->grad) {
         accumulate_into(Tensor(in_impl->grad), gi);
