@@ -76,6 +76,14 @@ class GpuContext {
   std::unique_ptr<Impl> impl_;
 };
 
+// The context of a logical GPU device's tensor backend (core/tensor's backend_for(device) makes
+// it on first use): for code outside the op set that must run on the same stream as the device's
+// tensor ops, such as an optimizer update over the flat gradient buffer. Throws NotFound when no
+// GPU backend exists for the device yet (call backend_for(device) first), and DeviceError with
+// kNoCudaBuildMessage in a build without CUDA. Thread-safe; the context lives as long as the
+// backend (until the process ends).
+const GpuContext& context_for(const Device& device);
+
 // DeviceBuffer: device memory from a context's allocator, returned when the buffer dies.
 // The free is stream-ordered (Note [Stream-ordered frees]): work already queued on the context's
 // stream may still use the memory; work on other streams must be ordered with a GpuEvent first.

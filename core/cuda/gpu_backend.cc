@@ -4,6 +4,9 @@
 
 #include <cudnn.h>
 
+#include <map>
+#include <mutex>
+
 #include "core/cuda/context_impl.h"
 #include "core/cuda/copy.h"
 #include "core/cuda/ops.h"
@@ -13,6 +16,16 @@
 namespace towerflow {
 
 namespace {
+
+// The contexts of the GPU backends that exist, for gpu::context_for().
+struct ContextTable {
+  std::mutex mu;
+  std::map<Device, const gpu::GpuContext*> contexts;
+};
+ContextTable& context_table() {
+  static auto* t = new ContextTable;  // never destroyed: backends may outlive static destructors
+  return *t;
+}
 
 class GpuBackend final : public Backend {
  public:
@@ -27,6 +40,14 @@ class GpuBackend final : public Backend {
     const std::size_t v = cudnnGetVersion();
     name_ = str("CUDA (", prop.name, ", ordinal ", ordinal, ", cuDNN ", v / 10000, ".",
                 v / 100 % 100, ")");
+    std::lock_guard lock(context_table().mu);
+    context_table().contexts[device] = &ctx_;
+  }
+  ~GpuBackend() override {
+    std::lock_guard lock(context_table().mu);
+    auto& contexts = context_table().contexts;
+    if (auto it = contexts.find(ctx_.device()); it != contexts.end() && it->second == &ctx_)
+      contexts.erase(it);
   }
 
   const gpu::GpuContext& context() const { return ctx_; }
@@ -202,3 +223,15 @@ std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator& alloc
 }
 
 }  // namespace towerflow
+
+namespace towerflow::gpu {
+
+const GpuContext& context_for(const Device& device) {
+  std::lock_guard lock(context_table().mu);
+  const auto& contexts = context_table().contexts;
+  if (auto it = contexts.find(device); it != contexts.end()) return *it->second;
+  raise<NotFound>("no GPU backend exists for ", device,
+                  " yet; it is made on first use of the device (backend_for(", device, "))");
+}
+
+}  // namespace towerflow::gpu

@@ -43,6 +43,10 @@ void GpuContext::make_current() const { no_cuda("GpuContext::make_current"); }
 void GpuContext::synchronize() const { no_cuda("GpuContext::synchronize"); }
 void* GpuContext::raw_stream() const { no_cuda("GpuContext::raw_stream"); }
 
+const GpuContext& context_for(const Device& device) {
+  raise<DeviceError>("cannot use ", device, ": ", kNoCudaBuildMessage);
+}
+
 DeviceBuffer::DeviceBuffer(const GpuContext&, std::size_t) { no_cuda("DeviceBuffer"); }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept {}

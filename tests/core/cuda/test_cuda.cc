@@ -78,6 +78,12 @@ TEST_CASE("a GPU context where none can exist is a DeviceError naming the device
   }
 }
 
+TEST_CASE("context_for a device without a GPU backend is an error naming it", "[cuda-nogpu]") {
+  if (!gpu::built_with_cuda()) return;  // the stub's error is tested below
+  REQUIRE_THROWS_AS(gpu::context_for(tw::Device::gpu(7)), tw::NotFound);
+  REQUIRE_THROWS_WITH(gpu::context_for(tw::Device::gpu(7)), Contains("/gpu:7"));
+}
+
 TEST_CASE("a GPU context without an allocator is an InvalidArgument", "[cuda-nogpu]") {
   if (!gpu::built_with_cuda()) return;  // the stub fails earlier, tested above
   gpu::GpuContextOptions opts{.device = tw::Device::gpu(0), .ordinal = 0, .allocator = nullptr};
@@ -98,6 +104,8 @@ TEST_CASE("the stub backend fails every entry point with the rebuild hint", "[cu
       gpu::GpuContext(gpu::GpuContextOptions{.device = tw::Device::gpu(0), .allocator = &memory}),
       Contains(hint) && Contains("/gpu:0"));
   CHECK(gpu::describe(gpu::cuda_availability()) == hint);
+  REQUIRE_THROWS_AS(gpu::context_for(tw::Device::gpu(0)), tw::DeviceError);
+  REQUIRE_THROWS_WITH(gpu::context_for(tw::Device::gpu(0)), Contains(hint));
 }
 
 TEST_CASE("a GPU backend where no GPU exists fails with an error naming the device",

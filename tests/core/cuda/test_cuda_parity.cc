@@ -647,6 +647,10 @@ TEST_CASE("the GPU backend is reachable through the registry", "[cuda]") {
   be.copy_to_host(v.data(), p, 64 * sizeof(float));
   be.allocator().deallocate(p);
   CHECK(std::all_of(v.begin(), v.end(), [](float x) { return x == 2.5f; }));
+  // The backend's own context is reachable for work outside the op set (optimizer updates).
+  const gpu::GpuContext& ctx = gpu::context_for(tw::Device::gpu(0));
+  CHECK(ctx.device() == tw::Device::gpu(0));
+  CHECK(ctx.raw_stream() != the_gpu().ctx->raw_stream());
 }
 
 #if TW_PARITY_WITH_MODELS
@@ -697,13 +701,13 @@ TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]"
     // The update: SGD with momentum and weight decay, first step (buf = d), p -= lr * buf.
     const float lr = 0.1f, wd = 5e-4f;
     if (device.is_gpu()) {
-      tw::backend_for(device).synchronize();  // the model's stream, before this suite's stream
+      // On the device's own stream, right after the backward that made the gradients.
+      const gpu::GpuContext& dev_ctx = gpu::context_for(device);
       const tw::Tensor p = model->flat_parameters(), g = model->flat_gradients();
-      auto buf = device_zeros(std::size_t(p.numel()));
-      gpu::sgd_update(*the_gpu().ctx, p.numel(), p.data<float>(), g.data<float>(),
-                      buf.as<float>(),
+      const tw::Tensor buf = tw::Tensor::zeros(p.shape(), device);
+      gpu::sgd_update(dev_ctx, p.numel(), p.data<float>(), g.data<float>(), buf.data<float>(),
                       {.lr = lr, .momentum = 0.9f, .weight_decay = wd, .first_step = true});
-      the_gpu().ctx->synchronize();
+      dev_ctx.synchronize();
       s.params = p.to_host();
     } else {
       s.params = model->flat_parameters().to_host();
