@@ -251,3 +251,25 @@ TEST_CASE("device choice: two CPU towers by default, explicit lists, and errors"
   p = two_cpus;
   CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains("--num_gpus 2") && Catch::Contains("0 GPUs"));
 }
+
+TEST_CASE("out of memory ends with every allocator's report and the flags that would help", "[cifar10][training][oom]") {
+  tw::reset_backends_for_testing();
+  tw::reset_devices_for_testing();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  tw::ProcessOptions tight{.memory_limit_mb = {{tw::Device::cpu(0), 4.0}, {tw::Device::cpu(1), 4.0}},
+                           .device_count = {{"CPU", 2}}};
+  std::string message;
+  try {
+    run_training(o, tight, reporter);
+  } catch (const tw::OutOfMemory& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("allocators:") && Catch::Contains("/cpu:0: in use") &&
+                          Catch::Contains("/cpu:1: in use") && Catch::Contains("--batch_size 16, now 32") &&
+                          Catch::Contains("--memory_limit cpu:0="));
+  CHECK_THAT(message, !Catch::Contains("per_process_gpu_memory_fraction"));  // no GPU advice for CPU towers
+  fresh_devices();
+}
