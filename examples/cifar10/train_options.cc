@@ -236,6 +236,14 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
     } else {
       opt = app.add_option_function<std::string>("--" + name, record, f.help);
       opt->default_str(value_text(defaults, f));
+      opt->type_name(std::visit(
+          [](auto member) -> std::string {
+            using T = std::decay_t<decltype(TrainOptions{}.*member)>;
+            if constexpr (std::is_same_v<T, std::string>) return "TEXT";
+            else if constexpr (std::is_floating_point_v<T>) return "NUMBER";
+            else return "INT";
+          },
+          f.member));
       if (name == "devices") opt->default_str("all");
     }
     opt->group(f.group);
