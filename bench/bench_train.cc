@@ -1,34 +1,45 @@
-// Training throughput of one model on one CPU device, on synthetic data.
+// Training throughput of a model on one or more devices (towers), on synthetic data.
 //
 //   towerflow_bench_train --model resnet20|tfcnn|... --batch 128 --threads N --steps S
-//                         --warmup W [--json] [--devices 1]
+//                         --warmup W [--devices 1|N|LIST] [--reduction all_reduce|...] [--json]
 //
-// Each step is what torch_cifar_bench.py times (/work/shared/peers): zero the gradients,
-// forward, softmax cross-entropy (batch mean), backward, SGD with momentum 0.9 and weight decay
-// 5e-4 (PyTorch's formulation: v = m v + g + wd p; p -= lr v), applied to the flat parameter
-// buffer on the device's threads. One batch (NHWC float32 normal, labels uniform in [0, 10)) is
-// made up front and reused, so the figures are compute only. Reports the median over the timed
-// steps: images/s, ms/step and GFLOP/s = images/s x forward multiply-adds x 2 x 3 (the peer's
-// convention). The check column says whether every loss was finite and the last below the first.
+//   --devices 1            one CPU device (the default)
+//   --devices 2            two logical CPU devices, /cpu:0 and /cpu:1 (--threads each)
+//   --devices /gpu:0,/gpu:1  the listed devices (CPU or GPU names, as cifar10_train takes them)
+//
+// Each step is what torch_cifar_bench.py and torch_ddp_bench.py time (/work/shared/peers): zero
+// the gradients, forward, softmax cross-entropy (global-batch mean), backward, reduction across
+// the towers (tower::Trainer, --reduction), SGD with momentum 0.9 and weight decay 5e-4 (PyTorch's
+// formulation) through optim::Sgd. The global batch (NHWC float32 normal, labels uniform in
+// [0, 10)) is made up front and reused, so the figures are compute and reduction only.
+//
+// Reports the median over the timed steps: images/s, ms/step, GFLOP/s = images/s x forward
+// multiply-adds x 2 x 3 (the peer's convention), and the share of the step spent in reduction
+// that backward did not hide (Trainer::timings()). With GPU devices each step is also timed with
+// CUDA events recorded on every GPU's stream, after synchronising; the images/s then come from
+// the slowest GPU's event time. The check column says whether every loss was finite and the last
+// below the first.
 
 #include <CLI/CLI.hpp>
-#include <Eigen/Core>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/cuda/context.h"
 #include "core/error.h"
 #include "core/memory/allocator.h"
 #include "core/platform/registry.h"
-#include "core/tensor/cpu_backend.h"
-#include "core/tensor/ops.h"
 #include "models/models.h"
+#include "optim/sgd.h"
+#include "tower/trainer.h"
 
 namespace tw = towerflow;
 
@@ -40,49 +51,112 @@ double process_cpu_s() {
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
 }
 
-// In-place SGD with momentum and weight decay over flat buffers, parallel on the device's threads.
-void sgd_step(const tw::cpu::CpuContext& ctx, float lr, float momentum, float weight_decay,
-              float* p, const float* g, float* v, std::int64_t n) {
-  ctx.parallel_for(n, 16 * 1024, [&](std::int64_t b, std::int64_t e) {
-    using Map = Eigen::Map<Eigen::ArrayXf>;
-    using CMap = Eigen::Map<const Eigen::ArrayXf>;
-    Map pm(p + b, e - b), vm(v + b, e - b);
-    vm = momentum * vm + CMap(g + b, e - b) + weight_decay * pm;
-    pm -= lr * vm;
-  });
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+// "--devices" as a count of logical CPU devices or a comma-separated list of device names.
+std::vector<tw::Device> parse_devices(const std::string& spec) {
+  std::vector<tw::Device> out;
+  if (!spec.empty() && std::all_of(spec.begin(), spec.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const int n = std::stoi(spec);
+    if (n < 1 || n > 256)
+      tw::raise<tw::InvalidArgument>("--devices ", spec, ": use a device count from 1 to 256, or a list such as /cpu:0,/cpu:1");
+    for (int i = 0; i < n; ++i) out.push_back(tw::Device::cpu(i));
+    return out;
+  }
+  std::stringstream ss(spec);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (item.empty()) continue;
+    try {
+      out.push_back(tw::Device::parse(item));
+    } catch (const tw::Error& e) {
+      tw::raise<tw::InvalidArgument>("--devices: ", e.what());
+    }
+  }
+  if (out.empty())
+    tw::raise<tw::InvalidArgument>("--devices \"", spec, "\" names no device; write a count such as 2 or a list such as /cpu:0,/cpu:1");
+  return out;
+}
+
+// Timing events on every GPU of the towers, one pair per step.
+class GpuStepTimer {
+ public:
+  explicit GpuStepTimer(const std::vector<tw::Device>& devices) {
+    for (const auto& d : devices)
+      if (d.is_gpu()) {
+        const auto& ctx = tw::gpu::context_for(d);
+        contexts_.push_back(&ctx);
+        start_.push_back(std::make_unique<tw::gpu::GpuEvent>(ctx, /*timing=*/true));
+        stop_.push_back(std::make_unique<tw::gpu::GpuEvent>(ctx, /*timing=*/true));
+      }
+  }
+  bool active() const { return !contexts_.empty(); }
+  void start() {
+    for (auto* c : contexts_) c->synchronize();
+    for (auto& e : start_) e->record();
+  }
+  // Milliseconds of the slowest GPU between start() and now, after synchronising every stream.
+  double stop() {
+    double ms = 0;
+    for (std::size_t i = 0; i < stop_.size(); ++i) stop_[i]->record();
+    for (std::size_t i = 0; i < stop_.size(); ++i) {
+      stop_[i]->synchronize();
+      ms = std::max(ms, static_cast<double>(stop_[i]->elapsed_ms_since(*start_[i])));
+    }
+    return ms;
+  }
+
+ private:
+  std::vector<const tw::gpu::GpuContext*> contexts_;
+  std::vector<std::unique_ptr<tw::gpu::GpuEvent>> start_, stop_;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"towerflow training throughput on one CPU device (synthetic data)"};
-  std::string model_name = "resnet20";
-  int batch = 128, threads = 0, steps = 20, warmup = 5, devices = 1, classes = 10;
+  CLI::App app{"towerflow training throughput on one or more devices (synthetic data)"};
+  std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce";
+  int batch = 128, threads = 0, steps = 20, warmup = 5, classes = 10;
   float lr = 0.01f;
   bool json = false;
-  app.add_option("--model", model_name, "resnet20, resnet32, ..., tfcnn");
-  app.add_option("--batch", batch, "images per step")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "intra-op threads of the CPU device (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--devices", devices, "devices (1; more needs the tower trainer)");
-  app.add_option("--lr", lr, "SGD learning rate");
+  app.add_option("--model", model_name, "resnet20, resnet32, ..., tfcnn")->capture_default_str();
+  app.add_option("--batch", batch, "global images per step, split evenly over the devices")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--threads", threads, "intra-op threads of each CPU device (0: the cores split evenly)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--devices", devices_spec, "a count of logical CPU devices, or a list: /cpu:0,/cpu:1 or /gpu:0,/gpu:1")
+      ->capture_default_str();
+  app.add_option("--reduction", reduction_spec, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE]")
+      ->capture_default_str();
+  app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
   CLI11_PARSE(app, argc, argv);
 
   try {
-    if (devices != 1)
-      tw::raise<tw::InvalidArgument>(
-          "--devices ", devices, ": this benchmark trains on one device; multi-device training "
-          "needs the tower trainer (tower/), use --devices 1");
+    const std::vector<tw::Device> devices = parse_devices(devices_spec);
     tw::ProcessOptions opts;
     if (threads > 0) opts.intra_op_threads = threads;
+    int cpus = 0;
+    for (const auto& d : devices)
+      if (d.is_cpu()) cpus = std::max(cpus, d.index + 1);
+    if (cpus > 1) opts.device_count["CPU"] = cpus;
     tw::initialise_devices(opts);
-    const tw::Device dev = tw::Device::cpu(0);
-    const int used_threads = tw::device_info(dev).intra_op_threads;
-    auto model = tw::models::make_model(model_name, dev, {.num_classes = classes, .seed = 0});
+    for (const auto& d : devices) (void)tw::device_info(d);  // NotFound names the devices that exist
+
+    tw::tower::TrainerOptions topts;
+    topts.reduction = tw::tower::parse_reduction(reduction_spec);
+    tw::tower::Trainer trainer(tw::models::factory(model_name, {.num_classes = classes, .seed = 0}), devices, topts);
+    (void)tw::tower::split_batch(batch, devices, topts.split, topts.remainder);  // names the nearest batch that splits
+    tw::optim::Sgd sgd(trainer.parameters(), {.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
     const std::int64_t macs = tw::models::forward_macs_per_image(model_name, classes);
+    int used_threads = 0;
+    for (const auto& d : devices)
+      if (d.is_cpu()) used_threads = tw::device_info(d).intra_op_threads;
 
     std::mt19937 gen(0);
     std::normal_distribution<float> normal;
@@ -91,66 +165,94 @@ int main(int argc, char** argv) {
     for (auto& v : xs) v = normal(gen);
     std::vector<std::int32_t> ys(static_cast<std::size_t>(batch));
     for (auto& v : ys) v = label(gen);
-    tw::Tensor x = tw::Tensor::from_host(std::span<const float>(xs), {batch, 32, 32, 3}, dev);
-    tw::Tensor y = tw::Tensor::from_host(std::span<const std::int32_t>(ys), {batch}, dev);
+    const tw::tower::HostBatch host{.images = xs, .labels = ys, .n = batch, .h = 32, .w = 32, .c = 3};
 
-    tw::Tensor params = model->flat_parameters(), grads = model->flat_gradients();
-    tw::Tensor velocity = tw::Tensor::zeros(params.shape(), dev);
-    const auto& ctx = tw::cpu_context_for(dev);
+    GpuStepTimer gpu_timer(devices);
     auto step = [&] {
-      model->zero_grad();
-      tw::Tensor loss = tw::softmax_cross_entropy(model->forward(x), y);
-      loss.backward();
-      sgd_step(ctx, lr, 0.9f, 5e-4f, params.data<float>(), grads.data<float>(),
-               velocity.data<float>(), params.numel());
-      return loss.item();
+      const float loss = trainer.forward_backward(host);
+      sgd.step();
+      return loss;
     };
 
     std::vector<float> losses;
     for (int i = 0; i < warmup; ++i) losses.push_back(step());
-    const std::size_t regions_before = tw::device_allocator(dev).stats().num_regions;
-    std::vector<double> ms;
+    trainer.reset_timings();
+    std::vector<std::size_t> regions_before;
+    for (const auto& d : devices) regions_before.push_back(tw::device_allocator(d).stats().num_regions);
+    std::vector<double> ms, gpu_ms;
     const double cpu0 = process_cpu_s();
     for (int i = 0; i < steps; ++i) {
+      if (gpu_timer.active()) gpu_timer.start();
       const auto t0 = std::chrono::steady_clock::now();
       losses.push_back(step());
+      if (gpu_timer.active()) gpu_ms.push_back(gpu_timer.stop());
       ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     // CPU seconds per step (all threads): on a shared, loaded machine this is steadier than wall
     // time; batch / (cpu_s / threads) is the throughput the threads would give if not descheduled.
     const double cpu_s_per_step = (process_cpu_s() - cpu0) / steps;
-    const auto stats = tw::device_allocator(dev).stats();
-    std::vector<double> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.size() % 2 ? sorted[sorted.size() / 2]
-                                            : 0.5 * (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]);
-    const double img_s = batch / (median / 1e3);
+    const auto& t = trainer.timings();
+    double wall_s = 0;
+    for (double m : ms) wall_s += m / 1e3;
+    const double reduction_share = wall_s > 0 ? t.reduction_seconds / wall_s : 0;
+    const double optimizer_ms = 1e3 * t.optimizer_seconds / steps;
+    const double reduction_ms = 1e3 * t.reduction_seconds / steps;
+
+    const double med = median(ms);
+    const double timed_ms = gpu_ms.empty() ? med : median(gpu_ms);
+    const double img_s = batch / (timed_ms / 1e3);
     const double gflops = img_s * static_cast<double>(macs) * 2 * 3 / 1e9;
     bool ok = losses.back() < losses.front();
     for (float l : losses) ok = ok && std::isfinite(l);
+    std::size_t new_regions = 0, pool_bytes = 0, peak_bytes = 0;
+    for (std::size_t i = 0; i < devices.size(); ++i) {
+      const auto s = tw::device_allocator(devices[i]).stats();
+      new_regions += s.num_regions - regions_before[i];
+      pool_bytes += s.pool_bytes;
+      peak_bytes = std::max<std::size_t>(peak_bytes, s.peak_bytes_in_use);
+    }
 
-    std::printf("%-10s %6s %7s %7s %10s %10s %9s %9s %12s %s\n", "model", "batch", "threads",
-                "devices", "img/s", "ms/step", "min ms", "GFLOP/s", "loss", "check");
-    std::printf("%-10s %6d %7d %7d %10.1f %10.2f %9.2f %9.1f %5.3f->%5.3f %s\n",
-                model_name.c_str(), batch, used_threads, devices, img_s, median, sorted.front(),
-                gflops, losses.front(), losses.back(), ok ? "ok" : "FAIL");
-    std::printf("# process CPU time: %.3f s per step (%.1f img per CPU-second x %d threads = %.1f "
-                "img/s unloaded estimate)\n",
-                cpu_s_per_step, batch / cpu_s_per_step, used_threads,
-                batch / cpu_s_per_step * used_threads);
-    std::printf("# pool: %.1f MiB in %zu regions (%zu before the timed steps), peak %.1f MiB\n",
-                stats.pool_bytes / 1048576.0, stats.num_regions, regions_before,
-                stats.peak_bytes_in_use / 1048576.0);
+    std::printf("# %s\n", trainer.describe().c_str());
+    std::printf("%-10s %6s %7s %7s %10s %10s %9s %9s %9s %12s %s\n", "model", "batch", "threads",
+                "devices", "img/s", "ms/step", "min ms", "GFLOP/s", "reduce %", "loss", "check");
+    std::printf("%-10s %6d %7d %7zu %10.1f %10.2f %9.2f %9.1f %9.2f %5.3f->%5.3f %s\n",
+                model_name.c_str(), batch, used_threads, devices.size(), img_s, timed_ms,
+                *std::min_element(gpu_ms.empty() ? ms.begin() : gpu_ms.begin(), gpu_ms.empty() ? ms.end() : gpu_ms.end()),
+                gflops, 100 * reduction_share, losses.front(), losses.back(), ok ? "ok" : "FAIL");
+    if (gpu_ms.empty())
+      std::printf("# process CPU time: %.3f s per step (%.1f img per CPU-second)\n", cpu_s_per_step,
+                  batch / cpu_s_per_step);
+    else
+      std::printf("# CUDA-event time per step (slowest GPU): median %.3f ms; host wall time: median %.3f ms\n",
+                  timed_ms, med);
+    std::printf("# per step: reduction %.2f ms not hidden by backward, optimizer %.2f ms\n",
+                reduction_ms, optimizer_ms);
+    std::printf("# pools: %.1f MiB over %zu device(s), %zu regions added in the timed steps, peak %.1f MiB on one device\n",
+                pool_bytes / 1048576.0, devices.size(), new_regions, peak_bytes / 1048576.0);
     if (json) {
-      nlohmann::json j = {{"model", model_name},       {"batch", batch},
-                          {"threads", used_threads},   {"devices", devices},
-                          {"img_per_s", img_s},        {"ms_per_step", median},
-                          {"ms_per_step_min", sorted.front()},
-                          {"gflop_per_s", gflops},     {"fwd_macs_per_img", macs},
+      std::vector<std::string> names;
+      for (const auto& d : devices) names.push_back(d.str());
+      nlohmann::json j = {{"model", model_name},
+                          {"batch", batch},
+                          {"threads", used_threads},
+                          {"devices", static_cast<int>(devices.size())},
+                          {"device_names", names},
+                          {"reduction", tw::tower::to_string(trainer.reduction())},
+                          {"img_per_s", img_s},
+                          {"ms_per_step", timed_ms},
+                          {"ms_per_step_wall", med},
+                          {"timing", gpu_ms.empty() ? "wall" : "cuda_events"},
+                          {"gflop_per_s", gflops},
+                          {"fwd_macs_per_img", macs},
+                          {"reduction_ms_per_step", reduction_ms},
+                          {"reduction_share", reduction_share},
+                          {"optimizer_ms_per_step", optimizer_ms},
                           {"cpu_s_per_step", cpu_s_per_step},
-                          {"steps", steps},            {"warmup", warmup},
-                          {"loss_first", losses.front()}, {"loss_last", losses.back()},
-                          {"pool_regions_new_in_timed_steps", stats.num_regions - regions_before},
+                          {"steps", steps},
+                          {"warmup", warmup},
+                          {"loss_first", losses.front()},
+                          {"loss_last", losses.back()},
+                          {"pool_regions_new_in_timed_steps", new_regions},
                           {"check", ok ? "ok" : "FAIL"}};
       std::printf("%s\n", j.dump().c_str());
     }

@@ -7,7 +7,8 @@
 # CMAKE_CUDA_ARCHITECTURES is set in the environment), build, run the [cuda] parity suite
 # (test_core_cuda_parity: every GPU kernel against its CPU twin, max errors printed), the no-GPU
 # checks (test_core_cuda), the whole CTest suite, and the GPU benchmarks that exist in the build
-# (towerflow_bench_gpu_ops; towerflow_bench_train --device /gpu:0 when that benchmark offers GPUs).
+# (towerflow_bench_gpu_ops; towerflow_bench_train on /gpu:0, and on every GPU as towers when
+# there are several).
 # The report (markdown) goes to <build-dir>/gpu_report.md and to stdout; the full logs sit next
 # to it. Exit status: 0 when every step passed, 1 otherwise, 2 when there is no GPU to check.
 set -uo pipefail
@@ -72,13 +73,13 @@ if [ -x "$build/bin/towerflow_bench_gpu_ops" ]; then
   step "GPU op benchmark" "$build/bench_gpu_ops.log" "$build/bin/towerflow_bench_gpu_ops"
 fi
 if [ -x "$build/bin/towerflow_bench_train" ]; then
-  # Run on the GPU only when the trainer benchmark offers a GPU device option; a CPU figure is
-  # not a GPU check.
-  if "$build/bin/towerflow_bench_train" --help 2>&1 | grep -qiE 'gpu|cuda'; then
-    step "training benchmark on /gpu:0" "$build/bench_train_gpu.log" \
-      "$build/bin/towerflow_bench_train" --device /gpu:0 --json
-  else
-    echo "| training benchmark on /gpu:0 | not run: towerflow_bench_train has no GPU option in this build | | |" >>"$report"
+  step "training benchmark on /gpu:0" "$build/bench_train_gpu.log" \
+    "$build/bin/towerflow_bench_train" --model resnet20 --batch 128 --devices /gpu:0 --json
+  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+  if [ "$ngpu" -gt 1 ]; then
+    gpus=$(seq -s, -f '/gpu:%g' 0 $((ngpu - 1)))
+    step "training benchmark on $gpus (all_reduce)" "$build/bench_train_gpus.log" \
+      "$build/bin/towerflow_bench_train" --model resnet20 --batch $((128 * ngpu)) --devices "$gpus" --json
   fi
 fi
 
@@ -90,7 +91,7 @@ fi
   grep '^\[cuda\]' "$build/parity.log" 2>/dev/null || echo "(no parity output)"
   grep -E 'SKIPPED|test cases|assertions' "$build/parity.log" 2>/dev/null | tail -3
   echo '```'
-  for b in bench_gpu_ops bench_train_gpu; do
+  for b in bench_gpu_ops bench_train_gpu bench_train_gpus; do
     if [ -f "$build/$b.log" ]; then
       echo
       echo "## $b"
