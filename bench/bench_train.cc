@@ -1,7 +1,8 @@
 // Training throughput of a model on one or more devices (towers), on synthetic data.
 //
 //   towerflow_bench_train --model resnet20|tfcnn|... --batch 128 --threads N --steps S
-//                         --warmup W [--devices 1|N|LIST] [--reduction all_reduce|...] [--json]
+//                         --warmup W [--devices 1|N|LIST] [--reduction all_reduce|...]
+//                         [--split_remainder error|spread] [--json]
 //
 //   --devices 1            one CPU device (the default)
 //   --devices 2            two logical CPU devices, /cpu:0 and /cpu:1 (--threads each)
@@ -118,7 +119,7 @@ class GpuStepTimer {
 
 int main(int argc, char** argv) {
   CLI::App app{"towerflow training throughput on one or more devices (synthetic data)"};
-  std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce";
+  std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce", remainder = "error";
   int batch = 128, threads = 0, steps = 20, warmup = 5, classes = 10;
   float lr = 0.01f;
   bool json = false;
@@ -133,6 +134,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--reduction", reduction_spec, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE]")
       ->capture_default_str();
+  app.add_option("--split_remainder", remainder, "error | spread: a batch the devices do not divide is an error, or spread by largest remainders")
+      ->check(CLI::IsMember({"error", "spread"}))->capture_default_str();
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
   CLI11_PARSE(app, argc, argv);
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
 
     tw::tower::TrainerOptions topts;
     topts.reduction = tw::tower::parse_reduction(reduction_spec);
+    topts.remainder = remainder == "spread" ? tw::tower::Remainder::Spread : tw::tower::Remainder::Error;
     tw::tower::Trainer trainer(tw::models::factory(model_name, {.num_classes = classes, .seed = 0}), devices, topts);
     (void)tw::tower::split_batch(batch, devices, topts.split, topts.remainder);  // names the nearest batch that splits
     tw::optim::Sgd sgd(trainer.parameters(), {.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
