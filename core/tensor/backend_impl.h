@@ -44,6 +44,7 @@ enum class OpKind {
   kMaxPool,         // max_pool_*
   kAvgPool,         // avg_pool_*
   kBatchNorm,       // batch_norm_* including the fused relu / add_relu variants
+  kBatchNormSync,   // batch_norm_moments / _forward_apply / _backward_reduce / _backward_apply
   kGemm,            // gemm
   kElementwise,     // fill, add, mul, scale, axpy, relu_*, bias_add, sum_rows, sum, transposes
   kDropout,         // dropout_*
@@ -133,6 +134,35 @@ class Backend {
                                    bool relu, const float* dy, const float* gamma,
                                    const float* save_mean, const float* save_invstd, float* dx,
                                    float* dgamma, float* dbeta, float* d_pre_relu) = 0;
+
+  // ---- synchronised batch norm (kBatchNormSync) ------------------------------------------------
+  // The training forward and backward cut at their per-channel reductions, so that the caller
+  // can combine those over several devices' slices in between (ops.cc, Note [Synchronised batch
+  // norm]). The host_* arrays are host memory of c doubles (tiny: a GPU stages them through the
+  // host); the other per-channel arrays are [c] floats of this device. The base class has no
+  // kernels: supports(kBatchNormSync) is false and these throw DeviceError, unless overridden.
+  //
+  // host_mean = the mean of x over the rows, host_m2 = the sum over the rows of (x - mean)^2.
+  virtual void batch_norm_moments(std::int64_t rows, int c, const float* x, double* host_mean,
+                                  double* host_m2);
+  // y = relu?((x - mean) * gamma * invstd + beta + residual?).
+  virtual void batch_norm_forward_apply(std::int64_t rows, int c, const float* x,
+                                        const float* residual_or_null, bool relu,
+                                        const float* gamma, const float* beta, const float* mean,
+                                        const float* invstd, float* y);
+  // g = relu ? dy * (y > 0) : dy. host_sum_g = sum over rows of g, host_sum_gxc = the sum of
+  // g * (x - mean); d_pre_relu (nullable, with relu) receives g and may equal dy.
+  virtual void batch_norm_backward_reduce(std::int64_t rows, int c, const float* x,
+                                          const float* y, bool relu, const float* dy,
+                                          const float* mean, double* host_sum_g,
+                                          double* host_sum_gxc, float* d_pre_relu);
+  // dx = gamma * invstd * ((g - mean_g) - (x - mean) * invstd * mean_gxhat), g as above, with
+  // mean_g and mean_gxhat the means of g and g * xhat over every device's rows. dx may equal dy.
+  virtual void batch_norm_backward_apply(std::int64_t rows, int c, const float* x,
+                                         const float* y, bool relu, const float* dy,
+                                         const float* gamma, const float* mean,
+                                         const float* invstd, const float* mean_g,
+                                         const float* mean_gxhat, float* dx);
 
   // ---- matrix product (kGemm); the arguments of core/cpu/gemm.h (row-major) ----------------
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
