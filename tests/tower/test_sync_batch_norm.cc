@@ -285,7 +285,7 @@ Trained train(int towers, TrainerOptions options, const Data& data, int batch, i
 }  // namespace
 
 TEST_CASE("synchronised batch norm: ResNet-20 on 2 and 4 towers, even and 3:1, trains as one tower "
-          "over the global batch; per-tower batch norm does not", "[tower][syncbn][equivalence]") {
+          "over the global batch, and per-tower batch norm does not", "[tower][syncbn][equivalence]") {
   const int B = 16, K = 3;
   const Data data = make_data(B * K, 31);
   const Trained reference = train(1, {}, data, B, K);

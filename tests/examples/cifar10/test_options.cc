@@ -62,7 +62,7 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   CHECK(o.lr == 0.25);  // failed sets change nothing
 }
 
-TEST_CASE("--batch_norm is per_tower or sync; anything else names the flag, the value and the choices",
+TEST_CASE("the batch_norm option is per_tower or sync, anything else names the flag, the value and the choices",
           "[cifar10][options]") {
   CHECK(TrainOptions{}.batch_norm == "per_tower");
   CHECK(parse({"--batch_norm", "sync"}).train.batch_norm == "sync");

@@ -82,7 +82,7 @@ TEST_CASE("a tiny run trains, evaluates, checkpoints and keeps the newest N", "[
   CHECK(flat_params(*fresh) != before);
 }
 
-TEST_CASE("--batch_norm sync trains ResNet-20 with statistics over both towers", "[cifar10][training][syncbn]") {
+TEST_CASE("a tiny ResNet-20 run with --batch_norm sync trains with statistics over both towers", "[cifar10][training][syncbn]") {
   fresh_devices();
   TempDir dir;
   Output out;
