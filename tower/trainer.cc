@@ -279,15 +279,16 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
   if (options_.accumulation_steps < 1)
     raise<InvalidArgument>("accumulation_steps ", options_.accumulation_steps,
                            " is invalid; use 1 (no accumulation) or more micro-batches per step");
-  if (options_.batch_norm == BatchNormMode::Synchronised &&
-      !process_options().allow_soft_placement.value_or(false)) {
+  if (options_.batch_norm == BatchNormMode::Synchronised) {
+    // Not left to soft placement: every such tower would run its layers on /cpu:0 at once, and a
+    // CPU device's context serves one thread at a time.
     for (const Device& d : devices_) {
       Backend& be = backend_for(d);
       if (!be.supports(OpKind::kBatchNormSync))
-        raise<InvalidArgument>("synchronised batch norm (batch_norm = sync) has no kernel on ", d,
-                               " (", be.name(), "); use per-tower batch norm (--batch_norm "
-                               "per_tower) there, or allow_soft_placement = true "
-                               "(--allow_soft_placement) to run those layers on /cpu:0");
+        raise<InvalidArgument>("synchronised batch norm (batch_norm = sync, op ",
+                               to_string(OpKind::kBatchNormSync), ") has no kernel on ", d, " (",
+                               be.name(), "); use per-tower batch norm (--batch_norm per_tower) "
+                               "for towers on this device");
     }
   }
   if (const auto* w = std::get_if<WeightedSplit>(&options_.split); w && w->weights.size() != devices_.size())

@@ -37,10 +37,11 @@
 //   the batch is split; with accumulation_steps = k, statistics are per micro-batch (as
 //   PyTorch's SyncBatchNorm per forward). The running averages come out identical on every
 //   replica (nothing is averaged after the step). Evaluation uses the running averages, as in
-//   PerTower. Every tower must get at least one row of every micro-batch (InvalidArgument
+//   PerTower; outside forward_backward a replica's layers refuse a training-mode forward
+//   (InvalidArgument: its towers are not there to exchange with). Every tower must get at least one row of every micro-batch (InvalidArgument
 //   otherwise). A model without nn::BatchNorm2d layers trains as in PerTower (logged). Devices
 //   whose backend has no synchronised batch-norm kernels (GPUs, for now) are refused at
-//   construction unless allow_soft_placement is set (those layers then run on /cpu:0).
+//   construction (InvalidArgument naming the device and the option), soft placement or not.
 // - Failure: the first exception in any tower (e.g. OutOfMemory on one device) stops the step:
 //   towers waiting in a collective (the gradient reduction, or a synchronised batch-norm
 //   exchange) are released, every tower stops, and that exception is
@@ -123,7 +124,7 @@ class Trainer {
  public:
   // Throws InvalidArgument for an empty or repeated device list, accumulation_steps < 1, a
   // weighted split whose length is not the number of devices, or synchronised batch norm on a
-  // device without its kernels (and no soft placement); whatever the factory throws.
+  // device without its kernels; whatever the factory throws.
   Trainer(nn::ModelFactory factory, std::vector<Device> devices, TrainerOptions options = {});
   // As above, with every replica starting from `initial`'s parameters and buffers.
   Trainer(const nn::Module& initial, nn::ModelFactory factory, std::vector<Device> devices,

@@ -64,8 +64,6 @@ void rows_parallel(const CpuContext& ctx, std::int64_t rows, int c, Fn fn) {
   ctx.parallel_for(rows, std::max<std::int64_t>(1, 32 * 1024 / c), fn);
 }
 
-// Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
-// first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
 // sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
 void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* sums) {
   const float* k = x;
@@ -84,6 +82,8 @@ void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* 
   });
 }
 
+// Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
+// first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
 void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                     const float* gamma, const float* beta, float eps, float* save_mean,
                     float* save_invstd, float* scale, float* shift) {

@@ -11,9 +11,12 @@
 
 #include "core/collectives/communicator.h"
 #include "core/error.h"
+#include "core/memory/allocator.h"
 #include "core/nn/layers.h"
 #include "core/platform/registry.h"
 #include "core/tensor/autograd.h"
+#include "core/tensor/backend_impl.h"
+#include "core/tensor/cpu_backend.h"
 #include "core/tensor/ops.h"
 #include "models/models.h"
 #include "optim/optim.h"
@@ -411,4 +414,28 @@ TEST_CASE("synchronised batch norm refuses a split that leaves a tower without r
   REQUIRE_THROWS_WITH(trainer.forward_backward(data.batch(0, 3)),
                       Catch::Contains("no rows") && Catch::Contains("synchronised batch norm"));
   CHECK(std::isfinite(trainer.forward_backward(data.batch(0, 8))));
+}
+
+TEST_CASE("a device without synchronised batch-norm kernels is refused, naming the device and the "
+          "option", "[tower][syncbn]") {
+  // A stand-in for a GPU backend (which has no kBatchNormSync kernels yet): /cpu:3 without them.
+  const Device d = cpus(4)[3];
+  auto allocator = make_bfc_allocator(make_host_sub_allocator(),
+                                      {.device_name = "/cpu:3 (test)", .limit_bytes = 64 << 20});
+  set_backend_for_testing(d, make_cpu_backend(d, *allocator, 1, {OpKind::kBatchNormSync}));
+  REQUIRE_THROWS_WITH(
+      (Trainer(models::factory("resnet20"), {Device::cpu(2), d}, {.batch_norm = BatchNormMode::Synchronised})),
+      Catch::Contains("/cpu:3") && Catch::Contains("batch_norm_sync") && Catch::Contains("--batch_norm per_tower"));
+  {
+    // The op itself follows the placement rules: without soft placement, an error naming the op,
+    // the device and the option.
+    BatchNormSyncGroup group({d});
+    group.open();
+    Tensor x = Tensor::full({4, 2}, 1.0f, d), gamma = Tensor::full({2}, 1.0f, d), beta = Tensor::zeros({2}, d);
+    REQUIRE_THROWS_WITH(batch_norm(x, gamma, beta, Tensor(), Tensor(), {.sync = &group.member(0)}),
+                        Catch::Contains("FusedBatchNorm") && Catch::Contains("/cpu:3") &&
+                            Catch::Contains("allow_soft_placement"));
+    CHECK(batch_norm(x, gamma, beta, Tensor(), Tensor(), {}).device() == d);  // per-tower runs
+  }
+  set_backend_for_testing(d, nullptr);
 }
