@@ -28,34 +28,6 @@ std::string_view to_string(OpKind op) {
   return "?";
 }
 
-// A backend without synchronised batch-norm kernels (supports(kBatchNormSync) is false, so
-// ops.cc never gets here but by mistake).
-namespace {
-[[noreturn]] void no_sync_batch_norm(const Backend& be, std::string_view method) {
-  raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
-                     be.device(), " (", be.name(), "); use per-tower batch norm on this device, "
-                     "or allow_soft_placement = true to run those layers on /cpu:0");
-}
-}  // namespace
-
-void Backend::batch_norm_moments(std::int64_t, int, const float*, double*, double*) {
-  no_sync_batch_norm(*this, "batch_norm_moments");
-}
-void Backend::batch_norm_forward_apply(std::int64_t, int, const float*, const float*, bool,
-                                       const float*, const float*, const float*, const float*,
-                                       float*) {
-  no_sync_batch_norm(*this, "batch_norm_forward_apply");
-}
-void Backend::batch_norm_backward_reduce(std::int64_t, int, const float*, const float*, bool,
-                                         const float*, const float*, double*, double*, float*) {
-  no_sync_batch_norm(*this, "batch_norm_backward_reduce");
-}
-void Backend::batch_norm_backward_apply(std::int64_t, int, const float*, const float*, bool,
-                                        const float*, const float*, const float*, const float*,
-                                        const float*, const float*, float*) {
-  no_sync_batch_norm(*this, "batch_norm_backward_apply");
-}
-
 namespace {
 
 struct BackendTable {

@@ -33,6 +33,7 @@
 #include "core/cpu/conv.h"
 #include "core/cpu/pool.h"
 #include "core/device.h"
+#include "core/error.h"
 
 namespace towerflow {
 
@@ -144,25 +145,33 @@ class Backend {
   //
   // host_mean = the mean of x over the rows, host_m2 = the sum over the rows of (x - mean)^2.
   virtual void batch_norm_moments(std::int64_t rows, int c, const float* x, double* host_mean,
-                                  double* host_m2);
+                                  double* host_m2) {
+    no_sync_batch_norm("batch_norm_moments");
+  }
   // y = relu?((x - mean) * gamma * invstd + beta + residual?).
   virtual void batch_norm_forward_apply(std::int64_t rows, int c, const float* x,
                                         const float* residual_or_null, bool relu,
                                         const float* gamma, const float* beta, const float* mean,
-                                        const float* invstd, float* y);
+                                        const float* invstd, float* y) {
+    no_sync_batch_norm("batch_norm_forward_apply");
+  }
   // g = relu ? dy * (y > 0) : dy. host_sum_g = sum over rows of g, host_sum_gxc = the sum of
   // g * (x - mean); d_pre_relu (nullable, with relu) receives g and may equal dy.
   virtual void batch_norm_backward_reduce(std::int64_t rows, int c, const float* x,
                                           const float* y, bool relu, const float* dy,
                                           const float* mean, double* host_sum_g,
-                                          double* host_sum_gxc, float* d_pre_relu);
+                                          double* host_sum_gxc, float* d_pre_relu) {
+    no_sync_batch_norm("batch_norm_backward_reduce");
+  }
   // dx = gamma * invstd * ((g - mean_g) - (x - mean) * invstd * mean_gxhat), g as above, with
   // mean_g and mean_gxhat the means of g and g * xhat over every device's rows. dx may equal dy.
   virtual void batch_norm_backward_apply(std::int64_t rows, int c, const float* x,
                                          const float* y, bool relu, const float* dy,
                                          const float* gamma, const float* mean,
                                          const float* invstd, const float* mean_g,
-                                         const float* mean_gxhat, float* dx);
+                                         const float* mean_gxhat, float* dx) {
+    no_sync_batch_norm("batch_norm_backward_apply");
+  }
 
   // ---- matrix product (kGemm); the arguments of core/cpu/gemm.h (row-major) ----------------
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
@@ -197,6 +206,15 @@ class Backend {
   // against the label: a logit equal to the label's and earlier in the row ranks above it).
   virtual void top_k_correct(std::int64_t rows, int classes, const float* logits,
                              const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
+
+ private:
+  // The defaults of the kBatchNormSync methods (defined here, inline, so that Backend keeps no
+  // out-of-line member: libraries that implement it need not link core/tensor).
+  [[noreturn]] void no_sync_batch_norm(std::string_view method) const {
+    raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
+                       device(), " (", name(), "); use per-tower batch norm on this device, or "
+                       "allow_soft_placement = true to run those layers on /cpu:0");
+  }
 };
 
 // The keep decision of dropout for element `index`: a counter-based hash, so a mask is a pure
