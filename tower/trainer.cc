@@ -14,11 +14,13 @@
 #include "core/collectives/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/nn/layers.h"
 #include "core/platform/registry.h"
 #include "core/tensor/autograd.h"
 #include "core/tensor/backend_impl.h"
 #include "core/tensor/ops.h"
 #include "data/batch.h"
+#include "tower/batch_norm_sync.h"
 #include "tower/workers.h"
 
 namespace towerflow::tower {
@@ -143,6 +145,14 @@ struct Trainer::Impl {
   Device pd;
   Tensor master_params, master_grads;
   std::vector<Tensor> staging;  // each tower's gradients, on the parameter device
+
+  // Synchronised batch norm: the towers' exchange, whose member i every BatchNorm2d of replica
+  // i holds. Null in per-tower mode.
+  std::unique_ptr<BatchNormSyncGroup> bn_sync;
+  int bn_layers = 0;  // BatchNorm2d layers per replica
+  // The running averages are computed from global statistics, identically on every replica
+  // (bn_sync and bn_layers > 0): nothing to average after a step.
+  bool buffers_synced = false;
 
   // Buffers (batch-norm running averages): identical on every replica between steps.
   std::vector<float> buffer_snapshot;                 // those identical values
@@ -269,10 +279,18 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
   if (options_.accumulation_steps < 1)
     raise<InvalidArgument>("accumulation_steps ", options_.accumulation_steps,
                            " is invalid; use 1 (no accumulation) or more micro-batches per step");
-  if (options_.batch_norm == BatchNormMode::Synchronised)
-    raise<InvalidArgument>("synchronised batch norm across towers is not available yet; use "
-                           "BatchNormMode::PerTower (each tower's own statistics, running averages "
-                           "averaged across towers)");
+  if (options_.batch_norm == BatchNormMode::Synchronised) {
+    // Not left to soft placement: every such tower would run its layers on /cpu:0 at once, and a
+    // CPU device's context serves one thread at a time.
+    for (const Device& d : devices_) {
+      Backend& be = backend_for(d);
+      if (!be.supports(OpKind::kBatchNormSync))
+        raise<InvalidArgument>("synchronised batch norm (batch_norm = sync, op ",
+                               to_string(OpKind::kBatchNormSync), ") has no kernel on ", d, " (",
+                               be.name(), "); use per-tower batch norm (--batch_norm per_tower) "
+                               "for towers on this device");
+    }
+  }
   if (const auto* w = std::get_if<WeightedSplit>(&options_.split); w && w->weights.size() != devices_.size())
     raise<InvalidArgument>("split ", to_string(options_.split), " gives ", w->weights.size(),
                            " weights for ", devices_.size(), " devices (", device_list(devices_),
@@ -327,6 +345,23 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     if (initial) im.replicas[i]->copy_state_from(*initial);
     else if (i > 0) im.replicas[i]->copy_state_from(*im.replicas[0]);
   });
+  if (options_.batch_norm == BatchNormMode::Synchronised) {
+    im.bn_sync = std::make_unique<BatchNormSyncGroup>(devices_);
+    for (int i = 0; i < n; ++i) {
+      int layers = 0;
+      im.replicas[i]->apply([&](nn::Module& m) {
+        if (auto* bn = dynamic_cast<nn::BatchNorm2d*>(&m)) {
+          bn->set_sync(&im.bn_sync->member(i));
+          ++layers;
+        }
+      });
+      im.bn_layers = layers;
+    }
+    im.buffers_synced = im.bn_layers > 0;
+    if (im.bn_layers == 0)
+      log_warning("batch_norm = sync: the model has no nn::BatchNorm2d layer, so there is nothing "
+                  "to synchronise; towers train as with per-tower batch norm");
+  }
 
   const nn::Module& r0 = *im.replicas[0];
   std::size_t off = 0;
@@ -369,6 +404,10 @@ std::string Trainer::describe() const {
       s += str("all_reduce over ", impl_->comm_name);
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
+  if (impl_->buffers_synced)
+    s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");
+  else if (impl_->bn_sync)
+    s += "; synchronised batch norm asked for, but the model has no nn::BatchNorm2d layer";
   return s;
 }
 
@@ -461,6 +500,16 @@ float Trainer::forward_backward(const HostBatch& batch) {
     }
     base += micro[m];
   }
+  if (im.bn_sync) {  // a tower without rows could not take part in the layers' exchanges
+    for (int m = 0; m < k; ++m)
+      for (int i = 0; i < n; ++i)
+        if (rows[m][i] == 0)
+          raise<InvalidArgument>(
+              "batch ", B, (k > 1 ? str(" (micro-batch ", m, " of ", micro[m], " rows)") : ""),
+              " gives tower ", i, " (", devices_[i], ") no rows; synchronised batch norm needs "
+              "every tower in every ", k > 1 ? "micro-batch" : "step", ": use a batch of at least ",
+              n * k, " (or per-tower batch norm)");
+  }
 
   im.loss.assign(n, 0.0);
   im.correct.assign(n, 0);
@@ -546,7 +595,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
       im.staging[i].copy_(grads);
     }
     im.reduce_s[i] = since(t1);
-    if (im.buffer_numel > 0 && n > 1) {
+    if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
       const auto t2 = Clock::now();
       im.read_buffers(model, im.buffer_host[i]);
       im.sync_s[i] += since(t2);
@@ -556,13 +605,20 @@ float Trainer::forward_backward(const HostBatch& batch) {
   auto on_error = [&](int i, std::exception_ptr) {
     stop.store(true, std::memory_order_release);
     if (im.comm) im.comm->abort(str("tower ", i, " (", devices_[i], ") failed"));
+    if (im.bn_sync) im.bn_sync->abort(str("tower ", i, " (", devices_[i], ") failed"));
   };
 
+  if (im.bn_sync) im.bn_sync->open();
   try {
     im.workers->run(tower, on_error);
   } catch (...) {
-    // Every tower has stopped. Make the communicator usable again and put the buffers (which
-    // the towers that ran have updated) back as they were; parameters were not touched.
+    // Every tower has stopped. Make the communicator (and the batch-norm exchange) usable again
+    // and put the buffers (which the towers that ran have updated) back as they were;
+    // parameters were not touched.
+    if (im.bn_sync) {
+      im.bn_sync->close();
+      im.bn_sync->reset();
+    }
     if (im.comm) im.comm->reset();
     if (im.buffer_numel > 0) {
       try {
@@ -573,6 +629,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
     }
     throw;
   }
+  if (im.bn_sync) im.bn_sync->close();
 
   double reduction = 0;
   if (im.use_pd) {
@@ -589,9 +646,11 @@ float Trainer::forward_backward(const HostBatch& batch) {
     reduction = *std::min_element(im.reduce_s.begin(), im.reduce_s.end());
   }
 
-  // Running averages: the sample-weighted mean over towers, identical on every replica.
+  // Running averages: the sample-weighted mean over towers, identical on every replica. With
+  // synchronised batch norm every replica computed the same values from the global statistics
+  // already (Note [Synchronised batch norm] in core/tensor/ops.cc).
   double sync = *std::max_element(im.sync_s.begin(), im.sync_s.end());
-  if (im.buffer_numel > 0 && n > 1) {
+  if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
     const auto t0 = Clock::now();
     std::vector<float>& avg = im.buffer_snapshot;
     std::fill(avg.begin(), avg.end(), 0.0f);

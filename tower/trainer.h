@@ -25,13 +25,26 @@
 //   optimizer step (identical reduced gradients, identical arithmetic). Under ParameterDevice
 //   the master copy on that device is the truth; replicas receive it before every forward (and
 //   on sync()).
-// - Batch norm: each tower normalises with its own slice's statistics. After every step the
-//   running averages (every buffer) of all replicas are replaced by their sample-weighted mean
-//   over the towers (rows_i / B), computed once and copied to every replica, so replicas keep
-//   identical buffers. Synchronised batch norm (statistics over the global batch) is not built
-//   yet: BatchNormMode::Synchronised raises InvalidArgument.
+// - Batch norm, PerTower (default): each tower normalises with its own slice's statistics. After
+//   every step the running averages (every buffer) of all replicas are replaced by their
+//   sample-weighted mean over the towers (rows_i / B), computed once and copied to every
+//   replica, so replicas keep identical buffers.
+// - Batch norm, Synchronised: every nn::BatchNorm2d of replica i holds member i of one
+//   BatchNormSyncGroup (batch_norm_sync.h). In training, each layer normalises with the
+//   statistics of the whole micro-batch over all towers (the towers exchange per-channel sums,
+//   weighted by their row counts, forward and backward), so the parameters, gradients and
+//   running averages are those of one tower over the global batch, to float rounding, however
+//   the batch is split; with accumulation_steps = k, statistics are per micro-batch (as
+//   PyTorch's SyncBatchNorm per forward). The running averages come out identical on every
+//   replica (nothing is averaged after the step). Evaluation uses the running averages, as in
+//   PerTower; outside forward_backward a replica's layers refuse a training-mode forward
+//   (InvalidArgument: its towers are not there to exchange with). Every tower must get at least one row of every micro-batch (InvalidArgument
+//   otherwise). A model without nn::BatchNorm2d layers trains as in PerTower (logged). Devices
+//   whose backend has no synchronised batch-norm kernels (GPUs, for now) are refused at
+//   construction (InvalidArgument naming the device and the option), soft placement or not.
 // - Failure: the first exception in any tower (e.g. OutOfMemory on one device) stops the step:
-//   towers waiting in a collective are released, every tower stops, and that exception is
+//   towers waiting in a collective (the gradient reduction, or a synchronised batch-norm
+//   exchange) are released, every tower stops, and that exception is
 //   rethrown on the caller's thread. Parameters, optimizer state and every replica's buffers are
 //   left as before the step (gradients are undefined until the next successful step).
 // - Thread-safety: one thread drives a Trainer. Replicas are used only by their worker threads
@@ -57,7 +70,7 @@ namespace towerflow::tower {
 
 enum class BatchNormMode {
   PerTower,      // each tower's own batch statistics; running averages averaged across towers
-  Synchronised,  // statistics over the global batch (not built yet)
+  Synchronised,  // statistics over the global batch (every tower's rows), forward and backward
 };
 
 struct TrainerOptions {
@@ -110,8 +123,8 @@ struct TrainerTimings {
 class Trainer {
  public:
   // Throws InvalidArgument for an empty or repeated device list, accumulation_steps < 1, a
-  // weighted split whose length is not the number of devices, or synchronised batch norm;
-  // whatever the factory throws.
+  // weighted split whose length is not the number of devices, or synchronised batch norm on a
+  // device without its kernels; whatever the factory throws.
   Trainer(nn::ModelFactory factory, std::vector<Device> devices, TrainerOptions options = {});
   // As above, with every replica starting from `initial`'s parameters and buffers.
   Trainer(const nn::Module& initial, nn::ModelFactory factory, std::vector<Device> devices,
@@ -121,8 +134,8 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // One training step's forward and backward passes and the reduction (see the contract).
-  // InvalidArgument for an empty batch, a batch that does not split, or a size mismatch between
-  // images and labels.
+  // InvalidArgument for an empty batch, a batch that does not split (under Synchronised batch
+  // norm, one that leaves a tower without rows), or a size mismatch between images and labels.
   float forward_backward(const HostBatch& batch);
   float forward_backward(const data::Batch& batch);
   const StepMetrics& last_step() const { return last_; }

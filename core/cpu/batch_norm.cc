@@ -64,13 +64,8 @@ void rows_parallel(const CpuContext& ctx, std::int64_t rows, int c, Fn fn) {
   ctx.parallel_for(rows, std::max<std::int64_t>(1, 32 * 1024 / c), fn);
 }
 
-// Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
-// first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
-void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                    const float* gamma, const float* beta, float eps, float* save_mean,
-                    float* save_invstd, float* scale, float* shift) {
-  // sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
-  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+// sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
+void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* sums) {
   const float* k = x;
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
     float* __restrict s1 = acc;
@@ -85,6 +80,16 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
       }
     }
   });
+}
+
+// Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
+// first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
+void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                    const float* gamma, const float* beta, float eps, float* save_mean,
+                    float* save_invstd, float* scale, float* shift) {
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  const float* k = x;
+  shifted_sums(ctx, rows, c, x, sums);
   for (int ch = 0; ch < c; ++ch) {
     const double m = sums[ch] / rows;
     const double var = std::max(0.0, sums[c + ch] / rows - m * m);
@@ -169,14 +174,12 @@ void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int 
 
 namespace {
 
-// Shared by the plain and the ReLU backward. With y != nullptr the incoming gradient is masked
-// by y > 0 (and stored in d_pre_relu when that is not null) before batch norm's own backward.
-void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                   const float* y, const float* dy, const float* gamma, const float* save_mean,
-                   const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+// The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
+// gradient, masked by y > 0 when y != nullptr (and then stored in d_pre_relu when that is not
+// null).
+void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                   const float* y, const float* dy, const float* save_mean, double* sums,
                    float* d_pre_relu) {
-  // sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the (masked) gradient.
-  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
     float* __restrict s1 = acc;
     float* __restrict s2 = acc + c;
@@ -209,21 +212,13 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float*
       }
     }
   });
-  // dx = gamma*invstd * ((g - mean(g)) - (x - mean) * invstd * mean(g * xhat)), kept in this
-  // centred form: folding it into one a*g + b*x + k cancels catastrophically when dx is small.
-  float* coef = scratch(Scratch::kOutput, 3 * std::size_t(c));
-  float* a = coef;
-  float* mean_g = coef + c;
-  float* b = coef + 2 * c;
-  for (int ch = 0; ch < c; ++ch) {
-    const double invstd = save_invstd[ch];
-    const double sum_g = sums[ch], sum_gx = sums[c + ch];
-    dbeta[ch] = static_cast<float>(sum_g);
-    dgamma[ch] = static_cast<float>(sum_gx * invstd);
-    a[ch] = static_cast<float>(gamma[ch] * invstd);
-    mean_g[ch] = static_cast<float>(sum_g / rows);
-    b[ch] = static_cast<float>(invstd * invstd * sum_gx / rows);
-  }
+}
+
+// The backward's elementwise pass: dx = a * ((g - mean_g) - (x - mean) * b), g as in
+// backward_sums.
+void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* y,
+                 const float* dy, const float* save_mean, const float* a, const float* mean_g,
+                 const float* b, float* dx) {
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * c;
@@ -243,6 +238,32 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float*
   });
 }
 
+// Shared by the plain and the ReLU backward. With y != nullptr the incoming gradient is masked
+// by y > 0 (and stored in d_pre_relu when that is not null) before batch norm's own backward.
+void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                   const float* y, const float* dy, const float* gamma, const float* save_mean,
+                   const float* save_invstd, float* dx, float* dgamma, float* dbeta,
+                   float* d_pre_relu) {
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  backward_sums(ctx, rows, c, x, y, dy, save_mean, sums, d_pre_relu);
+  // dx = gamma*invstd * ((g - mean(g)) - (x - mean) * invstd * mean(g * xhat)), kept in this
+  // centred form: folding it into one a*g + b*x + k cancels catastrophically when dx is small.
+  float* coef = scratch(Scratch::kOutput, 3 * std::size_t(c));
+  float* a = coef;
+  float* mean_g = coef + c;
+  float* b = coef + 2 * c;
+  for (int ch = 0; ch < c; ++ch) {
+    const double invstd = save_invstd[ch];
+    const double sum_g = sums[ch], sum_gx = sums[c + ch];
+    dbeta[ch] = static_cast<float>(sum_g);
+    dgamma[ch] = static_cast<float>(sum_gx * invstd);
+    a[ch] = static_cast<float>(gamma[ch] * invstd);
+    mean_g[ch] = static_cast<float>(sum_g / rows);
+    b[ch] = static_cast<float>(invstd * invstd * sum_gx / rows);
+  }
+  backward_dx(ctx, rows, c, x, y, dy, save_mean, a, mean_g, b, dx);
+}
+
 }  // namespace
 
 void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
@@ -260,6 +281,74 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
   check_args("batch_norm_relu_backward", rows, c, 0.0f);
   backward_impl(ctx, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
                 d_pre_relu);
+}
+
+// ---- phases ------------------------------------------------------------------------------------
+
+void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                        double* mean, double* m2) {
+  check_args("batch_norm_moments", rows, c, 0.0f);
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  shifted_sums(ctx, rows, c, x, sums);
+  for (int ch = 0; ch < c; ++ch) {
+    const double s1 = sums[ch], s2 = sums[c + ch];
+    mean[ch] = x[ch] + s1 / rows;
+    m2[ch] = std::max(0.0, s2 - s1 * s1 / rows);
+  }
+}
+
+void batch_norm_forward_apply(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                              const float* residual, bool relu, const float* gamma,
+                              const float* beta, const float* mean, const float* invstd,
+                              float* y) {
+  check_args("batch_norm_forward_apply", rows, c, 0.0f);
+  float* scale = affine_scratch(c);
+  for (int ch = 0; ch < c; ++ch)
+    scale[ch] = static_cast<float>(gamma[ch] * static_cast<double>(invstd[ch]));
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * c;
+      float* yr = y + r * c;
+      if (residual) {
+        const float* rr = residual + r * c;
+        for (int ch = 0; ch < c; ++ch) {
+          const float v = (xr[ch] - mean[ch]) * scale[ch] + beta[ch] + rr[ch];
+          yr[ch] = relu ? std::max(0.0f, v) : v;
+        }
+      } else if (relu) {
+        for (int ch = 0; ch < c; ++ch)
+          yr[ch] = std::max(0.0f, (xr[ch] - mean[ch]) * scale[ch] + beta[ch]);
+      } else {
+        for (int ch = 0; ch < c; ++ch) yr[ch] = (xr[ch] - mean[ch]) * scale[ch] + beta[ch];
+      }
+    }
+  });
+}
+
+void batch_norm_backward_reduce(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                const float* y, const float* dy, const float* mean, double* sum_g,
+                                double* sum_gxc, float* d_pre_relu) {
+  check_args("batch_norm_backward_reduce", rows, c, 0.0f);
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  backward_sums(ctx, rows, c, x, y, dy, mean, sums, y ? d_pre_relu : nullptr);
+  std::copy(sums, sums + c, sum_g);
+  std::copy(sums + c, sums + 2 * c, sum_gxc);
+}
+
+void batch_norm_backward_apply(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                               const float* y, const float* dy, const float* gamma,
+                               const float* mean, const float* invstd, const float* mean_g,
+                               const float* mean_gxhat, float* dx) {
+  check_args("batch_norm_backward_apply", rows, c, 0.0f);
+  float* coef = scratch(Scratch::kOutput, 2 * std::size_t(c));
+  float* a = coef;
+  float* b = coef + c;
+  for (int ch = 0; ch < c; ++ch) {
+    const double is = invstd[ch];
+    a[ch] = static_cast<float>(gamma[ch] * is);
+    b[ch] = static_cast<float>(is * mean_gxhat[ch]);
+  }
+  backward_dx(ctx, rows, c, x, y, dy, mean, a, mean_g, b, dx);
 }
 
 }  // namespace towerflow::cpu

@@ -55,4 +55,35 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
                               const float* save_mean, const float* save_invstd, float* dx,
                               float* dgamma, float* dbeta, float* d_pre_relu);
 
+// ---- phases, for synchronised batch norm -----------------------------------------------------
+// The training forward and backward cut at their per-channel reductions, so that a caller can
+// combine the reductions of several devices' slices in between (statistics over a global batch).
+// Running them on one slice with that slice's own reductions gives the fused kernels' results
+// (to rounding). The double arrays are [c]; the float per-channel arrays are [c].
+
+// mean[ch] = the mean of x over the rows; m2[ch] = sum over rows of (x - mean)^2 (Chan's
+// M2, which combines across slices without cancellation).
+void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                        double* mean, double* m2);
+
+// y = (x - mean) * gamma * invstd + beta, then + residual (nullable), then relu when `relu`.
+void batch_norm_forward_apply(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                              const float* residual, bool relu, const float* gamma,
+                              const float* beta, const float* mean, const float* invstd,
+                              float* y);
+
+// With g = dy * (y > 0) when y is not null (the fused ReLU forwards' output), else g = dy:
+// sum_g[ch] = sum over rows of g, sum_gxc[ch] = sum over rows of g * (x - mean). d_pre_relu
+// (nullable, only with y) receives g; it may equal dy.
+void batch_norm_backward_reduce(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                const float* y, const float* dy, const float* mean, double* sum_g,
+                                double* sum_gxc, float* d_pre_relu);
+
+// dx = gamma * invstd * ((g - mean_g) - (x - mean) * invstd * mean_gxhat), g as above, where
+// mean_g and mean_gxhat are the means over the (global) rows of g and g * xhat. dx may equal dy.
+void batch_norm_backward_apply(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                               const float* y, const float* dy, const float* gamma,
+                               const float* mean, const float* invstd, const float* mean_g,
+                               const float* mean_gxhat, float* dx);
+
 }  // namespace towerflow::cpu

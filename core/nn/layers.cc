@@ -42,7 +42,7 @@ BatchNorm2d::BatchNorm2d(const Device& device, int channels, float eps, float mo
 }
 
 BatchNormOptions BatchNorm2d::options() const {
-  return {.training = is_training(), .momentum = momentum_, .eps = eps_};
+  return {.training = is_training(), .momentum = momentum_, .eps = eps_, .sync = sync_};
 }
 
 Tensor BatchNorm2d::forward(const Tensor& x) {

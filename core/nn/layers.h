@@ -43,15 +43,23 @@ class Conv2d : public Module {
 // Over the channel (last) dimension. Parameters weight (gamma), bias (beta) [c]; buffers
 // running_mean, running_var [c]. Training mode uses batch statistics and updates the running
 // averages; eval mode uses the running averages.
+//
+// set_sync(member) makes training mode use the statistics of a whole group of such layers, one
+// per replica (synchronised batch norm; see BatchNormOptions::sync): the tower trainer sets it
+// on every replica for BatchNormMode::Synchronised. The member must outlive its use; nullptr
+// (the default) is this layer's own batch.
 class BatchNorm2d : public Module {
  public:
   BatchNorm2d(const Device& device, int channels, float eps = 1e-5f, float momentum = 0.1f);
   Tensor forward(const Tensor& x) override;
   Tensor forward_relu(const Tensor& x);                          // relu(bn(x)), fused
   Tensor forward_add_relu(const Tensor& x, const Tensor& residual);  // relu(bn(x) + r), fused
+  void set_sync(BatchNormSync* member) { sync_ = member; }
+  BatchNormSync* sync() const { return sync_; }
 
  private:
   BatchNormOptions options() const;
+  BatchNormSync* sync_ = nullptr;
   float eps_, momentum_;
   Tensor weight_, bias_, running_mean_, running_var_;
 };

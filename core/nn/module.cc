@@ -70,6 +70,11 @@ void Module::train(bool on) {
   for (auto& [name, child] : children_) child->train(on);
 }
 
+void Module::apply(const std::function<void(Module&)>& fn) {
+  fn(*this);
+  for (auto& [name, child] : children_) child->apply(fn);
+}
+
 void Module::flatten() {
   if (is_flat()) return;
   const NamedTensors params = named_parameters();

@@ -71,6 +71,10 @@ class Module {
   // match one to one (InvalidArgument naming the first difference). Gradients are not copied.
   void copy_state_from(const Module& other);
 
+  // Calls fn on this module, then on every descendant, depth first in registration order
+  // (PyTorch's Module.apply): to reach layers of a kind, e.g. every BatchNorm2d.
+  void apply(const std::function<void(Module&)>& fn);
+
   // Dotted name of this module inside its root ("layer1.0.conv1"; "" for the root): the op
   // scope its ops log under.
   const std::string& path() const { return path_; }

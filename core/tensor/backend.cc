@@ -18,6 +18,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::kMaxPool: return "max_pool";
     case OpKind::kAvgPool: return "avg_pool";
     case OpKind::kBatchNorm: return "batch_norm";
+    case OpKind::kBatchNormSync: return "batch_norm_sync";
     case OpKind::kGemm: return "gemm";
     case OpKind::kElementwise: return "elementwise";
     case OpKind::kDropout: return "dropout";

@@ -33,6 +33,7 @@
 #include "core/cpu/conv.h"
 #include "core/cpu/pool.h"
 #include "core/device.h"
+#include "core/error.h"
 
 namespace towerflow {
 
@@ -44,6 +45,7 @@ enum class OpKind {
   kMaxPool,         // max_pool_*
   kAvgPool,         // avg_pool_*
   kBatchNorm,       // batch_norm_* including the fused relu / add_relu variants
+  kBatchNormSync,   // batch_norm_moments / _forward_apply / _backward_reduce / _backward_apply
   kGemm,            // gemm
   kElementwise,     // fill, add, mul, scale, axpy, relu_*, bias_add, sum_rows, sum, transposes
   kDropout,         // dropout_*
@@ -134,6 +136,43 @@ class Backend {
                                    const float* save_mean, const float* save_invstd, float* dx,
                                    float* dgamma, float* dbeta, float* d_pre_relu) = 0;
 
+  // ---- synchronised batch norm (kBatchNormSync) ------------------------------------------------
+  // The training forward and backward cut at their per-channel reductions, so that the caller
+  // can combine those over several devices' slices in between (ops.cc, Note [Synchronised batch
+  // norm]). The host_* arrays are host memory of c doubles (tiny: a GPU stages them through the
+  // host); the other per-channel arrays are [c] floats of this device. The base class has no
+  // kernels: supports(kBatchNormSync) is false and these throw DeviceError, unless overridden.
+  //
+  // host_mean = the mean of x over the rows, host_m2 = the sum over the rows of (x - mean)^2.
+  virtual void batch_norm_moments(std::int64_t rows, int c, const float* x, double* host_mean,
+                                  double* host_m2) {
+    no_sync_batch_norm("batch_norm_moments");
+  }
+  // y = relu?((x - mean) * gamma * invstd + beta + residual?).
+  virtual void batch_norm_forward_apply(std::int64_t rows, int c, const float* x,
+                                        const float* residual_or_null, bool relu,
+                                        const float* gamma, const float* beta, const float* mean,
+                                        const float* invstd, float* y) {
+    no_sync_batch_norm("batch_norm_forward_apply");
+  }
+  // g = relu ? dy * (y > 0) : dy. host_sum_g = sum over rows of g, host_sum_gxc = the sum of
+  // g * (x - mean); d_pre_relu (nullable, with relu) receives g and may equal dy.
+  virtual void batch_norm_backward_reduce(std::int64_t rows, int c, const float* x,
+                                          const float* y, bool relu, const float* dy,
+                                          const float* mean, double* host_sum_g,
+                                          double* host_sum_gxc, float* d_pre_relu) {
+    no_sync_batch_norm("batch_norm_backward_reduce");
+  }
+  // dx = gamma * invstd * ((g - mean_g) - (x - mean) * invstd * mean_gxhat), g as above, with
+  // mean_g and mean_gxhat the means of g and g * xhat over every device's rows. dx may equal dy.
+  virtual void batch_norm_backward_apply(std::int64_t rows, int c, const float* x,
+                                         const float* y, bool relu, const float* dy,
+                                         const float* gamma, const float* mean,
+                                         const float* invstd, const float* mean_g,
+                                         const float* mean_gxhat, float* dx) {
+    no_sync_batch_norm("batch_norm_backward_apply");
+  }
+
   // ---- matrix product (kGemm); the arguments of core/cpu/gemm.h (row-major) ----------------
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
@@ -167,6 +206,15 @@ class Backend {
   // against the label: a logit equal to the label's and earlier in the row ranks above it).
   virtual void top_k_correct(std::int64_t rows, int classes, const float* logits,
                              const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
+
+ private:
+  // The defaults of the kBatchNormSync methods (defined here, inline, so that Backend keeps no
+  // out-of-line member: libraries that implement it need not link core/tensor).
+  [[noreturn]] void no_sync_batch_norm(std::string_view method) const {
+    raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
+                       device(), " (", name(), "); use per-tower batch norm on this device, or "
+                       "allow_soft_placement = true to run those layers on /cpu:0");
+  }
 };
 
 // The keep decision of dropout for element `index`: a counter-based hash, so a mask is a pure

@@ -204,6 +204,29 @@ class CpuBackend final : public Backend {
     cpu::batch_norm_forward_inference(ctx_, rows, c, x, gamma, beta, running_mean, running_var,
                                       eps, y);
   }
+  void batch_norm_moments(std::int64_t rows, int c, const float* x, double* host_mean,
+                          double* host_m2) override {
+    cpu::batch_norm_moments(ctx_, rows, c, x, host_mean, host_m2);
+  }
+  void batch_norm_forward_apply(std::int64_t rows, int c, const float* x, const float* residual,
+                                bool relu, const float* gamma, const float* beta,
+                                const float* mean, const float* invstd, float* y) override {
+    cpu::batch_norm_forward_apply(ctx_, rows, c, x, residual, relu, gamma, beta, mean, invstd, y);
+  }
+  void batch_norm_backward_reduce(std::int64_t rows, int c, const float* x, const float* y,
+                                  bool relu, const float* dy, const float* mean,
+                                  double* host_sum_g, double* host_sum_gxc,
+                                  float* d_pre_relu) override {
+    cpu::batch_norm_backward_reduce(ctx_, rows, c, x, relu ? y : nullptr, dy, mean, host_sum_g,
+                                    host_sum_gxc, d_pre_relu);
+  }
+  void batch_norm_backward_apply(std::int64_t rows, int c, const float* x, const float* y,
+                                 bool relu, const float* dy, const float* gamma,
+                                 const float* mean, const float* invstd, const float* mean_g,
+                                 const float* mean_gxhat, float* dx) override {
+    cpu::batch_norm_backward_apply(ctx_, rows, c, x, relu ? y : nullptr, dy, gamma, mean, invstd,
+                                   mean_g, mean_gxhat, dx);
+  }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
                            const float* dy, const float* gamma, const float* save_mean,
                            const float* save_invstd, float* dx, float* dgamma, float* dbeta,

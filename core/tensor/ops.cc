@@ -10,6 +10,7 @@
 #include "core/platform/registry.h"
 #include "core/tensor/autograd.h"
 #include "core/tensor/backend_impl.h"
+#include "core/tensor/batch_norm_sync.h"
 
 namespace towerflow {
 
@@ -442,7 +443,123 @@ Tensor global_avg_pool(const Tensor& x) {
 
 // ---- batch norm --------------------------------------------------------------------------------
 
+// Note [Synchronised batch norm]
+// With BatchNormOptions::sync, every member of the group (one per tower) normalises with the
+// statistics of all the members' rows together, so N towers train exactly as one tower over the
+// global batch. Forward: each member computes its slice's per-channel mean and M2 (the sum of
+// squared deviations from that mean), the members all-gather (rows, mean, M2), and each merges
+// them in member order with Chan's pairwise formula: no sum x^2 - n mean^2 cancellation, the
+// slices weighted by their row counts (so a 3:1 split is exact), and the same bits on every
+// member. The global mean and biased variance normalise; the unbiased variance with the global
+// count updates the running averages, which stay identical on every replica. Backward: each
+// member reduces sum(g) and sum(g (x - mean)) over its rows, the members add them up (gathered,
+// in member order), and dx uses the global means: exactly batch norm's input gradient over the
+// global batch. dgamma and dbeta remain the member's own sums, because the gradient reduction that
+// follows (all-reduce, parameter device) adds them up like every other parameter's gradient.
+// The exchanged vectors are tiny (2c + 1 doubles forward, 2c backward) and pass through the host.
+
 namespace {
+
+Tensor batch_norm_sync_training(std::string_view op, const Device& d, std::int64_t rows, int c,
+                                const Tensor& x, const Tensor& residual, bool relu_on,
+                                const Tensor& gamma, const Tensor& beta,
+                                const Tensor& running_mean, const Tensor& running_var,
+                                BatchNormOptions opts) {
+  Backend& be = backend_for(d);
+  BatchNormSync* sync = opts.sync;
+  const int members = sync->size();
+  const std::size_t cs = static_cast<std::size_t>(c);
+
+  // (rows, mean[c], M2[c]) of every member, merged in member order.
+  std::vector<double> send(1 + 2 * cs), all(static_cast<std::size_t>(members) * (1 + 2 * cs));
+  send[0] = static_cast<double>(rows);
+  be.batch_norm_moments(rows, c, x.data<float>(), send.data() + 1, send.data() + 1 + cs);
+  sync->all_gather(send, all);
+  double count = 0;
+  std::vector<double> mean(cs, 0.0), m2(cs, 0.0);
+  for (int j = 0; j < members; ++j) {
+    const double* p = all.data() + static_cast<std::size_t>(j) * (1 + 2 * cs);
+    const double nj = p[0];
+    if (nj <= 0) continue;
+    const double total = count + nj;
+    for (std::size_t ch = 0; ch < cs; ++ch) {
+      const double delta = p[1 + ch] - mean[ch];
+      mean[ch] += delta * (nj / total);
+      m2[ch] += p[1 + cs + ch] + delta * delta * (count * nj / total);
+    }
+    count = total;
+  }
+  if (count < 2)  // the same decision on every member: no one is left waiting
+    raise<InvalidArgument>(op, ": training needs more than one value per channel, got ", count,
+                           " over the ", members, " towers of synchronised batch norm (input ",
+                           shape_str(x.shape()), " on this one)");
+  std::vector<float> mean_f(cs), invstd_f(cs);
+  for (std::size_t ch = 0; ch < cs; ++ch) {
+    mean_f[ch] = static_cast<float>(mean[ch]);
+    invstd_f[ch] = static_cast<float>(1.0 / std::sqrt(m2[ch] / count + opts.eps));
+  }
+  Tensor save_mean = Tensor::from_host(mean_f, {c}, d);
+  Tensor save_invstd = Tensor::from_host(invstd_f, {c}, d);
+  Tensor y = empty_like(x);
+  be.batch_norm_forward_apply(rows, c, x.data<float>(), fptr(residual), relu_on,
+                              gamma.data<float>(), beta.data<float>(), save_mean.data<float>(),
+                              save_invstd.data<float>(), y.data<float>());
+  if (running_mean.defined()) {
+    NoGradGuard no_grad;  // running statistics are state, not part of the graph
+    std::vector<float> rm = running_mean.to_host(), rv = running_var.to_host();
+    const double m = opts.momentum;
+    for (std::size_t ch = 0; ch < cs; ++ch) {
+      rm[ch] = static_cast<float>((1.0 - m) * rm[ch] + m * mean[ch]);
+      rv[ch] = static_cast<float>((1.0 - m) * rv[ch] + m * (m2[ch] / (count - 1)));
+    }
+    Tensor(running_mean).copy_from_host(rm);
+    Tensor(running_var).copy_from_host(rv);
+  }
+
+  if (needs_grad({&x, &residual, &gamma, &beta})) {
+    record(y, std::string(op), {x, gamma, beta, residual},
+           [rows, c, cs, members, count, relu_on, sync, x, gamma, save_mean, save_invstd,
+            invstd_f = std::move(invstd_f), out = y.detach(),
+            has_residual = residual.defined()](const Tensor& g) {
+             Backend& be = backend_for(g.device());
+             const Device& dev = g.device();
+             Tensor dres = has_residual ? empty_like(x) : Tensor();
+             const float* y_or_null = relu_on ? out.data<float>() : nullptr;
+             // (sum g[c], sum g (x - mean)[c]) of every member, added up in member order.
+             std::vector<double> send(2 * cs), all(static_cast<std::size_t>(members) * 2 * cs);
+             be.batch_norm_backward_reduce(rows, c, x.data<float>(), y_or_null, relu_on,
+                                           g.data<float>(), save_mean.data<float>(), send.data(),
+                                           send.data() + cs, fptr(dres));
+             std::vector<float> dgamma_h(cs), dbeta_h(cs);
+             for (std::size_t ch = 0; ch < cs; ++ch) {
+               dbeta_h[ch] = static_cast<float>(send[ch]);
+               dgamma_h[ch] = static_cast<float>(send[cs + ch] * invstd_f[ch]);
+             }
+             sync->all_gather(send, all);
+             std::vector<double> sum_g(cs, 0.0), sum_gxc(cs, 0.0);
+             for (int j = 0; j < members; ++j)
+               for (std::size_t ch = 0; ch < cs; ++ch) {
+                 sum_g[ch] += all[static_cast<std::size_t>(j) * 2 * cs + ch];
+                 sum_gxc[ch] += all[static_cast<std::size_t>(j) * 2 * cs + cs + ch];
+               }
+             std::vector<float> mean_g(cs), mean_gxhat(cs);
+             for (std::size_t ch = 0; ch < cs; ++ch) {
+               mean_g[ch] = static_cast<float>(sum_g[ch] / count);
+               mean_gxhat[ch] = static_cast<float>(sum_gxc[ch] * invstd_f[ch] / count);
+             }
+             Tensor mg = Tensor::from_host(mean_g, {c}, dev);
+             Tensor mgx = Tensor::from_host(mean_gxhat, {c}, dev);
+             Tensor dx = empty_like(x);
+             be.batch_norm_backward_apply(rows, c, x.data<float>(), y_or_null, relu_on,
+                                          g.data<float>(), gamma.data<float>(),
+                                          save_mean.data<float>(), save_invstd.data<float>(),
+                                          mg.data<float>(), mgx.data<float>(), dx.data<float>());
+             return std::vector<Tensor>{dx, Tensor::from_host(dgamma_h, {c}, dev),
+                                        Tensor::from_host(dbeta_h, {c}, dev), dres};
+           });
+  }
+  return y;
+}
 
 Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& residual, bool relu_on,
                        const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
@@ -470,12 +587,13 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                            " in [0, 1]");
   const std::int64_t rows = x.numel() / c64;
   const int c = static_cast<int>(c64);
-  if (opts.training && rows < 2)
+  const bool synced = opts.training && opts.sync != nullptr;
+  if (opts.training && rows < 2 && !synced)  // synchronised: checked over the group's rows
     raise<InvalidArgument>(op, ": training needs more than one value per channel, got input ",
                            shape_str(x.shape()), " (PyTorch's rule; use eval mode for batch 1 "
                            "of 1x1 inputs)");
 
-  if (run_on_cpu_instead(op, OpKind::kBatchNorm, d)) {
+  if (run_on_cpu_instead(op, synced ? OpKind::kBatchNormSync : OpKind::kBatchNorm, d)) {
     Tensor rm = to_cpu(running_mean), rv = to_cpu(running_var);
     Tensor y = batch_norm_impl(op, to_cpu(x), to_cpu(residual), relu_on, to_cpu(gamma),
                                to_cpu(beta), rm, rv, opts)
@@ -511,6 +629,10 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
     if (relu_on) y = relu(y);
     return y;
   }
+
+  if (synced)
+    return batch_norm_sync_training(op, d, rows, c, x, residual, relu_on, gamma, beta,
+                                    running_mean, running_var, opts);
 
   Tensor save_mean = Tensor::empty({c}, d), save_invstd = Tensor::empty({c}, d);
   {

@@ -66,14 +66,24 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts);
 // [n, h, w, c] -> [n, c]: the mean over h and w.
 Tensor global_avg_pool(const Tensor& x);
 
+class BatchNormSync;  // core/tensor/batch_norm_sync.h
+
 struct BatchNormOptions {
   bool training = true;   // batch statistics (and running-average update) vs running statistics
   float momentum = 0.1f;  // PyTorch's convention: running = (1 - m) * running + m * batch
   float eps = 1e-5f;
+  // Synchronised batch norm: in training, the statistics are those of the rows of every member
+  // of this group together (each member calling with its own x), forward and backward; see
+  // batch_norm_sync.h. Null: x's own rows. Ignored in inference.
+  BatchNormSync* sync = nullptr;
 };
 // Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
 // In training, running_mean / running_var (if defined) are updated in place, with the unbiased
-// variance (PyTorch's rule); they are never differentiated.
+// variance (PyTorch's rule; with sync, of the whole group's rows, so every member gets the same
+// values); they are never differentiated. With sync, dgamma and dbeta are this member's share
+// (summed over members they are the group's), and dx is the exact input gradient of batch norm
+// over the group's rows. Training needs more than one row per channel (over the group, with
+// sync); on a device whose backend has no kBatchNormSync kernels, sync follows soft placement.
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, BatchNormOptions opts);
 // relu(batch_norm(x)) in one pass (forward and backward).

@@ -25,6 +25,7 @@ struct Field {
   double min = -INFINITY;  // numeric range, inclusive
   double max = INFINITY;
   const char* group = "Training";
+  const char* choices = nullptr;  // for a text option with a fixed set of values: "a|b"
 };
 
 // The one list of options: flags, INI keys, --help and the JSON form all come from it.
@@ -42,6 +43,7 @@ const std::vector<Field>& fields() {
       {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower)"},
       {"split_remainder", &TrainOptions::split_remainder, "a batch that does not split exactly: error | spread (largest remainders)"},
       {"reduction", &TrainOptions::reduction, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)"},
+      {"batch_norm", &TrainOptions::batch_norm, "batch-norm statistics in training: per_tower (each tower's slice) | sync (the whole global batch, exchanged across towers)", 0, 0, "Training", "per_tower|sync"},
       {"optimizer", &TrainOptions::optimizer, "sgd (with --momentum) | nesterov | adam | adamw"},
       {"lr", &TrainOptions::lr, "peak learning rate", 0, 1e6},
       {"momentum", &TrainOptions::momentum, "SGD momentum", 0, 1},
@@ -103,6 +105,23 @@ T parse_number(const Field& f, std::string_view value) {
   return out;
 }
 
+// The trimmed text; for an option with choices, one of them (InvalidArgument otherwise).
+std::string parse_choice(const Field& f, std::string_view value) {
+  std::string v(trim(value));
+  if (!f.choices) return v;
+  std::string_view rest = f.choices;
+  std::string listed;
+  while (!rest.empty()) {
+    const std::size_t bar = rest.find('|');
+    const std::string_view choice = rest.substr(0, bar);
+    if (v == choice) return v;
+    listed += (listed.empty() ? "" : ", ") + std::string(choice);
+    rest = bar == std::string_view::npos ? std::string_view() : rest.substr(bar + 1);
+  }
+  raise<InvalidArgument>("--", f.name, " \"", value, "\" is not one of ", listed, "; write e.g. --",
+                         f.name, " ", std::string_view(f.choices).substr(0, std::string_view(f.choices).find('|')));
+}
+
 bool parse_bool(const Field& f, std::string_view value) {
   std::string v = lower(trim(value));
   if (v == "true" || v == "1" || v == "yes" || v == "on") return true;
@@ -135,7 +154,7 @@ void set_train_option(TrainOptions& opts, std::string_view name, std::string_vie
       [&](auto member) {
         auto& slot = opts.*member;
         using T = std::decay_t<decltype(slot)>;
-        if constexpr (std::is_same_v<T, std::string>) slot = std::string(trim(value));
+        if constexpr (std::is_same_v<T, std::string>) slot = parse_choice(*f, value);
         else if constexpr (std::is_same_v<T, bool>) slot = parse_bool(*f, value);
         else slot = parse_number<T>(*f, value);
       },
@@ -244,6 +263,7 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
             else return "INT";
           },
           f.member));
+      if (f.choices) opt->type_name(f.choices);
       if (name == "devices") opt->default_str("all");
     }
     opt->group(f.group);

@@ -44,6 +44,7 @@ struct TrainOptions {
   std::string split = "even";          // even | weights:3,1 | per_tower (tower/split.h)
   std::string split_remainder = "error";  // error | spread (a batch that does not split evenly)
   std::string reduction = "all_reduce";   // all_reduce | bucketed[:MB] | parameter_device[:DEVICE]
+  std::string batch_norm = "per_tower";   // per_tower | sync (statistics over all towers)
   std::string optimizer = "sgd";       // sgd (with --momentum) | adam
   double lr = 0.05;
   double momentum = 0.9;

@@ -59,6 +59,7 @@ tower::TrainerOptions trainer_options(const TrainOptions& o) {
   tower::TrainerOptions t;
   t.reduction = tower::parse_reduction(o.reduction);
   t.split = tower::parse_split(o.split);
+  t.batch_norm = o.batch_norm == "sync" ? tower::BatchNormMode::Synchronised : tower::BatchNormMode::PerTower;
   if (o.split_remainder == "spread") t.remainder = tower::Remainder::Spread;
   else if (o.split_remainder != "error")
     raise<InvalidArgument>("--split_remainder \"", o.split_remainder, "\" is not known; use error or spread");
@@ -125,7 +126,7 @@ void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) 
   if (then.is_discarded()) return;
   nlohmann::json cur = nlohmann::json::parse(to_json(now));
   for (const char* key : {"model", "batch_size", "seed", "epochs", "max_steps", "lr", "schedule", "optimizer",
-                          "momentum", "weight_decay", "warmup_epochs", "split", "dataset", "data_dir"}) {
+                          "momentum", "weight_decay", "warmup_epochs", "split", "batch_norm", "dataset", "data_dir"}) {
     if (then.contains(key) && then[key] != cur[key])
       log_warning(str("--resume: ", key, " was ", then[key].dump(), " in the interrupted run and is ", cur[key].dump(),
                       " now; the run continues with the new value and will not reproduce the uninterrupted one"));

@@ -249,3 +249,103 @@ TEST_CASE("batch norm rejects bad arguments with the value named", "[cpu][bn]") 
   CHECK_THROWS_WITH(batch_norm_forward_inference(ctx, 4, 2, p, p, p, p, var.data(), 1e-5f, p),
                     Catch::Contains("running_var[1]"));
 }
+
+TEST_CASE("batch norm phases over two slices combine into the whole batch's forward and backward",
+          "[cpu][bn][sync]") {
+  // What synchronised batch norm does across towers, on one thread: moments per slice, merged
+  // with row weights; the apply and reduce phases per slice with the merged statistics.
+  CpuContext ctx(2);
+  const std::int64_t rows = 1500, split = 1100;  // 11:4
+  const int c = 21;
+  auto x = random_vector(rows * c, 40);
+  for (float& v : x) v += 30.0f;  // a large mean: the merge must not cancel
+  const auto residual = random_vector(rows * c, 41);
+  const auto gamma = random_vector(c, 42);
+  const auto beta = random_vector(c, 43);
+  const auto dy = random_vector(rows * c, 44);
+  const float eps = 1e-3f;
+  const auto ref = ref_forward(rows, c, x, gamma, beta, eps);
+  const std::int64_t part_rows[2] = {split, rows - split};
+  const std::int64_t first[2] = {0, split};
+
+  // Moments, merged (Chan): the whole batch's mean and biased variance.
+  std::vector<double> mean(c, 0.0), m2(c, 0.0);
+  double count = 0;
+  for (int p = 0; p < 2; ++p) {
+    std::vector<double> pm(c), pm2(c);
+    batch_norm_moments(ctx, part_rows[p], c, x.data() + first[p] * c, pm.data(), pm2.data());
+    const double n = static_cast<double>(part_rows[p]), total = count + n;
+    for (int ch = 0; ch < c; ++ch) {
+      const double delta = pm[ch] - mean[ch];
+      mean[ch] += delta * n / total;
+      m2[ch] += pm2[ch] + delta * delta * count * n / total;
+    }
+    count = total;
+  }
+  std::vector<float> mean_f(c), invstd_f(c);
+  std::vector<double> invstd(c);
+  for (int ch = 0; ch < c; ++ch) {
+    invstd[ch] = 1.0 / std::sqrt(m2[ch] / count + eps);
+    mean_f[ch] = static_cast<float>(mean[ch]);
+    invstd_f[ch] = static_cast<float>(invstd[ch]);
+  }
+  const auto cm = compare(mean, ref.mean), ci = compare(invstd, ref.invstd);
+  INFO("merged mean: " << cm.describe() << "; invstd: " << ci.describe());
+  CHECK(cm.max_error < 1e-6);  // float sums within blocks of rows, as the fused kernels
+  CHECK(ci.max_error < 1e-5);
+
+  for (int variant = 0; variant < 3; ++variant) {  // plain, relu, add + relu
+    const bool relu = variant > 0, add = variant == 2;
+    INFO("variant " << variant);
+    std::vector<float> y(x.size(), NAN);
+    for (int p = 0; p < 2; ++p)
+      batch_norm_forward_apply(ctx, part_rows[p], c, x.data() + first[p] * c,
+                               add ? residual.data() + first[p] * c : nullptr, relu, gamma.data(),
+                               beta.data(), mean_f.data(), invstd_f.data(), y.data() + first[p] * c);
+    std::vector<double> want(x.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const double v = ref.y[i] + (add ? residual[i] : 0.0f);
+      want[i] = relu ? std::max(0.0, v) : v;
+    }
+    const auto cy = compare(y, want);
+    INFO("forward: " << cy.describe());
+    CHECK(cy.max_error < 1e-5);
+
+    std::vector<double> g(x.size());
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = !relu || y[i] > 0.0f ? dy[i] : 0.0;
+    std::vector<double> rdx, rdg, rdb;
+    ref_backward(rows, c, x, g, gamma, ref, rdx, rdg, rdb);
+    std::vector<double> sum_g(c, 0.0), sum_gxc(c, 0.0);
+    std::vector<float> dpre(x.size(), NAN);
+    for (int p = 0; p < 2; ++p) {
+      std::vector<double> sg(c), sgx(c);
+      batch_norm_backward_reduce(ctx, part_rows[p], c, x.data() + first[p] * c,
+                                 relu ? y.data() + first[p] * c : nullptr, dy.data() + first[p] * c,
+                                 mean_f.data(), sg.data(), sgx.data(),
+                                 relu ? dpre.data() + first[p] * c : nullptr);
+      for (int ch = 0; ch < c; ++ch) {
+        sum_g[ch] += sg[ch];
+        sum_gxc[ch] += sgx[ch];
+      }
+    }
+    std::vector<double> dgamma(c);
+    std::vector<float> mean_g(c), mean_gxhat(c);
+    for (int ch = 0; ch < c; ++ch) {
+      dgamma[ch] = sum_gxc[ch] * invstd[ch];
+      mean_g[ch] = static_cast<float>(sum_g[ch] / count);
+      mean_gxhat[ch] = static_cast<float>(dgamma[ch] / count);
+    }
+    std::vector<float> dx(x.size(), NAN);
+    for (int p = 0; p < 2; ++p)
+      batch_norm_backward_apply(ctx, part_rows[p], c, x.data() + first[p] * c,
+                                relu ? y.data() + first[p] * c : nullptr, dy.data() + first[p] * c,
+                                gamma.data(), mean_f.data(), invstd_f.data(), mean_g.data(),
+                                mean_gxhat.data(), dx.data() + first[p] * c);
+    const auto cdx = compare(dx, rdx), cdg = compare(dgamma, rdg), cdb = compare(sum_g, rdb);
+    INFO("dx: " << cdx.describe() << "; dgamma: " << cdg.describe() << "; dbeta: " << cdb.describe());
+    CHECK(cdx.max_error < 1e-4);
+    CHECK(cdg.max_error < 1e-5);
+    CHECK(cdb.max_error < 1e-6);
+    if (relu) CHECK(compare(dpre, g).max_error == 0.0);
+  }
+}

@@ -62,6 +62,28 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   CHECK(o.lr == 0.25);  // failed sets change nothing
 }
 
+TEST_CASE("the batch_norm option is per_tower or sync, anything else names the flag, the value and the choices",
+          "[cifar10][options]") {
+  CHECK(TrainOptions{}.batch_norm == "per_tower");
+  CHECK(parse({"--batch_norm", "sync"}).train.batch_norm == "sync");
+  CHECK(parse({"--batch_norm", "per_tower"}).train.batch_norm == "per_tower");
+  CHECK(parse_config("[train]\nbatch_norm = sync\n", "t.ini").train.batch_norm == "sync");
+  TrainOptions o;
+  CHECK_THROWS_WITH(set_train_option(o, "batch_norm", "synced"),
+                    Catch::Contains("--batch_norm") && Catch::Contains("\"synced\"") &&
+                        Catch::Contains("per_tower, sync"));
+  CHECK_THROWS_WITH(set_train_option(o, "batch_norm", ""), Catch::Contains("per_tower, sync"));
+  CHECK_THROWS_AS(parse({"--batch_norm", "global"}), CLI::ValidationError);
+  try {
+    parse({"--batch_norm", "global"});
+  } catch (const CLI::ValidationError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("\"global\"") && Catch::Contains("per_tower, sync"));
+  }
+  CHECK_THROWS_WITH(parse_config("batch_norm = both\n", "t.ini"),
+                    Catch::Contains("t.ini:1") && Catch::Contains("--batch_norm") && Catch::Contains("per_tower, sync"));
+  CHECK(o.batch_norm == "per_tower");  // failed sets change nothing
+}
+
 TEST_CASE("a config file sets training and device options; flags win over it", "[cifar10][options]") {
   std::string path = temp_file("train.ini",
                                "# a run\n"
@@ -124,6 +146,8 @@ TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
   CHECK(help.find("--allow_growth") != std::string::npos);  // the device options are there too
   CHECK(help.find("--log_device_placement") != std::string::npos);
   CHECK(help.find("128") != std::string::npos);  // batch_size's default
+  CHECK(help.find("per_tower|sync") != std::string::npos);  // batch_norm's choices and default
+  CHECK(help.find("per_tower|sync=per_tower") != std::string::npos);
 }
 
 TEST_CASE("options round-trip through their JSON form", "[cifar10][options]") {

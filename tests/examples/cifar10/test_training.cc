@@ -82,6 +82,24 @@ TEST_CASE("a tiny run trains, evaluates, checkpoints and keeps the newest N", "[
   CHECK(flat_params(*fresh) != before);
 }
 
+TEST_CASE("a tiny ResNet-20 run with --batch_norm sync trains with statistics over both towers", "[cifar10][training][syncbn]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.model = "resnet20";
+  o.batch_norm = "sync";
+  o.max_steps = 2;
+  o.save_every = 0;
+  RunResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 2);
+  CHECK_FALSE(r.aborted);
+  CHECK(std::isfinite(r.test_loss));
+  auto info = read_checkpoint_info(r.last_checkpoint);
+  CHECK_THAT(info.metadata.at("options"), Catch::Contains("\"batch_norm\":\"sync\""));
+}
+
 TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[cifar10][training][resume]") {
   fresh_devices();
   TempDir full_dir, crash_dir;

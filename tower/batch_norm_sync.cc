@@ -1,0 +1,132 @@
+#include "tower/batch_norm_sync.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+#include "core/collectives/communicator.h"
+#include "core/error.h"
+
+namespace towerflow::tower {
+
+// The exchange is a handful of doubles per batch-norm layer, a few dozen times per step: a
+// mutex and a condition variable are ample, and sleeping waiters leave the cores to the towers
+// still computing. Each all_gather is two barrier phases: after the first every member's send is
+// published, after the second everyone has copied it, so a send buffer may be reused at once.
+
+struct BatchNormSyncGroup::State {
+  explicit State(std::vector<Device> d) : devices(std::move(d)), sends(devices.size()) {}
+
+  std::vector<Device> devices;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  std::uint64_t generation = 0;
+  bool open = false;
+  bool aborted = false;
+  std::string reason;
+  std::vector<std::span<const double>> sends;
+
+  [[noreturn]] void throw_aborted() const {
+    raise<collectives::CollectiveAborted>(
+        "synchronised batch norm aborted: ", reason.empty() ? "another tower failed" : reason);
+  }
+
+  // Returns when every member has arrived (the last one to arrive releases the others).
+  void wait(std::unique_lock<std::mutex>& lock) {
+    if (aborted) throw_aborted();
+    const std::uint64_t gen = generation;
+    if (++arrived == static_cast<int>(devices.size())) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+      return;
+    }
+    cv.wait(lock, [&] { return aborted || generation != gen; });
+    if (aborted) throw_aborted();
+  }
+
+  void all_gather(int rank, std::span<const double> send, std::span<double> out) {
+    const std::size_t n = devices.size();
+    if (out.size() != n * send.size())
+      raise<InvalidArgument>("synchronised batch norm: member ", rank, " (", devices[rank],
+                             ") has an output of ", out.size(), " values for ", n, " members of ",
+                             send.size());
+    std::unique_lock lock(mu);
+    if (aborted) throw_aborted();
+    if (!open)
+      raise<InvalidArgument>("synchronised batch norm on ", devices[rank],
+                             " ran outside a training step of its tower::Trainer: its towers "
+                             "exchange statistics only inside forward_backward; put the replica "
+                             "in eval mode to run it alone");
+    sends[rank] = send;
+    wait(lock);
+    for (std::size_t i = 0; i < n; ++i)  // the same decision on every member
+      if (sends[i].size() != send.size())
+        raise<InvalidArgument>("synchronised batch norm: member ", i, " (", devices[i], ") sent ",
+                               sends[i].size(), " values but member ", rank, " (", devices[rank],
+                               ") sent ", send.size(), "; the replicas' layers differ");
+    for (std::size_t i = 0; i < n; ++i)
+      std::copy(sends[i].begin(), sends[i].end(), out.begin() + static_cast<std::ptrdiff_t>(i * send.size()));
+    wait(lock);
+  }
+};
+
+class BatchNormSyncGroup::Member final : public BatchNormSync {
+ public:
+  Member(State& state, int rank) : state_(state), rank_(rank) {}
+  int size() const override { return static_cast<int>(state_.devices.size()); }
+  int rank() const override { return rank_; }
+  void all_gather(std::span<const double> send, std::span<double> out) override {
+    state_.all_gather(rank_, send, out);
+  }
+
+ private:
+  State& state_;
+  int rank_;
+};
+
+BatchNormSyncGroup::BatchNormSyncGroup(std::vector<Device> devices)
+    : state_(std::make_unique<State>(std::move(devices))) {
+  if (state_->devices.empty())
+    raise<InvalidArgument>("synchronised batch norm needs at least one device; the list is empty");
+  for (int i = 0; i < size(); ++i) members_.push_back(std::make_unique<Member>(*state_, i));
+}
+
+BatchNormSyncGroup::~BatchNormSyncGroup() = default;
+
+int BatchNormSyncGroup::size() const { return static_cast<int>(state_->devices.size()); }
+
+BatchNormSync& BatchNormSyncGroup::member(int i) {
+  TW_CHECK(i >= 0 && i < size(), "member ", i, " of ", size());
+  return *members_[i];
+}
+
+void BatchNormSyncGroup::open() {
+  std::lock_guard lock(state_->mu);
+  state_->open = true;
+}
+
+void BatchNormSyncGroup::close() {
+  std::lock_guard lock(state_->mu);
+  state_->open = false;
+}
+
+void BatchNormSyncGroup::abort(const std::string& reason) {
+  {
+    std::lock_guard lock(state_->mu);
+    if (!state_->aborted) state_->reason = reason;
+    state_->aborted = true;
+  }
+  state_->cv.notify_all();
+}
+
+void BatchNormSyncGroup::reset() {
+  std::lock_guard lock(state_->mu);
+  state_->aborted = false;
+  state_->reason.clear();
+  state_->arrived = 0;
+}
+
+}  // namespace towerflow::tower

@@ -1,0 +1,47 @@
+#pragma once
+// BatchNormSyncGroup: the exchange behind synchronised batch norm across the towers of one
+// process (BatchNormMode::Synchronised). One member per tower; each replica's BatchNorm2d layers
+// hold their tower's member, and the towers' worker threads meet in all_gather, a barrier over
+// a few per-channel doubles (see core/tensor/batch_norm_sync.h for the members' contract).
+//
+// Contract:
+// - all_gather is valid only while the group is open (open() ... close(), around a training
+//   step). Outside, a member raises InvalidArgument (a replica run in training mode outside
+//   Trainer::forward_backward would otherwise wait for towers that never come).
+// - abort(reason), from any thread: every member blocked in or later entering all_gather throws
+//   collectives::CollectiveAborted("... reason"). reset() clears it once no member is inside.
+// - Results are identical on every member: each copies every member's vector in member order.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor/batch_norm_sync.h"
+
+namespace towerflow::tower {
+
+class BatchNormSyncGroup {
+ public:
+  // One member per device, member i for devices[i]. Throws InvalidArgument for an empty list.
+  explicit BatchNormSyncGroup(std::vector<Device> devices);
+  ~BatchNormSyncGroup();
+  BatchNormSyncGroup(const BatchNormSyncGroup&) = delete;
+  BatchNormSyncGroup& operator=(const BatchNormSyncGroup&) = delete;
+
+  int size() const;
+  BatchNormSync& member(int i);
+
+  void open();
+  void close();
+  void abort(const std::string& reason);
+  void reset();
+
+ private:
+  struct State;
+  class Member;
+  std::unique_ptr<State> state_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+}  // namespace towerflow::tower
