@@ -36,20 +36,23 @@
 // for L = 8 (AVX2, or SSE pairs on a portable build) and, where the build targets AVX-512
 // (kWideLanes == 16), for L = 16. with_block picks (L, V) from the channel count:
 //   channels    AVX2      AVX-512
-//   1..8        8 x 1     8 x 1 (a 16-lane vector would be half empty)
-//   9..16       8 x 2     16 x 1
+//   1..8        8 x 1     8 x 1
+//   9..16       8 x 2     8 x 2 (16 x 1 measured slower, below)
 //   17..32      8 x 2     16 x 2
 //   33..        8 x 2     16 x 4 when 64-channel blocks waste no more lanes than 32, else 16 x 2
-// Tile sizes come from the register files: AVX-512 has 32 vector registers, so up to 24
-// accumulators (P*V or Q*V), plus V weight vectors and a broadcast; AVX2 has 16, so 12. The
+// Tile sizes come from the register files: AVX-512 has 32 vector registers (ymm0-31 too), so up
+// to 24 accumulators (P*V or Q*V), plus V weight vectors and a broadcast; AVX2 has 16, so 12. The
 // forward tile also holds P input pointers in general registers: P <= 12 with an index that
 // counts up to zero keeps them all there (a 24-pixel tile spilled half of them, and each spill
 // was one more load per FMA). Measured on Ice Lake (2 FMA units per core): a 512-bit FMA with an
 // embedded broadcast issues about one broadcast load per cycle, half the FMA rate, so a block
-// of one 16-lane vector (P FMAs per P broadcasts) runs at the speed of the 8-lane 8 x 2 block it
-// replaces; 16 x 2 and 16 x 4 reuse each broadcast two or four times and reach about 1.7 times
-// the 8-lane speed in isolation. That is why 48 channels get two 16 x 2 blocks (25% of the lanes
-// idle) rather than three 16 x 1 ones.
+// of one 16-lane vector (P FMAs per P broadcasts) is no faster in isolation than the 8-lane
+// 8 x 2 block, and in a whole layer it was 10-25% slower (the core also clocks lower while it
+// runs 512-bit FMAs). 16 x 2 and 16 x 4 reuse each broadcast two or four times and reach about
+// 1.5 times the 8-lane speed in isolation. So 16 channels keep 8 x 2 (with up to 12 pixels),
+// and 48 channels get two 16 x 2 blocks (25% of the lanes idle) rather than three 16 x 1.
+// Speeding up 16-channel layers further would need each broadcast reused across kernel taps
+// (neighbouring output pixels share inputs), a different loop nest.
 //
 // Note [Deterministic reductions]
 // Every output element is computed by one thread in a fixed order (forward and backward input
@@ -129,10 +132,10 @@ template <typename Fn>
 void with_block(int channels, Fn&& fn) {
   if (channels <= 8) return fn.template operator()<8, 1>();
   if constexpr (kWideLanes == 16) {
-    // One vector per block only where that is all the channels: a block of one vector is
-    // bound by the broadcasts. Then 64-channel blocks where they waste no more lanes than 32:
-    // 16 -> 16x1, 32 -> 16x2, 48 -> 16x2 (two blocks), 64 -> 16x4, 96 -> 16x2, 128 -> 16x4.
-    if (channels <= 16) return fn.template operator()<16, 1>();
+    // Never one 16-lane vector per block: it is bound by the broadcasts. 64-channel blocks
+    // where they waste no more lanes than 32: 32 -> 16x2, 48 -> 16x2 (two blocks),
+    // 64 -> 16x4, 96 -> 16x2, 128 -> 16x4.
+    if (channels <= 16) return fn.template operator()<8, 2>();
     if (channels > 32 && round_up(channels, 64) == round_up(channels, 32))
       return fn.template operator()<16, 4>();
     return fn.template operator()<16, 2>();
