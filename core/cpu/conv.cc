@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -12,10 +13,11 @@
 // Note [Channels-last on the CPU]
 // With NHWC activations the kw*c_in values that one kernel row touches for one output pixel are
 // contiguous in memory, so a convolution is an implicit GEMM with no im2col buffer: for a tile of
-// P neighbouring output pixels and B = 8*V output channels, the inner loop walks q over those
-// kw*c_in contiguous inputs, broadcasts x[pixel p, q] and multiplies it by one packed weight
-// vector w[q, B channels]. The accumulators (P x V vectors) stay in registers for the whole
-// reduction; every loaded weight vector is used P times and every broadcast V times. The working
+// P neighbouring output pixels and B = L*V output channels (V vectors of L lanes), the inner
+// loop walks q over those kw*c_in contiguous inputs, broadcasts x[pixel p, q] and multiplies it
+// by the V packed weight vectors w[q, B channels]. The accumulators (P x V vectors) stay in
+// registers for the whole reduction; every loaded weight vector is used P times and every
+// broadcast V times (Note [Register tiles for 8 and 16 lanes]). The working
 // set is one (padded) image and one block of packed weights, which stay in L1/L2 -- the reason a
 // whole-batch im2col GEMM is memory-bound at 16 channels and this is not. With NCHW the same
 // reduction would gather kw values from kw different cache lines per channel.
@@ -29,6 +31,29 @@
 //   backward weight          weight_grad: accumulators are a tile of Q inputs q x B channels,
 //                            summed over every output pixel, the same register shape as forward
 //
+// Note [Register tiles for 8 and 16 lanes]
+// The kernels are written once for vectors of L lanes (Vec<L> in simd_impl.h) and instantiated
+// for L = 8 (AVX2, or SSE pairs on a portable build) and, where the build targets AVX-512
+// (kWideLanes == 16), for L = 16. with_block picks (L, V) from the channel count:
+//   channels    AVX2      AVX-512
+//   1..8        8 x 1     8 x 1
+//   9..16       8 x 2     8 x 2 (16 x 1 measured slower, below)
+//   17..32      8 x 2     16 x 2
+//   33..        8 x 2     16 x 4 when 64-channel blocks waste no more lanes than 32, else 16 x 2
+// Tile sizes come from the register files: AVX-512 has 32 vector registers (ymm0-31 too), so up
+// to 24 accumulators (P*V or Q*V), plus V weight vectors and a broadcast; AVX2 has 16, so 12. The
+// forward tile also holds P input pointers in general registers: P <= 12 with an index that
+// counts up to zero keeps them all there (a 24-pixel tile spilled half of them, and each spill
+// was one more load per FMA). Measured on Ice Lake (2 FMA units per core): a 512-bit FMA with an
+// embedded broadcast issues about one broadcast load per cycle, half the FMA rate, so a block
+// of one 16-lane vector (P FMAs per P broadcasts) is no faster in isolation than the 8-lane
+// 8 x 2 block, and in a whole layer it was 10-25% slower (the core also clocks lower while it
+// runs 512-bit FMAs). 16 x 2 and 16 x 4 reuse each broadcast two or four times and reach about
+// 1.5 times the 8-lane speed in isolation. So 16 channels keep 8 x 2 (with up to 12 pixels),
+// and 48 channels get two 16 x 2 blocks (25% of the lanes idle) rather than three 16 x 1.
+// Speeding up 16-channel layers further would need each broadcast reused across kernel taps
+// (neighbouring output pixels share inputs), a different loop nest.
+//
 // Note [Deterministic reductions]
 // Every output element is computed by one thread in a fixed order (forward and backward input
 // split output rows over threads; backward weight sums fixed image groups or splits dw tiles,
@@ -37,13 +62,11 @@
 
 namespace towerflow::cpu {
 
-using detail::load8;
+using detail::kWideLanes;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
-using detail::splat8;
-using detail::store8;
-using detail::Vec8;
+using detail::Vec;
 
 // ---- shape ---------------------------------------------------------------------------------
 
@@ -93,53 +116,81 @@ void Conv2dShape::validate() const {
 
 namespace {
 
-// Largest tile widths: P*V accumulators + V weights + 1 broadcast fit AVX2's 16 registers.
+// Largest tiles (Note [Register tiles for 8 and 16 lanes]). Forward: P pixels x V vectors of
+// accumulators, P <= 12 so that the P input pointers stay in general registers. Weight
+// gradient: Q inputs x V vectors, read through one pointer, so Q is bounded by the vector
+// registers only. With AVX2 (16 registers) both are 12 / V; with AVX-512 (32) 24 / V.
+constexpr int kAccumulators = kWideLanes == 16 ? 24 : 12;
 template <int V>
-constexpr int kMaxPixels = 12 / V;
+constexpr int kMaxPixels = std::min(12, kAccumulators / V);
+template <int V>
+constexpr int kMaxInputs = kAccumulators / V;
+
+// Calls fn.template operator()<L, V>() with the vector width L and the vectors per channel
+// block V to use for `channels` output channels (Note [Register tiles for 8 and 16 lanes]).
+template <typename Fn>
+void with_block(int channels, Fn&& fn) {
+  if (channels <= 8) return fn.template operator()<8, 1>();
+  if constexpr (kWideLanes == 16) {
+    // Never one 16-lane vector per block: it is bound by the broadcasts. 64-channel blocks
+    // where they waste no more lanes than 32: 32 -> 16x2, 48 -> 16x2 (two blocks),
+    // 64 -> 16x4, 96 -> 16x2, 128 -> 16x4.
+    if (channels <= 16) return fn.template operator()<8, 2>();
+    if (channels > 32 && round_up(channels, 64) == round_up(channels, 32))
+      return fn.template operator()<16, 4>();
+    return fn.template operator()<16, 2>();
+  } else {
+    return fn.template operator()<8, 2>();
+  }
+}
 
 // ---- the forward register kernel -----------------------------------------------------------
 
-// Computes P output pixels x 8V channels. Pixel p reads its inputs for kernel row 0 at
-// img + offs[p] (the q-th at + q); kernel row i is row_step floats further. wp is the block's
-// packed weights [kh][q_len][8V]. bias (nullable) holds 8V values. Output pixel p is written
-// at out + out_offs[p].
-template <int P, int V>
+// Computes P output pixels x L*V channels with vectors of L lanes. Pixel p reads its inputs for
+// kernel row 0 at img + offs[p] (the q-th at + q); kernel row i is row_step floats further. wp
+// is the block's packed weights [kh][q_len][L*V]. bias (nullable) holds L*V values. Output
+// pixel p is written at out + out_offs[p].
+template <int L, int P, int V>
 void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64_t row_step,
                int kh, int q_len, const float* __restrict wp, const float* bias,
                float* __restrict out, const std::int64_t* out_offs, int lanes) {
-  Vec8 acc[P][V];
-#pragma GCC unroll 16
+  using W = Vec<L>;
+  typename W::type acc[P][V];
+#pragma GCC unroll 32
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) acc[p][v] = bias ? load8(bias + 8 * v) : splat8(0.0f);
-  const float* xb[P];
-#pragma GCC unroll 16
-  for (int p = 0; p < P; ++p) xb[p] = img + offs[p];
+    for (int v = 0; v < V; ++v) acc[p][v] = bias ? W::load(bias + L * v) : W::splat(0.0f);
+  // xe[p] points one past the inputs of kernel row i, indexed by q - q_len in [-q_len, 0): the
+  // loop then ends on its index reaching zero, which leaves one more general register for the
+  // P input pointers (a 12-pixel tile otherwise spills two of them).
+  const float* xe[P];
+#pragma GCC unroll 32
+  for (int p = 0; p < P; ++p) xe[p] = img + offs[p] + q_len;
   const float* wr = wp;
   for (int i = 0; i < kh; ++i) {
-    for (int q = 0; q < q_len; ++q, wr += 8 * V) {
-      Vec8 wv[V];
+    for (std::ptrdiff_t q = -q_len; q != 0; ++q, wr += L * V) {
+      typename W::type wv[V];
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) wv[v] = load8(wr + 8 * v);
-#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) wv[v] = W::load(wr + L * v);
+#pragma GCC unroll 32
       for (int p = 0; p < P; ++p) {
-        const Vec8 b = splat8(xb[p][q]);
+        const typename W::type b = W::splat(xe[p][q]);
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[p][v] += b * wv[v];
       }
     }
-#pragma GCC unroll 16
-    for (int p = 0; p < P; ++p) xb[p] += row_step;
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) xe[p] += row_step;
   }
-  if (lanes == 8 * V) {
-#pragma GCC unroll 16
+  if (lanes == L * V) {
+#pragma GCC unroll 32
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) store8(out + out_offs[p] + 8 * v, acc[p][v]);
+      for (int v = 0; v < V; ++v) W::store(out + out_offs[p] + L * v, acc[p][v]);
   } else {
     for (int p = 0; p < P; ++p) {
-      alignas(32) float tmp[8 * V];
-      for (int v = 0; v < V; ++v) store8(tmp + 8 * v, acc[p][v]);
+      float tmp[L * V];
+      for (int v = 0; v < V; ++v) W::store(tmp + L * v, acc[p][v]);
       std::copy(tmp, tmp + lanes, out + out_offs[p]);
     }
   }
@@ -148,9 +199,9 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
 using ConvTileFn = void (*)(const float*, const std::int64_t*, std::int64_t, int, int,
                             const float*, const float*, float*, const std::int64_t*, int);
 
-template <int V, std::size_t... P>
+template <int L, int V, std::size_t... P>
 constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
-  return {&conv_tile<static_cast<int>(P) + 1, V>...};
+  return {&conv_tile<L, static_cast<int>(P) + 1, V>...};
 }
 
 // Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
@@ -188,16 +239,16 @@ void pack_weights(int c_out, int c_in, int kh, int kw, int block, float* dst, Ge
           }
 }
 
-// y = conv(x, w) (+ bias) for shape s, with w already packed by pack_weights in blocks of 8V.
+// y = conv(x, w) (+ bias) for shape s, with w already packed by pack_weights in blocks of L*V.
 // Threads split the output rows; within an image a thread tiles its output pixels in row-major
 // order, so a tile may span rows (small 8x8 outputs still get full tiles). Each output element
 // is written once, by one thread.
-template <int V>
+template <int L, int V>
 void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* wp,
                  const float* bias_padded, float* y) {
-  constexpr int kBlock = 8 * V;
+  constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
-  static constexpr auto kTiles = conv_tiles<V>(std::make_index_sequence<kP>{});
+  static constexpr auto kTiles = conv_tiles<L, V>(std::make_index_sequence<kP>{});
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kBlock - 1) / kBlock;
   const int q_len = s.kw * s.c_in;
@@ -256,79 +307,80 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   });
 }
 
-// Runs direct_conv with the block width that wastes fewest lanes: 8 channels when c_out <= 8,
-// else 16. get(co, ci, i, j) gives the weight of the convolution described by s.
+// Runs direct_conv with the channel block that with_block picks for c_out. get(co, ci, i, j)
+// gives the weight of the convolution described by s.
 template <typename Get>
 void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
                 float* y, Get get) {
-  const int block = s.c_out <= 8 ? 8 : 16;
-  const std::int64_t blocks = (s.c_out + block - 1) / block;
-  float* wp = scratch(Scratch::kWeights,
-                      static_cast<std::size_t>(blocks * block * s.c_in * s.kh * s.kw));
-  pack_weights(s.c_out, s.c_in, s.kh, s.kw, block, wp, get);
-  float* bias_padded = nullptr;
-  if (bias) {
-    bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * block));
-    std::fill(bias_padded, bias_padded + blocks * block, 0.0f);
-    std::copy(bias, bias + s.c_out, bias_padded);
-  }
-  if (block == 8)
-    direct_conv<1>(ctx, s, x, wp, bias_padded, y);
-  else
-    direct_conv<2>(ctx, s, x, wp, bias_padded, y);
+  with_block(s.c_out, [&]<int L, int V>() {
+    constexpr int kBlock = L * V;
+    const std::int64_t blocks = (s.c_out + kBlock - 1) / kBlock;
+    float* wp = scratch(Scratch::kWeights,
+                        static_cast<std::size_t>(blocks * kBlock * s.c_in * s.kh * s.kw));
+    pack_weights(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
+    float* bias_padded = nullptr;
+    if (bias) {
+      bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * kBlock));
+      std::fill(bias_padded, bias_padded + blocks * kBlock, 0.0f);
+      std::copy(bias, bias + s.c_out, bias_padded);
+    }
+    direct_conv<L, V>(ctx, s, x, wp, bias_padded, y);
+  });
 }
 
 // ---- the weight-gradient register kernel ---------------------------------------------------
 
-// acc[q][v] += sum over `rows` output rows and `ow` pixels of x[pixel, q0 + q] * dy[pixel, 8v..].
-// xp points at x for (row 0, pixel 0, kernel row i, q0); dyp at dy for (row 0, pixel 0, block).
-template <int Q, int V>
+// acc[q][v] += sum over `rows` output rows and `ow` pixels of x[pixel, q0 + q] * dy[pixel, Lv..],
+// with vectors of L lanes. xp points at x for (row 0, pixel 0, kernel row i, q0); dyp at dy for
+// (row 0, pixel 0, block).
+template <int L, int Q, int V>
 void weight_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t x_row_step,
                  const float* __restrict dyp, std::int64_t ld_dy, std::int64_t dy_row_step,
                  int rows, int ow, float* __restrict acc_mem, std::int64_t ld_acc) {
-  Vec8 acc[Q][V];
-#pragma GCC unroll 16
+  using W = Vec<L>;
+  typename W::type acc[Q][V];
+#pragma GCC unroll 32
   for (int q = 0; q < Q; ++q)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) acc[q][v] = load8(acc_mem + q * ld_acc + 8 * v);
+    for (int v = 0; v < V; ++v) acc[q][v] = W::load(acc_mem + q * ld_acc + L * v);
   for (int r = 0; r < rows; ++r) {
     const float* xr = xp + r * x_row_step;
     const float* dr = dyp + r * dy_row_step;
     for (int c = 0; c < ow; ++c, xr += pix_step, dr += ld_dy) {
-      Vec8 d[V];
+      typename W::type d[V];
 #pragma GCC unroll 4
-      for (int v = 0; v < V; ++v) d[v] = load8(dr + 8 * v);
-#pragma GCC unroll 16
+      for (int v = 0; v < V; ++v) d[v] = W::load(dr + L * v);
+#pragma GCC unroll 32
       for (int q = 0; q < Q; ++q) {
-        const Vec8 b = splat8(xr[q]);
+        const typename W::type b = W::splat(xr[q]);
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[q][v] += b * d[v];
       }
     }
   }
-#pragma GCC unroll 16
+#pragma GCC unroll 32
   for (int q = 0; q < Q; ++q)
 #pragma GCC unroll 4
-    for (int v = 0; v < V; ++v) store8(acc_mem + q * ld_acc + 8 * v, acc[q][v]);
+    for (int v = 0; v < V; ++v) W::store(acc_mem + q * ld_acc + L * v, acc[q][v]);
 }
 
 using WeightTileFn = void (*)(const float*, std::int64_t, std::int64_t, const float*,
                               std::int64_t, std::int64_t, int, int, float*, std::int64_t);
 
-template <int V, std::size_t... Q>
+template <int L, int V, std::size_t... Q>
 constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequence<Q...>) {
-  return {&weight_tile<static_cast<int>(Q) + 1, V>...};
+  return {&weight_tile<L, static_cast<int>(Q) + 1, V>...};
 }
 
 // dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
 // of output channels) from tiles of Q q-values x B channels, each tile's accumulators held in
 // registers over a pass of output pixels.
-template <int V>
+template <int L, int V>
 void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
                  float* dw) {
-  constexpr int kBlock = 8 * V;
-  constexpr int kQ = kMaxPixels<V>;
-  static constexpr auto kTiles = weight_tiles<V>(std::make_index_sequence<kQ>{});
+  constexpr int kBlock = L * V;
+  constexpr int kQ = kMaxInputs<V>;
+  static constexpr auto kTiles = weight_tiles<L, V>(std::make_index_sequence<kQ>{});
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kBlock - 1) / kBlock;
   const int q_len = s.kw * s.c_in;
@@ -460,12 +512,12 @@ void embed_image(const float* img, int h, int w, int c, int top, int left, int h
   }
 }
 
-template <int V>
+template <int L, int V>
 void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                            const float* w, float* dx) {
-  constexpr int kBlock = 8 * V;
+  constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
-  static constexpr auto kTiles = conv_tiles<V>(std::make_index_sequence<kP>{});
+  static constexpr auto kTiles = conv_tiles<L, V>(std::make_index_sequence<kP>{});
   const int oh = s.out_h(), ow = s.out_w();
   const int sh = s.stride_h, sw = s.stride_w;
   const int blocks = (s.c_in + kBlock - 1) / kBlock;
@@ -580,19 +632,13 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
     return;
   }
   // Strides > 1, or padding as large as the kernel (Note [Backward input by stride phases]).
-  if (s.c_in <= 8)
-    backward_input_phases<1>(ctx, s, dy, w, dx);
-  else
-    backward_input_phases<2>(ctx, s, dy, w, dx);
+  with_block(s.c_in, [&]<int L, int V>() { backward_input_phases<L, V>(ctx, s, dy, w, dx); });
 }
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw) {
   s.validate();
-  if (s.c_out <= 8)
-    weight_grad<1>(ctx, s, x, dy, dw);
-  else
-    weight_grad<2>(ctx, s, x, dy, dw);
+  with_block(s.c_out, [&]<int L, int V>() { weight_grad<L, V>(ctx, s, x, dy, dw); });
 }
 
 void conv2d_backward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* dy,

@@ -1,10 +1,11 @@
 #pragma once
-// Private helpers shared by the CPU kernels (conv, pool, batch norm, GEMM): an 8-lane float
-// vector and per-thread scratch buffers. Not part of the public API.
+// Private helpers shared by the CPU kernels (conv, pool, batch norm, GEMM): 8- and 16-lane float
+// vectors and per-thread scratch buffers. Not part of the public API.
 //
-// The vector type uses GCC/Clang vector extensions rather than intrinsics so that the same code
-// compiles to AVX2+FMA with -march=native and to paired SSE instructions on a portable build;
-// the kernel library is compiled with -ffp-contract=fast so that `acc += a * b` becomes an FMA.
+// The vector types use GCC/Clang vector extensions rather than intrinsics so that the same code
+// compiles to AVX2+FMA (or AVX-512) with -march=native and to paired SSE instructions on a
+// portable build; the kernel library is compiled with -ffp-contract=fast so that `acc += a * b`
+// becomes an FMA.
 
 #include <algorithm>
 #include <cstddef>
@@ -31,6 +32,42 @@ inline Vec8i splat8i(std::int32_t s) { return Vec8i{s, s, s, s, s, s, s, s}; }
 
 inline Vec8 splat8(float s) { return Vec8{s, s, s, s, s, s, s, s}; }
 inline Vec8 max8(Vec8 a, Vec8 b) { return a > b ? a : b; }
+
+// A 16-lane float vector: one zmm register where the build targets AVX-512, otherwise split by
+// the compiler into narrower registers (correct, but slower than Vec8), so kernels use it only
+// when kWideLanes says the target has it.
+typedef float Vec16 __attribute__((vector_size(64)));
+typedef float Vec16Unaligned __attribute__((vector_size(64), aligned(4), may_alias));
+inline Vec16 load16(const float* p) { return *reinterpret_cast<const Vec16Unaligned*>(p); }
+inline void store16(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) = v; }
+inline Vec16 splat16(float s) { return Vec16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
+
+// The widest vector the build's target executes natively: 16 with AVX-512F (32 zmm registers),
+// else 8.
+#if defined(__AVX512F__)
+constexpr int kWideLanes = 16;
+#else
+constexpr int kWideLanes = 8;
+#endif
+
+// Vec<8> and Vec<16>: the vector of L lanes with its load, store and splat, for kernels written
+// once for either width.
+template <int L>
+struct Vec;
+template <>
+struct Vec<8> {
+  using type = Vec8;
+  static Vec8 load(const float* p) { return load8(p); }
+  static void store(float* p, Vec8 v) { store8(p, v); }
+  static Vec8 splat(float s) { return splat8(s); }
+};
+template <>
+struct Vec<16> {
+  using type = Vec16;
+  static Vec16 load(const float* p) { return load16(p); }
+  static void store(float* p, Vec16 v) { store16(p, v); }
+  static Vec16 splat(float s) { return splat16(s); }
+};
 
 // Per-thread scratch that grows to the largest request and is then reused, so steady-state
 // kernel calls do not allocate. Each slot is an independent buffer; a kernel uses distinct slots

@@ -130,6 +130,51 @@ TEST_CASE("conv2d kernels match a double-precision reference on odd shapes", "[c
   }
 }
 
+TEST_CASE("conv2d kernels match the reference for every channel count up to 70", "[cpu][conv]") {
+  // Every channel block width and tail: 8-lane and 16-lane vectors, one to four vectors per
+  // block, partial last blocks. c_out sets the forward and weight-gradient blocks, c_in the
+  // backward-input ones, so c_in runs through the counts in the other direction. Odd widths,
+  // batch 1, stride 1 (one register tile spans rows) and stride 2 (stride phases).
+  CpuContext ctx(2);
+  std::uint32_t seed = 400;
+  for (int c = 1; c <= 70; ++c) {
+    const int c_in = 71 - c;
+    const std::vector<Conv2dShape> shapes = {
+        {.n = 1, .h = 5, .w = 7, .c_in = c_in, .c_out = c, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+        {.n = 2, .h = 7, .w = 5, .c_in = c_in, .c_out = c, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+        {.n = 1, .h = 3, .w = 9, .c_in = c, .c_out = c_in, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2},
+    };
+    for (const auto& s : shapes) {
+      INFO("shape " << s.to_string());
+      const auto x = random_vector(x_size(s), seed++);
+      const auto w = random_vector(w_size(s), seed++);
+      const auto dy = random_vector(y_size(s), seed++);
+      const auto r = run_all(ctx, s, x, w, dy);
+      const auto fy = compare(r.y, ref_forward(s, x, w));
+      const auto fdx = compare(r.dx, ref_backward_input(s, dy, w));
+      const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
+      INFO("forward: " << fy.describe());
+      INFO("backward input: " << fdx.describe());
+      INFO("backward weight: " << fdw.describe());
+      CHECK(fy.max_error < 1e-5);
+      CHECK(fdx.max_error < 1e-5);
+      CHECK(fdw.max_error < 1e-5);
+    }
+  }
+  // The image-group weight gradient (n >= 16) with partial and multi-vector blocks.
+  for (int c : {9, 17, 40, 48, 64, 70}) {
+    const Conv2dShape s{.n = 17, .h = 4, .w = 5, .c_in = 7, .c_out = c, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(x_size(s), seed++);
+    const auto dy = random_vector(y_size(s), seed++);
+    std::vector<float> dw(w_size(s), NAN);
+    conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
+    const auto fdw = compare(dw, ref_backward_weight(s, x, dy));
+    INFO("backward weight: " << fdw.describe());
+    CHECK(fdw.max_error < 1e-5);
+  }
+}
+
 TEST_CASE("conv2d backward kernels match finite differences of the forward kernel", "[cpu][conv]") {
   // L = sum(g * conv(x, w)); dL/dx = backward_input(g), dL/dw = backward_weight(x, g).
   CpuContext ctx(1);
@@ -180,6 +225,8 @@ TEST_CASE("conv2d results are identical for 1 and 3 threads", "[cpu][conv]") {
       {.n = 5, .h = 13, .w = 13, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
       {.n = 3, .h = 9, .w = 9, .c_in = 24, .c_out = 20, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
       {.n = 21, .h = 7, .w = 7, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 4, .h = 9, .w = 9, .c_in = 48, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 18, .h = 9, .w = 7, .c_in = 64, .c_out = 48, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
   };
   std::uint32_t seed = 200;
   for (const auto& s : shapes) {
