@@ -21,25 +21,14 @@
 #include "models/models.h"
 #include "optim/optim.h"
 #include "tower/tower.h"
+#include "tests/tower/four_cpu_devices.h"
 
 using namespace towerflow;
 using namespace towerflow::tower;
 
 namespace {
 
-std::vector<Device> cpus(int n) {
-  static bool initialised = [] {
-    ProcessOptions opts;
-    opts.device_count["CPU"] = 4;
-    opts.intra_op_threads = 1;
-    initialise_devices(opts);
-    return true;
-  }();
-  (void)initialised;
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
-  return d;
-}
+using towerflow::testing::cpus;
 
 std::vector<float> randn(std::size_t n, unsigned seed, float mean = 0.f, float sd = 1.f) {
   std::mt19937 rng(seed);

@@ -11,6 +11,7 @@
 #include "core/tensor/ops.h"
 #include "optim/optim.h"
 #include "tower/tower.h"
+#include "tests/tower/four_cpu_devices.h"
 
 using namespace towerflow;
 using namespace towerflow::tower;
@@ -90,19 +91,7 @@ Data make_data(int n, unsigned seed) {
   return d;
 }
 
-std::vector<Device> cpus(int n) {
-  static bool initialised = [] {
-    ProcessOptions opts;
-    opts.device_count["CPU"] = 4;
-    opts.intra_op_threads = 1;
-    initialise_devices(opts);
-    return true;
-  }();
-  (void)initialised;
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(Device::cpu(i));
-  return d;
-}
+using towerflow::testing::cpus;
 
 std::vector<float> flat_params(nn::Module& m) { return m.flat_parameters().to_host(); }
 
