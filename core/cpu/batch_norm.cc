@@ -18,8 +18,13 @@
 
 namespace towerflow::cpu {
 
+using detail::kLanes;
+using detail::load8;
 using detail::Scratch;
 using detail::scratch;
+using detail::splat8;
+using detail::store8;
+using detail::Vec8;
 
 namespace {
 
@@ -177,10 +182,37 @@ namespace {
 // The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
 // gradient, masked by y > 0 when y != nullptr (and then stored in d_pre_relu when that is not
 // null).
+// backward_sums over rows [r0, r1) for c a multiple of kLanes: acc[0..c) += g,
+// acc[c..2c) += g * (x - mean), g = dy masked by y > 0 when kMask (and stored in dr when
+// kStore; dr may be dy). The same per-channel order of operations as the scalar loop.
+template <bool kMask, bool kStore>
+void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* y,
+                        const float* dy, const float* mean, float* acc, float* dr) {
+  const Vec8 zero = splat8(0.0f);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t o = r * c;
+    for (int ch = 0; ch < c; ch += kLanes) {
+      Vec8 g = load8(dy + o + ch);
+      if constexpr (kMask) g = load8(y + o + ch) > zero ? g : zero;
+      if constexpr (kStore) store8(dr + o + ch, g);
+      const Vec8 d = load8(x + o + ch) - load8(mean + ch);
+      store8(acc + ch, load8(acc + ch) + g);
+      store8(acc + c + ch, load8(acc + c + ch) + g * d);
+    }
+  }
+}
+
 void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                    const float* y, const float* dy, const float* save_mean, double* sums,
                    float* d_pre_relu) {
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
+    if (c % kLanes == 0) {
+      // Written with vectors rather than left to the auto-vectoriser: d_pre_relu may be dy
+      // itself, and the run-time overlap checks GCC emits for that case chose its scalar loop.
+      if (!y) return backward_sums_rows<false, false>(r0, r1, c, x, y, dy, save_mean, acc, nullptr);
+      if (!d_pre_relu) return backward_sums_rows<true, false>(r0, r1, c, x, y, dy, save_mean, acc, nullptr);
+      return backward_sums_rows<true, true>(r0, r1, c, x, y, dy, save_mean, acc, d_pre_relu);
+    }
     float* __restrict s1 = acc;
     float* __restrict s2 = acc + c;
     const float* __restrict mean = save_mean;
