@@ -51,8 +51,9 @@
 // runs 512-bit FMAs). 16 x 2 and 16 x 4 reuse each broadcast two or four times and reach about
 // 1.5 times the 8-lane speed in isolation. So 16 channels keep 8 x 2 (with up to 12 pixels),
 // and 48 channels get two 16 x 2 blocks (25% of the lanes idle) rather than three 16 x 1.
-// Speeding up 16-channel layers further would need each broadcast reused across kernel taps
-// (neighbouring output pixels share inputs), a different loop nest.
+// The forward and stride-1 backward-input convolutions of 16-channel layers with 3-wide kernels
+// go further with the row kernel, which reuses each broadcast across kernel columns
+// (Note [Row kernel for 16 channels]).
 //
 // Note [Deterministic reductions]
 // Every output element is computed by one thread in a fixed order (forward and backward input
@@ -307,11 +308,133 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   });
 }
 
+// ---- the row kernel for 16 output channels (AVX-512) ---------------------------------------
+
+// Note [Row kernel for 16 channels]
+// The tiles above reuse a broadcast input once per vector of the channel block, so a block of
+// one 16-lane vector is bound by the broadcasts (Note [Register tiles for 8 and 16 lanes]).
+// Along an output row, though, a stride-1 convolution reads the same input pixel for KW
+// neighbouring outputs: input column c, kernel column j feeds output c - j. The row kernel
+// keeps T outputs of one row (one 16-lane vector each) and the KW weight vectors of one
+// (kernel row, input channel) in registers, and multiplies every broadcast input by all KW of
+// them: KW FMAs per broadcast, 16 lanes each, with no broadcast bound. Input pixels are c_in
+// floats apart; c_in is a template parameter (3 for an RGB input, 16 inside the stage) so that
+// every broadcast's address is a constant offset from one pointer. Weights are packed
+// [kh][c_in][KW][16], zero past c_out. Each output is summed in a fixed order (kernel row,
+// input channel, kernel column) by one thread, as everywhere else.
+
+constexpr int kRowTile = 16;  // T <= 16: T accumulators + KW weights + a broadcast < 32 registers
+
+template <int T, int KW, int CIN>
+void conv_row_tile(const float* __restrict in, std::int64_t row_step, int kh,
+                   const float* __restrict wp, const float* bias, float* __restrict out,
+                   int c_out) {
+  using W = Vec<16>;
+  typename W::type acc[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = bias ? W::load(bias) : W::splat(0.0f);
+  for (int i = 0; i < kh; ++i, in += row_step) {
+    const float* xr = in;
+    for (int ci = 0; ci < CIN; ++ci, ++xr, wp += KW * 16) {
+      typename W::type w[KW];
+#pragma GCC unroll 8
+      for (int j = 0; j < KW; ++j) w[j] = W::load(wp + 16 * j);
+#pragma GCC unroll 32
+      for (int c = 0; c < T + KW - 1; ++c) {
+        const typename W::type b = W::splat(xr[c * CIN]);
+#pragma GCC unroll 8
+        for (int j = 0; j < KW; ++j)
+          if (c - j >= 0 && c - j < T) acc[c - j] += b * w[j];
+      }
+    }
+  }
+  if (c_out == 16) {
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) W::store(out + 16 * t, acc[t]);
+  } else {
+    for (int t = 0; t < T; ++t) {
+      float tmp[16];
+      W::store(tmp, acc[t]);
+      std::copy(tmp, tmp + c_out, out + std::int64_t{t} * c_out);
+    }
+  }
+}
+
+using ConvRowTileFn = void (*)(const float*, std::int64_t, int, const float*, const float*, float*, int);
+
+template <int KW, int CIN, std::size_t... T>
+constexpr std::array<ConvRowTileFn, sizeof...(T)> conv_row_tiles(std::index_sequence<T...>) {
+  return {&conv_row_tile<static_cast<int>(T) + 1, KW, CIN>...};
+}
+
+// Whether row_conv handles this convolution: 9..16 output channels on an AVX-512 build, a 3-wide
+// kernel at horizontal stride 1, and an input channel count it is instantiated for.
+bool row_kernel_applies(const Conv2dShape& s) {
+  return kWideLanes == 16 && s.c_out > 8 && s.c_out <= 16 && s.kw == 3 && s.stride_w == 1 &&
+         (s.c_in == 3 || s.c_in == 16);
+}
+
+// y = conv(x, w) (+ bias) with the row kernel; get(co, ci, i, j) gives the weights. Threads
+// split the output rows, as in direct_conv; each row is cut into balanced tiles of <= 16 pixels.
+template <int CIN, typename Get>
+void row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
+              float* y, Get get) {
+  constexpr int kKW = 3;
+  static constexpr auto kTiles = conv_row_tiles<kKW, CIN>(std::make_index_sequence<kRowTile>{});
+  float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(s.kh) * CIN * kKW * 16);
+  for (int i = 0, o = 0; i < s.kh; ++i)
+    for (int ci = 0; ci < CIN; ++ci)
+      for (int j = 0; j < kKW; ++j)
+        for (int co = 0; co < 16; ++co, ++o) wp[o] = co < s.c_out ? get(co, ci, i, j) : 0.0f;
+  float* bias16 = nullptr;
+  if (bias) {
+    bias16 = scratch(Scratch::kAux, 16);
+    std::fill(bias16, bias16 + 16, 0.0f);
+    std::copy(bias, bias + s.c_out, bias16);
+  }
+  const int oh = s.out_h(), ow = s.out_w();
+  const bool padded = s.pad_h > 0 || s.pad_w > 0;
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * CIN;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * CIN;
+  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * kKW * CIN;
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  const int tiles = (ow + kRowTile - 1) / kRowTile;
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / oh;
+      const int row_begin = static_cast<int>(r % oh);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
+      r = n * oh + row_end;
+      const float* img = x + n * image_in;
+      if (padded) {
+        pad_rows(img, s.h, s.w, CIN, s.pad_h, s.pad_w, row_begin * s.stride_h,
+                 std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+        img = buf;
+      }
+      for (int oy = row_begin; oy < row_end; ++oy) {
+        const float* in = img + std::int64_t{oy} * s.stride_h * row_step;
+        float* yrow = y + (n * oh + oy) * std::int64_t{ow} * s.c_out;
+        for (int t = 0; t < tiles; ++t) {
+          const int x0 = ow * t / tiles, width = ow * (t + 1) / tiles - x0;
+          kTiles[width - 1](in + std::int64_t{x0} * CIN, row_step, s.kh, wp, bias16,
+                            yrow + std::int64_t{x0} * s.c_out, s.c_out);
+        }
+      }
+    }
+  });
+}
+
 // Runs direct_conv with the channel block that with_block picks for c_out. get(co, ci, i, j)
 // gives the weight of the convolution described by s.
 template <typename Get>
 void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
                 float* y, Get get) {
+  if (row_kernel_applies(s)) {
+    if (s.c_in == 3) return row_conv<3>(ctx, s, x, bias, y, get);
+    return row_conv<16>(ctx, s, x, bias, y, get);
+  }
   with_block(s.c_out, [&]<int L, int V>() {
     constexpr int kBlock = L * V;
     const std::int64_t blocks = (s.c_out + kBlock - 1) / kBlock;

@@ -175,6 +175,51 @@ TEST_CASE("conv2d kernels match the reference for every channel count up to 70",
   }
 }
 
+TEST_CASE("conv2d row-kernel shapes (9-16 output channels, 3 or 16 inputs, 3-wide kernels) match the reference",
+          "[cpu][conv]") {
+  // On AVX-512 builds these take the row kernel (Note [Row kernel for 16 channels]): every tile
+  // width 1..16 and the balanced splits of wider rows, vertical stride 2, no padding and padding
+  // wider than the kernel's reach, 1- and 3-tall kernels, partial channel vectors, and the
+  // transposed convolution of backward input (c_in 16 there means c_out 16 here). Elsewhere they
+  // check the general tiles on the same shapes.
+  CpuContext ctx(2);
+  std::uint32_t seed = 900;
+  for (int c_in : {3, 16})
+    for (int c_out : {16, 9, 3})
+      for (int w : {1, 2, 7, 16, 17, 32, 33, 47}) {
+        const std::vector<Conv2dShape> shapes = {
+            {.n = 2, .h = 4, .w = w, .c_in = c_in, .c_out = c_out, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+            {.n = 1, .h = 5, .w = w + 2, .c_in = c_in, .c_out = c_out, .kh = 3, .kw = 3},
+            {.n = 1, .h = 6, .w = w, .c_in = c_in, .c_out = c_out, .kh = 3, .kw = 3, .stride_h = 2, .pad_h = 1, .pad_w = 1},
+            {.n = 1, .h = 2, .w = w, .c_in = c_in, .c_out = c_out, .kh = 1, .kw = 3, .pad_h = 0, .pad_w = 2},
+        };
+        for (const auto& s : shapes) {
+          INFO("shape " << s.to_string());
+          const auto x = random_vector(x_size(s), seed++);
+          const auto wt = random_vector(w_size(s), seed++);
+          const auto dy = random_vector(y_size(s), seed++);
+          const auto bias = random_vector(std::size_t(s.c_out), seed++);
+          const auto r = run_all(ctx, s, x, wt, dy);
+          const auto fy = compare(r.y, ref_forward(s, x, wt));
+          const auto fdx = compare(r.dx, ref_backward_input(s, dy, wt));
+          const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
+          std::vector<float> yb(y_size(s), NAN);
+          conv2d_forward_bias(ctx, s, x.data(), wt.data(), bias.data(), yb.data());
+          auto want_b = ref_forward(s, x, wt);
+          for (std::size_t i = 0; i < want_b.size(); ++i) want_b[i] += bias[i % s.c_out];
+          const auto fb = compare(yb, want_b);
+          INFO("forward: " << fy.describe());
+          INFO("backward input: " << fdx.describe());
+          INFO("backward weight: " << fdw.describe());
+          INFO("forward with bias: " << fb.describe());
+          CHECK(fy.max_error < 1e-5);
+          CHECK(fdx.max_error < 1e-5);
+          CHECK(fdw.max_error < 1e-5);
+          CHECK(fb.max_error < 1e-5);
+        }
+      }
+}
+
 TEST_CASE("conv2d backward kernels match finite differences of the forward kernel", "[cpu][conv]") {
   // L = sum(g * conv(x, w)); dL/dx = backward_input(g), dL/dw = backward_weight(x, g).
   CpuContext ctx(1);
