@@ -605,6 +605,139 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
               dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
 }
 
+// ---- the weight-gradient row kernel for 16 output channels (AVX-512) -------------------------
+
+// Note [Weight-gradient row kernel]
+// The weight gradient's tiles broadcast one input per output pixel and multiply it by the dy
+// vectors of the block, so with a single 16-lane vector of output channels they are broadcast
+// bound, like the forward tiles. At stride 1, though, an input pixel (r, c) meets dy at
+// (r - i, c - j) for every tap: this kernel holds dw[i][0..KW)[G input channels] (KW*G 16-lane
+// accumulators) for one kernel row i and walks the input row by row, loading the KW dy vectors
+// of (c - j) once per input column and multiplying each by the G broadcast inputs. dy is copied
+// into a frame two columns wider on each side, zero outside the image, so every tap reads inside
+// it; the zero products are the KW-1 extra columns per row. Each dw element is still summed by
+// one thread in a fixed order (images in order, then rows, then columns).
+
+template <int G>
+void weight_row_pass(const float* __restrict x, std::int64_t x_row_step, int c_in,
+                     const float* __restrict dyp, std::int64_t dy_row_step, int rows, int cols,
+                     float* __restrict acc_mem, std::int64_t ld_j) {
+  constexpr int kKW = 3;
+  using W = Vec<16>;
+  typename W::type acc[kKW][G];
+#pragma GCC unroll 4
+  for (int j = 0; j < kKW; ++j)
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[j][g] = W::load(acc_mem + j * ld_j + 16 * g);
+  for (int r = 0; r < rows; ++r) {
+    const float* xc = x + r * x_row_step;
+    const float* dc = dyp + r * dy_row_step + 16 * (kKW - 1);
+    for (int c = 0; c < cols; ++c, xc += c_in, dc += 16) {
+      typename W::type d[kKW];
+#pragma GCC unroll 4
+      for (int j = 0; j < kKW; ++j) d[j] = W::load(dc - 16 * j);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const typename W::type b = W::splat(xc[g]);
+#pragma GCC unroll 4
+        for (int j = 0; j < kKW; ++j) acc[j][g] += b * d[j];
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < kKW; ++j)
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) W::store(acc_mem + j * ld_j + 16 * g, acc[j][g]);
+}
+
+using WeightRowPassFn = void (*)(const float*, std::int64_t, int, const float*, std::int64_t, int,
+                                 int, float*, std::int64_t);
+
+template <std::size_t... G>
+constexpr std::array<WeightRowPassFn, sizeof...(G)> weight_row_passes(std::index_sequence<G...>) {
+  return {&weight_row_pass<static_cast<int>(G) + 1>...};
+}
+
+// Whether weight_grad_rows handles this convolution: 9..16 output channels on an AVX-512 build,
+// a 3-wide kernel, stride 1.
+bool weight_row_kernel_applies(const Conv2dShape& s) {
+  return kWideLanes == 16 && s.c_out > 8 && s.c_out <= 16 && s.kw == 3 && s.stride_h == 1 &&
+         s.stride_w == 1;
+}
+
+void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                      float* dw) {
+  constexpr int kKW = 3, kG = 8;
+  static constexpr auto kPasses = weight_row_passes(std::make_index_sequence<kG>{});
+  const int oh = s.out_h(), ow = s.out_w();
+  const bool padded = s.pad_h > 0 || s.pad_w > 0;
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
+  // dy framed: [oh][ow + 2*(KW-1)][16], dy at column k - (KW-1).
+  const int dy_cols = ow + 2 * (kKW - 1);
+  const std::int64_t dy_row_step = std::int64_t{dy_cols} * 16;
+  const int ci_groups = (s.c_in + kG - 1) / kG;
+  const std::int64_t tasks = std::int64_t{s.kh} * ci_groups;
+  const std::int64_t ld_j = std::int64_t{s.c_in} * 16;
+  const std::int64_t dw_size = std::int64_t{s.kh} * kKW * ld_j;  // [i][j][ci][16]
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
+  std::fill(dwp, dwp + dw_size, 0.0f);
+
+  // Adds images [n0, n1), tasks [t0, t1) (task = kernel row, input-channel group) into dst.
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
+    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
+    float* dybuf = scratch(Scratch::kOutput, static_cast<std::size_t>(oh * dy_row_step));
+    std::fill(dybuf, dybuf + oh * dy_row_step, 0.0f);
+    for (int n = n0; n < n1; ++n) {
+      const float* img = x + n * image_in;
+      if (padded) {
+        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+        img = xbuf;
+      }
+      const float* dimg = dy + n * image_out;
+      for (int r = 0; r < oh; ++r)
+        for (int c = 0; c < ow; ++c)
+          std::copy(dimg + (std::int64_t{r} * ow + c) * s.c_out, dimg + (std::int64_t{r} * ow + c + 1) * s.c_out,
+                    dybuf + r * dy_row_step + std::int64_t{c + kKW - 1} * 16);
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const int i = static_cast<int>(t / ci_groups);
+        const int ci0 = static_cast<int>(t % ci_groups) * kG;
+        const int g = std::min(kG, s.c_in - ci0);
+        kPasses[g - 1](img + i * row_step + ci0, row_step, s.c_in, dybuf, dy_row_step, oh, wpad,
+                       dst + (std::int64_t{i} * kKW * s.c_in + ci0) * 16, ld_j);
+      }
+    }
+  };
+  // The same two schedules as weight_grad (Note [Weight gradient: image groups or tiles]).
+  constexpr int kGroups = 8;
+  if (s.n >= 2 * kGroups) {
+    float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
+    ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
+      for (std::int64_t g = g0; g < g1; ++g) {
+        float* dst = partial + g * dw_size;
+        std::fill(dst, dst + dw_size, 0.0f);
+        accumulate(static_cast<int>(s.n * g / kGroups), static_cast<int>(s.n * (g + 1) / kGroups), 0, tasks, dst);
+      }
+    });
+    std::copy(partial, partial + dw_size, dwp);
+    for (int g = 1; g < kGroups; ++g) {
+      const float* src = partial + g * dw_size;
+      for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
+    }
+  } else {
+    ctx.parallel_for(tasks, 1, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, s.n, t0, t1, dwp); });
+  }
+  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j][ci][co].
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < kKW; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * kKW + j] =
+              dwp[((std::int64_t{i} * kKW + j) * s.c_in + ci) * 16 + co];
+}
+
 // ---- backward input by stride phases ---------------------------------------------------------
 
 // Note [Backward input by stride phases]
@@ -761,6 +894,7 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw) {
   s.validate();
+  if (weight_row_kernel_applies(s)) return weight_grad_rows(ctx, s, x, dy, dw);
   with_block(s.c_out, [&]<int L, int V>() { weight_grad<L, V>(ctx, s, x, dy, dw); });
 }
 
