@@ -293,6 +293,8 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float*
     mean_g[ch] = static_cast<float>(sum_g / rows);
     b[ch] = static_cast<float>(invstd * invstd * sum_gx / rows);
   }
+  // With d_pre_relu the masked gradient is already in memory: read it instead of y and dy.
+  if (d_pre_relu) return backward_dx(ctx, rows, c, x, nullptr, d_pre_relu, save_mean, a, mean_g, b, dx);
   backward_dx(ctx, rows, c, x, y, dy, save_mean, a, mean_g, b, dx);
 }
 

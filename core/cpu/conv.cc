@@ -697,10 +697,15 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
         img = xbuf;
       }
       const float* dimg = dy + n * image_out;
-      for (int r = 0; r < oh; ++r)
-        for (int c = 0; c < ow; ++c)
-          std::copy(dimg + (std::int64_t{r} * ow + c) * s.c_out, dimg + (std::int64_t{r} * ow + c + 1) * s.c_out,
-                    dybuf + r * dy_row_step + std::int64_t{c + kKW - 1} * 16);
+      for (int r = 0; r < oh; ++r) {
+        const float* src = dimg + std::int64_t{r} * ow * s.c_out;
+        float* dst_row = dybuf + r * dy_row_step + (kKW - 1) * 16;
+        if (s.c_out == 16) {
+          for (int c = 0; c < ow; ++c) Vec<16>::store(dst_row + 16 * c, Vec<16>::load(src + 16 * c));
+        } else {
+          for (int c = 0; c < ow; ++c) std::copy(src + c * s.c_out, src + (c + 1) * s.c_out, dst_row + 16 * c);
+        }
+      }
       for (std::int64_t t = t0; t < t1; ++t) {
         const int i = static_cast<int>(t / ci_groups);
         const int ci0 = static_cast<int>(t % ci_groups) * kG;
