@@ -179,9 +179,6 @@ void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int 
 
 namespace {
 
-// The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
-// gradient, masked by y > 0 when y != nullptr (and then stored in d_pre_relu when that is not
-// null).
 // backward_sums over rows [r0, r1) for c a multiple of kLanes: acc[0..c) += g,
 // acc[c..2c) += g * (x - mean), g = dy masked by y > 0 when kMask (and stored in dr when
 // kStore; dr may be dy). The same per-channel order of operations as the scalar loop.
@@ -202,6 +199,9 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, const float* x,
   }
 }
 
+// The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
+// gradient, masked by y > 0 when y != nullptr (and then stored in d_pre_relu when that is not
+// null).
 void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                    const float* y, const float* dy, const float* save_mean, double* sums,
                    float* d_pre_relu) {
