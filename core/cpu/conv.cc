@@ -495,6 +495,40 @@ constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequenc
   return {&weight_tile<L, static_cast<int>(Q) + 1, V>...};
 }
 
+// Note [Weight gradient: image groups or tiles]
+// Large batches split the images into kGroups fixed groups, each summed into its own partial
+// dw by one thread, and the partials are added in group order: every thread pads and reads only
+// its own images, and each image's x and dy stay in cache for all tiles. Small batches (fewer
+// than 2*kGroups images) split the dw tiles over threads instead, each summing all images.
+// Either way the choice and the summation order depend on the shape only, never on the thread
+// count (Note [Deterministic reductions]).
+//
+// sum_weight_grad runs that schedule for a kernel whose accumulate(n0, n1, t0, t1, dst) adds
+// images [n0, n1) into tiles [t0, t1) of dst (dw_size floats); the sum lands in dwp, zeroed by
+// the caller. Tiles are split over threads at least min_tiles at a time.
+template <typename Accumulate>
+void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles, std::int64_t min_tiles,
+                     std::int64_t dw_size, float* dwp, Accumulate& accumulate) {
+  constexpr int kGroups = 8;
+  if (n < 2 * kGroups) {
+    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, n, t0, t1, dwp); });
+    return;
+  }
+  float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
+  ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      float* dst = partial + g * dw_size;
+      std::fill(dst, dst + dw_size, 0.0f);
+      accumulate(static_cast<int>(n * g / kGroups), static_cast<int>(n * (g + 1) / kGroups), 0, tiles, dst);
+    }
+  });
+  std::copy(partial, partial + dw_size, dwp);
+  for (int g = 1; g < kGroups; ++g) {
+    const float* src = partial + g * dw_size;
+    for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
+  }
+}
+
 // dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
 // of output channels) from tiles of Q q-values x B channels, each tile's accumulators held in
 // registers over a pass of output pixels.
@@ -565,36 +599,9 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
     }
   };
 
-  // Note [Weight gradient: image groups or tiles]
-  // Large batches split the images into kGroups fixed groups, each summed into its own partial
-  // dw by one thread, and the partials are added in group order: every thread pads and reads only
-  // its own images, and each image's x and dy stay in cache for all tiles. Small batches (fewer
-  // than 2*kGroups images) split the dw tiles over threads instead, each summing all images.
-  // Either way the choice and the summation order depend on the shape only, never on the thread
-  // count (Note [Deterministic reductions]).
-  constexpr int kGroups = 8;
-  if (s.n >= 2 * kGroups) {
-    float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
-    ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
-      for (std::int64_t g = g0; g < g1; ++g) {
-        float* dst = partial + g * dw_size;
-        std::fill(dst, dst + dw_size, 0.0f);
-        accumulate(static_cast<int>(s.n * g / kGroups), static_cast<int>(s.n * (g + 1) / kGroups),
-                   0, tiles, dst);
-      }
-    });
-    std::copy(partial, partial + dw_size, dwp);
-    for (int g = 1; g < kGroups; ++g) {
-      const float* src = partial + g * dw_size;
-      for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
-    }
-  } else {
-    const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
-    const std::int64_t min_tiles = std::max<std::int64_t>(1, 200000 / macs_per_tile);
-    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) {
-      accumulate(0, s.n, t0, t1, dwp);
-    });
-  }
+  const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
+  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
+                  accumulate);
 
   // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
   for (int co = 0; co < s.c_out; ++co)
@@ -715,25 +722,7 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
       }
     }
   };
-  // The same two schedules as weight_grad (Note [Weight gradient: image groups or tiles]).
-  constexpr int kGroups = 8;
-  if (s.n >= 2 * kGroups) {
-    float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
-    ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
-      for (std::int64_t g = g0; g < g1; ++g) {
-        float* dst = partial + g * dw_size;
-        std::fill(dst, dst + dw_size, 0.0f);
-        accumulate(static_cast<int>(s.n * g / kGroups), static_cast<int>(s.n * (g + 1) / kGroups), 0, tasks, dst);
-      }
-    });
-    std::copy(partial, partial + dw_size, dwp);
-    for (int g = 1; g < kGroups; ++g) {
-      const float* src = partial + g * dw_size;
-      for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
-    }
-  } else {
-    ctx.parallel_for(tasks, 1, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, s.n, t0, t1, dwp); });
-  }
+  sum_weight_grad(ctx, s.n, tasks, 1, dw_size, dwp, accumulate);
   // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j][ci][co].
   for (int co = 0; co < s.c_out; ++co)
     for (int ci = 0; ci < s.c_in; ++ci)

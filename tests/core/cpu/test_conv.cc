@@ -107,26 +107,33 @@ ConvResults run_all(const CpuContext& ctx, const Conv2dShape& s, const std::vect
   return r;
 }
 
+// Runs the three kernels on random data drawn from seed .. seed+2 and checks each against the
+// double-precision reference.
+void check_against_reference(const CpuContext& ctx, const Conv2dShape& s, std::uint32_t seed) {
+  INFO("shape " << s.to_string());
+  const auto x = random_vector(x_size(s), seed);
+  const auto w = random_vector(w_size(s), seed + 1);
+  const auto dy = random_vector(y_size(s), seed + 2);
+  const auto r = run_all(ctx, s, x, w, dy);
+  const auto fy = compare(r.y, ref_forward(s, x, w));
+  const auto fdx = compare(r.dx, ref_backward_input(s, dy, w));
+  const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
+  INFO("forward: " << fy.describe());
+  INFO("backward input: " << fdx.describe());
+  INFO("backward weight: " << fdw.describe());
+  CHECK(fy.max_error < 1e-5);
+  CHECK(fdx.max_error < 1e-5);
+  CHECK(fdw.max_error < 1e-5);
+}
+
 }  // namespace
 
 TEST_CASE("conv2d kernels match a double-precision reference on odd shapes", "[cpu][conv]") {
   CpuContext ctx(2);
   std::uint32_t seed = 1;
   for (const auto& s : kShapes) {
-    INFO("shape " << s.to_string());
-    const auto x = random_vector(x_size(s), seed++);
-    const auto w = random_vector(w_size(s), seed++);
-    const auto dy = random_vector(y_size(s), seed++);
-    const auto r = run_all(ctx, s, x, w, dy);
-    const auto fy = compare(r.y, ref_forward(s, x, w));
-    const auto fdx = compare(r.dx, ref_backward_input(s, dy, w));
-    const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
-    INFO("forward: " << fy.describe());
-    INFO("backward input: " << fdx.describe());
-    INFO("backward weight: " << fdw.describe());
-    CHECK(fy.max_error < 1e-5);
-    CHECK(fdx.max_error < 1e-5);
-    CHECK(fdw.max_error < 1e-5);
+    check_against_reference(ctx, s, seed);
+    seed += 3;
   }
 }
 
@@ -145,20 +152,8 @@ TEST_CASE("conv2d kernels match the reference for every channel count up to 70",
         {.n = 1, .h = 3, .w = 9, .c_in = c, .c_out = c_in, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2},
     };
     for (const auto& s : shapes) {
-      INFO("shape " << s.to_string());
-      const auto x = random_vector(x_size(s), seed++);
-      const auto w = random_vector(w_size(s), seed++);
-      const auto dy = random_vector(y_size(s), seed++);
-      const auto r = run_all(ctx, s, x, w, dy);
-      const auto fy = compare(r.y, ref_forward(s, x, w));
-      const auto fdx = compare(r.dx, ref_backward_input(s, dy, w));
-      const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
-      INFO("forward: " << fy.describe());
-      INFO("backward input: " << fdx.describe());
-      INFO("backward weight: " << fdw.describe());
-      CHECK(fy.max_error < 1e-5);
-      CHECK(fdx.max_error < 1e-5);
-      CHECK(fdw.max_error < 1e-5);
+      check_against_reference(ctx, s, seed);
+      seed += 3;
     }
   }
   // The image-group weight gradient (n >= 16) with partial and multi-vector blocks.
@@ -194,27 +189,18 @@ TEST_CASE("conv2d row-kernel shapes (9-16 output channels, 3 or 16 inputs, 3-wid
             {.n = 1, .h = 2, .w = w, .c_in = c_in, .c_out = c_out, .kh = 1, .kw = 3, .pad_h = 0, .pad_w = 2},
         };
         for (const auto& s : shapes) {
+          check_against_reference(ctx, s, seed);
+          seed += 3;
           INFO("shape " << s.to_string());
           const auto x = random_vector(x_size(s), seed++);
           const auto wt = random_vector(w_size(s), seed++);
-          const auto dy = random_vector(y_size(s), seed++);
           const auto bias = random_vector(std::size_t(s.c_out), seed++);
-          const auto r = run_all(ctx, s, x, wt, dy);
-          const auto fy = compare(r.y, ref_forward(s, x, wt));
-          const auto fdx = compare(r.dx, ref_backward_input(s, dy, wt));
-          const auto fdw = compare(r.dw, ref_backward_weight(s, x, dy));
           std::vector<float> yb(y_size(s), NAN);
           conv2d_forward_bias(ctx, s, x.data(), wt.data(), bias.data(), yb.data());
           auto want_b = ref_forward(s, x, wt);
           for (std::size_t i = 0; i < want_b.size(); ++i) want_b[i] += bias[i % s.c_out];
           const auto fb = compare(yb, want_b);
-          INFO("forward: " << fy.describe());
-          INFO("backward input: " << fdx.describe());
-          INFO("backward weight: " << fdw.describe());
           INFO("forward with bias: " << fb.describe());
-          CHECK(fy.max_error < 1e-5);
-          CHECK(fdx.max_error < 1e-5);
-          CHECK(fdw.max_error < 1e-5);
           CHECK(fb.max_error < 1e-5);
         }
       }
