@@ -281,11 +281,13 @@ TEST_CASE("synchronised batch norm: ResNet-20 on 2 and 4 towers, even and 3:1, t
   const int B = 16, K = 3;
   const Data data = make_data(B * K, 31);
   const Trained reference = train(1, {}, data, B, K);
-  // Accumulation is compared over one step. Over three, synchronised and per-tower statistics
-  // with 2 micro-batches part by 1e-4..1e-2 for some data seeds (31 here; 35 with the 8-lane
-  // 16-channel convolutions), even on a single tower, while every case without accumulation
-  // agrees to 1e-6:
-  // an ill-conditioning of this tiny set-up or a defect of the accumulated exchange, still open.
+  // Accumulation is compared over one step. Over more, this tiny set-up (8x8 images, 8-image
+  // micro-batches) is too sensitive for a step-by-step comparison: nudging every input value by
+  // one ulp, with per-tower statistics and no towers at all, already moves the parameters by
+  // 1e-3..1e-2 after three steps for some data seeds (35 with 2 micro-batches; 36 and 37 without
+  // accumulation), presumably where a pre-activation near zero changes sign and switches a ReLU's
+  // gradient on or off.
+  // Synchronised statistics round differently from per-tower ones, so they part the same way.
   const int K1 = 1;
   const Trained reference_k2 = train(1, {.accumulation_steps = 2}, data, B, K1);
   const TrainerOptions sync{.batch_norm = BatchNormMode::Synchronised};
