@@ -15,8 +15,6 @@ import sys
 
 import torch
 from torch import nn
-from safetensors import safe_open
-from safetensors.torch import load_file
 
 
 class TfCnn(nn.Module):
@@ -98,6 +96,9 @@ def resolve(path):
 
 
 def main():
+    from safetensors import safe_open  # here, so the model classes import without safetensors
+    from safetensors.torch import load_file
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--model")
