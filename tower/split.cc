@@ -136,7 +136,7 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
                          std::holds_alternative<PerTowerBatch>(policy)
                              ? " (with per_tower batches the global batch is towers x per-tower batch)"
                              : "",
-                         ", or a remainder policy (--split_remainder spread)");
+                         ", or spread the remainder (Remainder::Spread; --split_remainder spread on the command line)");
 }
 
 }  // namespace towerflow::tower

@@ -46,7 +46,8 @@ std::string to_string(const SplitPolicy& policy);
 // length is not devices.size() or with a weight that is not positive and finite, and (with
 // Remainder::Error) a batch that does not split exactly:
 //   "batch 250 cannot be split evenly over 4 devices (/cpu:0, /cpu:1, /cpu:2, /cpu:3); use batch
-//    248 or 252, or a remainder policy (--split_remainder spread)"
+//    248 or 252, or spread the remainder (Remainder::Spread; --split_remainder spread on the command
+//    line)"
 std::vector<int> split_batch(int batch, const std::vector<Device>& devices,
                              const SplitPolicy& policy, Remainder remainder = Remainder::Error);
 
