@@ -280,9 +280,11 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     std::string per_tower;
     for (int r : rows) per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
     fields.emplace_back("batch", str(batch, " global (", per_tower, " per tower)"));
+    const std::string warmup =
+        o.warmup_epochs > 0 ? str(" after ", o.warmup_epochs, o.warmup_epochs == 1 ? " warm-up epoch" : " warm-up epochs")
+                            : "";
     fields.emplace_back("optimizer", str(optimizer->name(), ", lr ", o.lr, ", momentum ", o.momentum, ", weight decay ",
-                                         o.weight_decay, ", schedule ", o.schedule,
-                                         o.warmup_epochs > 0 ? str(" after ", o.warmup_epochs, " warm-up epochs") : ""));
+                                         o.weight_decay, ", schedule ", o.schedule, warmup));
     fields.emplace_back("length", str(total_steps, " steps (", total_epochs, " epochs of ", steps_per_epoch, " steps)"));
     fields.emplace_back("checkpoints", str(o.train_dir, ", every ", o.save_every > 0 ? str(o.save_every, " steps") : "run",
                                            " and at the end, newest ", o.keep_checkpoints, " kept"));
