@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/context.h"
 #include "core/cpu/conv.h"
@@ -40,13 +41,7 @@ namespace cpu = towerflow::cpu;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using towerflow::bench::random_vector;
 
 struct Row {
   std::string op, shape;

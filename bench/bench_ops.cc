@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
@@ -29,13 +30,7 @@ namespace tw = towerflow::cpu;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(gen);
-  return v;
-}
+using towerflow::bench::random_vector;
 
 // With cpu_clock, the process CPU time divided by the thread count: on a machine shared with
 // other work this leaves out the time the threads spend descheduled (wall time does not).
