@@ -386,7 +386,8 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     im.plan_buckets(r0);
     for (int i = 0; i < n; ++i) im.trackers.push_back(std::make_unique<BucketTracker>());
   }
-  log_info(describe());
+  // Debug, not Info: applications print describe() in their own start-up output.
+  log(LogLevel::Debug, describe());
 }
 
 std::string Trainer::describe() const {
