@@ -35,6 +35,7 @@ struct TrainOptions {
   int loader_threads = 1;              // background threads preparing batches
   std::int64_t builtin_train_size = 5000;  // images of the built-in dataset's splits
   std::int64_t builtin_test_size = 1000;
+  int cutout = 0;                      // side of the cutout square on training images (0: none)
   // model and devices
   std::string model = "tfcnn";
   std::string devices = {};            // "" or "all": every logical device; or "/cpu:0,/cpu:1"
@@ -51,6 +52,7 @@ struct TrainOptions {
   double weight_decay = 5e-4;
   std::string schedule = "cosine";     // see optim::parse_schedule
   double warmup_epochs = 0.0;
+  double label_smoothing = 0.0;        // targets (1 - s) * onehot + s / classes
   // length
   int epochs = 3;
   std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)

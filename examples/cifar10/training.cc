@@ -55,11 +55,23 @@ optim::LrSchedule make_schedule(const TrainOptions& o, std::int64_t total_steps,
   return optim::parse_schedule(spec, o.lr, total_steps);
 }
 
+// "random crops of the image padded by 4, horizontal flips, cutout 12x12", or "none".
+std::string describe(const data::Augment& a) {
+  std::vector<std::string> parts;
+  if (a.crop_padding > 0) parts.push_back(str("random crops of the image padded by ", a.crop_padding));
+  if (a.flip) parts.push_back("horizontal flips");
+  if (a.cutout > 0) parts.push_back(str("cutout ", a.cutout, "x", a.cutout));
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out.empty() ? "none" : out;
+}
+
 tower::TrainerOptions trainer_options(const TrainOptions& o) {
   tower::TrainerOptions t;
   t.reduction = tower::parse_reduction(o.reduction);
   t.split = tower::parse_split(o.split);
   t.batch_norm = o.batch_norm == "sync" ? tower::BatchNormMode::Synchronised : tower::BatchNormMode::PerTower;
+  t.label_smoothing = static_cast<float>(o.label_smoothing);
   if (o.split_remainder == "spread") t.remainder = tower::Remainder::Spread;
   else if (o.split_remainder != "error")
     raise<InvalidArgument>("--split_remainder \"", o.split_remainder, "\" is not known; use error or spread");
@@ -126,7 +138,8 @@ void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) 
   if (then.is_discarded()) return;
   nlohmann::json cur = nlohmann::json::parse(to_json(now));
   for (const char* key : {"model", "batch_size", "seed", "epochs", "max_steps", "lr", "schedule", "optimizer",
-                          "momentum", "weight_decay", "warmup_epochs", "split", "batch_norm", "dataset", "data_dir"}) {
+                          "momentum", "weight_decay", "warmup_epochs", "split", "batch_norm", "dataset", "data_dir",
+                          "cutout", "label_smoothing"}) {
     if (then.contains(key) && then[key] != cur[key])
       log_warning(str("--resume: ", key, " was ", then[key].dump(), " in the interrupted run and is ", cur[key].dump(),
                       " now; the run continues with the new value and will not reproduce the uninterrupted one"));
@@ -224,7 +237,10 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   auto test_set = open(o, data::Split::Test);
   tower::TrainerOptions topts = trainer_options(o);
   int batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);
+  // The built-in set already varies position, scale and colour, so it gets no crop or flip;
+  // cutout, when asked for, applies to every dataset.
   data::Augment augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
+  augment.cutout = o.cutout;
   data::Loader loader(*train_set, {.batch = batch, .augment = augment, .seed = o.seed, .threads = o.loader_threads});
   const std::int64_t steps_per_epoch = loader.steps_per_epoch();
   if (steps_per_epoch == 0)
@@ -273,6 +289,7 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
         {"model", str(o.model, " (", trainer.model().num_parameters(), " parameters, ", train_set->num_classes(), " classes)")},
         {"train data", train_set->describe()},
         {"test data", test_set->describe()},
+        {"augmentation", describe(augment)},
         {"towers", trainer.describe()}};
     for (const auto& d : devices) fields.emplace_back("device " + d.str(), device_info(d).description);
     fields.emplace_back("device options", to_string(process_options()));
@@ -285,7 +302,9 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
                             : "";
     fields.emplace_back("optimizer", str(optimizer->name(), ", lr ", o.lr, ", momentum ", o.momentum, ", weight decay ",
                                          o.weight_decay, ", schedule ", o.schedule, warmup));
-    fields.emplace_back("length", str(total_steps, " steps (", total_epochs, " epochs of ", steps_per_epoch, " steps)"));
+    if (o.label_smoothing > 0) fields.emplace_back("loss", str("cross-entropy with label smoothing ", o.label_smoothing));
+    fields.emplace_back("length", str(total_steps, " steps (", total_epochs, total_epochs == 1 ? " epoch" : " epochs",
+                                      " of ", steps_per_epoch, " steps)"));
     fields.emplace_back("checkpoints", str(o.train_dir, ", every ", o.save_every > 0 ? str(o.save_every, " steps") : "run",
                                            " and at the end, newest ", o.keep_checkpoints, " kept"));
     fields.emplace_back("resumed", resumed_from);

@@ -56,6 +56,13 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   CHECK_THROWS_WITH(set_train_option(o, "batch_size", "12.5"), Catch::Contains("not an integer"));
   CHECK_THROWS_WITH(set_train_option(o, "lr", "nan"), Catch::Contains("not a number"));
   CHECK_THROWS_WITH(set_train_option(o, "resume", "maybe"), Catch::Contains("--resume") && Catch::Contains("true or false"));
+  set_train_option(o, "cutout", "16");
+  set_train_option(o, "label_smoothing", "0.1");
+  CHECK(o.cutout == 16);
+  CHECK(o.label_smoothing == 0.1);
+  CHECK_THROWS_WITH(set_train_option(o, "cutout", "-4"), Catch::Contains("--cutout") && Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(set_train_option(o, "label_smoothing", "1"),
+                    Catch::Contains("--label_smoothing") && Catch::Contains("out of range"));
   CHECK_THROWS_WITH(set_train_option(o, "learning_rate", "1"),
                     Catch::Contains("learning_rate") && Catch::Contains("batch_size"));
   CHECK_THROWS_AS(set_train_option(o, "momentum", "1.5"), tw::InvalidArgument);

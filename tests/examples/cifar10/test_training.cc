@@ -100,6 +100,37 @@ TEST_CASE("a tiny ResNet-20 run with --batch_norm sync trains with statistics ov
   CHECK_THAT(info.metadata.at("options"), Catch::Contains("\"batch_norm\":\"sync\""));
 }
 
+TEST_CASE("the cutout and label_smoothing options reach the training images and the loss, and are recorded", "[cifar10][training]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  // The first step's loss: the same initial model on the same batch, so only the option differs.
+  auto first_loss = [&](int cutout, double smoothing) {
+    TempDir dir;
+    TrainOptions o = tiny_options(dir.path);
+    o.max_steps = 1;
+    o.log_every = 1;
+    o.save_every = 0;
+    o.cutout = cutout;
+    o.label_smoothing = smoothing;
+    run_training(o, {}, reporter);
+    auto options = nlohmann::json::parse(read_checkpoint_info(dir.path / "ckpt-0000000001").metadata.at("options"));
+    CHECK(options["cutout"] == cutout);
+    CHECK(options["label_smoothing"] == smoothing);
+    for (const auto& m : jsonl(dir.path / "metrics.jsonl"))
+      if (m.contains("loss")) return m["loss"].get<double>();
+    FAIL("no training line in metrics.jsonl");
+    return 0.0;
+  };
+  const double plain = first_loss(0, 0.0);
+  CHECK(first_loss(0, 0.0) == plain);  // the comparison below is not run-to-run noise
+  CHECK(first_loss(16, 0.0) != plain);
+  CHECK(first_loss(0, 0.5) != plain);  // the value itself is checked against PyTorch in the op tests
+  // The start-up blocks said so.
+  const std::string text = out.text();
+  CHECK_THAT(text, Catch::Contains("cutout 16x16") && Catch::Contains("label smoothing 0.5"));
+}
+
 TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[cifar10][training][resume]") {
   fresh_devices();
   TempDir full_dir, crash_dir;

@@ -65,6 +65,14 @@ struct Output {
   std::FILE* file = std::tmpfile();
   ~Output() { std::fclose(file); }
   ReporterOptions reporter_options() const { return {.json = true, .out = file}; }
+  std::string text() const {
+    std::fflush(file);
+    std::rewind(file);
+    std::string out;
+    char buf[4096];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, file)) > 0;) out.append(buf, n);
+    return out;
+  }
 };
 
 // Every tensor of a safetensors file as raw bytes, by name.
