@@ -320,6 +320,7 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     std::int64_t window_steps = 0, window_images = 0;
     double train_seconds = 0;
     std::int64_t train_images = 0;
+    TimeLeft time_left;
     tower::EvalResult last_eval;
     bool evaluated_at_end = false;
     std::int64_t step = pos.step;
@@ -361,7 +362,7 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
           train_seconds += dt;
           train_images += window_images;
           double img_per_s = window_seconds > 0 ? static_cast<double>(window_images) / window_seconds : 0;
-          double sec_per_step = train_images > 0 ? train_seconds / static_cast<double>(step - pos.step) : 0;
+          time_left.add_steps(window_steps, window_seconds);
           reporter.train({.step = step,
                           .total_steps = total_steps,
                           .epoch = static_cast<double>(epoch) + static_cast<double>(b.index_in_epoch + 1) / steps_per_epoch,
@@ -370,7 +371,8 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
                           .acc = window_acc / window_steps,
                           .lr = optimizer->lr(),
                           .img_per_s = img_per_s,
-                          .eta_s = sec_per_step * static_cast<double>(total_steps - step)});
+                          .eta_s = time_left.seconds(total_steps - step,
+                                                     evals_left(step / steps_per_epoch, total_epochs, o.eval_every))});
           window_loss = window_acc = window_seconds = 0;
           window_steps = window_images = 0;
           t0 = Clock::now();
@@ -393,12 +395,14 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
       if (at_end || (o.eval_every > 0 && epoch_done && (epoch + 1) % o.eval_every == 0)) {
         auto te = Clock::now();
         last_eval = evaluate(trainer, *test_set, batch, o.loader_threads);
+        const double eval_seconds = seconds_since(te);
+        time_left.add_eval(eval_seconds);
         reporter.eval({.step = step,
                        .epoch = static_cast<double>(step) / static_cast<double>(steps_per_epoch),
                        .test_loss = last_eval.loss,
                        .test_acc = last_eval.accuracy,
                        .examples = last_eval.rows,
-                       .seconds = seconds_since(te)});
+                       .seconds = eval_seconds});
         evaluated_at_end = at_end;
       }
     }

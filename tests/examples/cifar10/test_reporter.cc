@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -132,4 +133,39 @@ TEST_CASE("durations print as minutes or hours", "[cifar10][reporter]") {
   CHECK(format_duration(65) == "1:05");
   CHECK(format_duration(3723) == "1:02:03");
   CHECK(format_duration(-1) == "?");
+}
+
+TEST_CASE("time left follows the recent pace and counts the evaluations to come", "[cifar10][reporter]") {
+  TimeLeft t;
+  CHECK(t.seconds(100, 3) == 0.0);  // nothing measured yet
+  t.add_steps(50, 10.0);            // 0.2 s a step
+  CHECK(t.seconds(100, 0) == Approx(20.0));
+  // A slow spell of 500 steps at 0.4 s, then 5000 steps at 0.1 s: the estimate ends near the
+  // recent pace, where a whole-run average (about 0.128 s) would not.
+  for (int i = 0; i < 10; ++i) t.add_steps(50, 20.0);
+  for (int i = 0; i < 100; ++i) t.add_steps(50, 5.0);
+  CHECK(t.seconds(1000, 0) == Approx(100.0).epsilon(1e-3));
+  // The weighting depends on steps, not on how they are grouped into windows.
+  TimeLeft a, b;
+  a.add_steps(10, 1.0);
+  b.add_steps(10, 1.0);
+  a.add_steps(200, 60.0);
+  for (int i = 0; i < 4; ++i) b.add_steps(50, 15.0);
+  CHECK(a.seconds(1000, 0) == Approx(b.seconds(1000, 0)));
+  const double pace = 0.1 * std::exp(-200.0 / TimeLeft::kPaceSteps) + 0.3 * (1 - std::exp(-200.0 / TimeLeft::kPaceSteps));
+  CHECK(a.seconds(1000, 0) == Approx(1000 * pace));
+  // Evaluations add their mean measured cost.
+  t.add_eval(4.0);
+  t.add_eval(6.0);
+  CHECK(t.seconds(1000, 3) == Approx(100.0 + 15.0).epsilon(1e-3));
+}
+
+TEST_CASE("evaluations left: every eval_every epochs and one at the end", "[cifar10][reporter]") {
+  CHECK(evals_left(0, 140, 2) == 70);
+  CHECK(evals_left(7, 140, 2) == 67);   // after epochs 8, 10, ..., 140
+  CHECK(evals_left(0, 5, 2) == 3);      // after epochs 2 and 4, and at the end (5)
+  CHECK(evals_left(4, 5, 2) == 1);
+  CHECK(evals_left(5, 5, 2) == 0);
+  CHECK(evals_left(0, 5, 0) == 1);      // only at the end
+  CHECK(evals_left(3, 3, 0) == 0);
 }
