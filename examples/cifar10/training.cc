@@ -1,5 +1,6 @@
 #include "examples/cifar10/training.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <sstream>
@@ -241,6 +242,9 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   // cutout, when asked for, applies to every dataset.
   data::Augment augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
   augment.cutout = o.cutout;
+  if (const data::ImageShape shape = train_set->shape(); o.cutout > std::max(shape.h, shape.w))
+    raise<InvalidArgument>("--cutout ", o.cutout, " is larger than the ", shape.h, "x", shape.w,
+                           " training images; use 0 (none) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");
   data::Loader loader(*train_set, {.batch = batch, .augment = augment, .seed = o.seed, .threads = o.loader_threads});
   const std::int64_t steps_per_epoch = loader.steps_per_epoch();
   if (steps_per_epoch == 0)

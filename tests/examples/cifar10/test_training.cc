@@ -126,6 +126,13 @@ TEST_CASE("the cutout and label_smoothing options reach the training images and 
   CHECK(first_loss(0, 0.0) == plain);  // the comparison below is not run-to-run noise
   CHECK(first_loss(16, 0.0) != plain);
   CHECK(first_loss(0, 0.5) != plain);  // the value itself is checked against PyTorch in the op tests
+  {
+    TempDir dir;
+    TrainOptions o = tiny_options(dir.path);
+    o.cutout = 33;
+    CHECK_THROWS_WITH(run_training(o, {}, reporter), Catch::Contains("--cutout 33") && Catch::Contains("32x32") &&
+                                                         Catch::Contains("0 (none) .. 32"));
+  }
   // The start-up blocks said so.
   const std::string text = out.text();
   CHECK_THAT(text, Catch::Contains("cutout 16x16") && Catch::Contains("label smoothing 0.5"));
