@@ -11,24 +11,15 @@
 
 #include "examples/cifar10/reporter.h"
 #include "io/atomic_file.h"
+#include "training_test_util.h"
 
 using namespace towerflow::cifar10;
 namespace tw = towerflow;
 
 namespace {
 
-struct Captured {
-  std::FILE* file = std::tmpfile();
-  ~Captured() { std::fclose(file); }
-  std::string text() const {
-    std::fflush(file);
-    std::rewind(file);
-    std::string out;
-    char buf[4096];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, file)) > 0) out.append(buf, n);
-    return out;
-  }
+// Reporter output in a temporary file (Output), read back whole or as lines.
+struct Captured : testing::Output {
   std::vector<std::string> lines() const {
     std::vector<std::string> out;
     std::istringstream in(text());
