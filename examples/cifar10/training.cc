@@ -309,8 +309,9 @@ RunResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     if (o.label_smoothing > 0) fields.emplace_back("loss", str("cross-entropy with label smoothing ", o.label_smoothing));
     fields.emplace_back("length", str(total_steps, " steps (", total_epochs, total_epochs == 1 ? " epoch" : " epochs",
                                       " of ", steps_per_epoch, " steps)"));
-    fields.emplace_back("checkpoints", str(o.train_dir, ", every ", o.save_every > 0 ? str(o.save_every, " steps") : "run",
-                                           " and at the end, newest ", o.keep_checkpoints, " kept"));
+    const std::string when = o.save_every > 0 ? str("every ", o.save_every, " steps and at the end") : "at the end only";
+    const std::string kept = o.keep_checkpoints > 0 ? str("newest ", o.keep_checkpoints, " kept") : "all kept";
+    fields.emplace_back("checkpoints", str(o.train_dir, ", ", when, ", ", kept));
     fields.emplace_back("resumed", resumed_from);
     reporter.block("start", "towerflow cifar10_train", fields);
 

@@ -56,6 +56,7 @@ TEST_CASE("a tiny run trains, evaluates, checkpoints and keeps the newest N", "[
   CHECK(std::isfinite(r.test_loss));
   CHECK(steps_in(dir.path) == std::vector<std::int64_t>{6, 8});  // saved at 3, 6 and the end; 2 kept
   CHECK(r.last_checkpoint == dir.path / "ckpt-0000000008");
+  CHECK_THAT(out.text(), Catch::Contains("every 3 steps and at the end, newest 2 kept"));
 
   auto metrics = jsonl(dir.path / "metrics.jsonl");
   int train_lines = 0, eval_lines = 0;
@@ -98,6 +99,7 @@ TEST_CASE("a tiny ResNet-20 run with --batch_norm sync trains with statistics ov
   CHECK(std::isfinite(r.test_loss));
   auto info = read_checkpoint_info(r.last_checkpoint);
   CHECK_THAT(info.metadata.at("options"), Catch::Contains("\"batch_norm\":\"sync\""));
+  CHECK_THAT(out.text(), Catch::Contains("at the end only, newest 2 kept"));
 }
 
 TEST_CASE("the cutout and label_smoothing options reach the training images and the loss, and are recorded", "[cifar10][training]") {
