@@ -6,7 +6,8 @@ an independent reference for the accuracy cifar10_train reaches.
 
 Same model (ResNet-20 with projection shortcuts and torchvision names, He-normal fan-out
 convolutions), same augmentation (4-pixel zero-padded random crop, horizontal flip, CIFAR-10
-mean/std), SGD with momentum 0.9 and weight decay 5e-4 on every parameter, lr 0.1 with one linear
+mean/std, then a --cutout square set to 0 with its centre anywhere in the image, clipped at the
+edges, as data/augment.h; 12 as the shell script, 0 for none), SGD with momentum 0.9 and weight decay 5e-4 on every parameter, lr 0.1 with one linear
 warm-up epoch multiplying a cosine over the whole run (optim/schedule.cc's warmup_schedule over
 cosine_schedule), global batch 128 normalised in halves of 64 as the two towers do (--ghost 2).
 Writes one JSON line per evaluation to stdout and to OUT/metrics.jsonl; OUT/last.pt is written
@@ -60,6 +61,19 @@ def augment(padded, idx, rng):
     return out
 
 
+def cutout(x, size, rng):
+    """Sets a size x size square of each image of x (n, c, h, w) to 0 after normalisation: centre
+    uniform over the image, clipped at its edges (data/augment.cc's cutout)."""
+    n, _, h, w = x.shape
+    cy, cx = rng.integers(0, h, n), rng.integers(0, w, n)
+    y0, x0 = cy - size // 2, cx - size // 2
+    ys, xs = np.arange(h)[None, :], np.arange(w)[None, :]
+    rows = (ys >= y0[:, None]) & (ys < y0[:, None] + size)            # n x h
+    cols = (xs >= x0[:, None]) & (xs < x0[:, None] + size)            # n x w
+    keep = ~(rows[:, :, None] & cols[:, None, :])                     # n x h x w
+    return x * torch.from_numpy(keep[:, None].astype(np.float32))
+
+
 def evaluate(model, x, y):
     model.eval()
     correct, loss = 0, 0.0
@@ -80,6 +94,8 @@ def main():
     ap.add_argument("--ghost", type=int, default=2, help="batch-norm groups per batch (the towers)")
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--weight_decay", type=float, default=5e-4)
+    ap.add_argument("--cutout", type=int, default=12, help="cutout side in pixels (0: none)")
+    ap.add_argument("--label_smoothing", type=float, default=0.0)
     ap.add_argument("--eval_every", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
@@ -123,11 +139,13 @@ def main():
                 g["lr"] = lr_at(step)
             idx = order[s * args.batch:(s + 1) * args.batch]
             xb = normalise(augment(padded, idx, rng))
+            if args.cutout > 0:
+                xb = cutout(xb, args.cutout, rng)
             yb = torch.from_numpy(y_train[idx])
             opt.zero_grad(set_to_none=True)
             outs = [model(part) for part in xb.chunk(args.ghost)]
             out = torch.cat(outs)
-            loss = F.cross_entropy(out, yb)
+            loss = F.cross_entropy(out, yb, label_smoothing=args.label_smoothing)
             loss.backward()
             opt.step()
             seen += len(idx)
