@@ -3,13 +3,15 @@
 # cosine schedule after one warm-up epoch, crop, flip and 12-pixel cutout. Resumable: run it
 # again and it continues from the newest checkpoint in TRAIN_DIR.
 #   [EPOCHS=N] scripts/train_resnet20_cifar10.sh DATA_DIR [TRAIN_DIR] [extra cifar10_train flags...]
+# Extra flags come after the script's own, and a flag given twice takes its last value, so
+# e.g. '--cutout 0' runs the recipe without cutout.
 # DATA_DIR holds cifar-10-batches-bin's files (see the data section of the README). EPOCHS
 # (default 140, the run the README reports) sets the schedule's length; raising it on a resumed
 # run stretches the cosine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 data_dir=$1

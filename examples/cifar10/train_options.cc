@@ -256,6 +256,9 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
       opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     } else {
       opt = app.add_option_function<std::string>("--" + name, record, f.help);
+      // A flag given twice takes its last value, as absl and argparse do, so a wrapper script's
+      // flags can be overridden by appending the same flag.
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
       opt->default_str(value_text(defaults, f));
       opt->type_name(std::visit(
           [](auto member) -> std::string {

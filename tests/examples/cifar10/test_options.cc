@@ -140,6 +140,14 @@ TEST_CASE("bad flags are refused by the parser with the option's message", "[cif
   CHECK_FALSE(parse({"--resume=false"}).train.resume);
 }
 
+TEST_CASE("a flag given twice takes its last value", "[cifar10][options]") {
+  auto r = parse({"--cutout", "12", "--lr", "0.1", "--cutout", "0", "--lr", "0.05"});
+  CHECK(r.train.cutout == 0);
+  CHECK(r.train.lr == 0.05);
+  // The value that wins is still checked.
+  CHECK_THROWS_AS(parse({"--batch_size", "128", "--batch_size", "-4"}), CLI::ValidationError);
+}
+
 TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
   CLI::App app{"cifar10_train"};
   TrainCommandLine cli;
