@@ -61,7 +61,7 @@ install(EXPORT towerflowTargets
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/towerflow)
 
 # Headers keep their place in the tree, so installed code includes them as the library does.
-foreach(area core tower optim data models io)
+foreach(area core tower optim data models io train)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${area})
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/${area}
             DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow

@@ -8,10 +8,12 @@
 
 #include <functional>
 
-#include "examples/cifar10/reporter.h"
 #include "examples/cifar10/train_options.h"
+#include "train/reporter.h"
 
 namespace towerflow::cifar10 {
+
+using train::Reporter;
 
 int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved&, Reporter&)>& work);
 

@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   cli.add_to(app);
   CLI11_PARSE(app, argc, argv);
   return cf::run_main(cli, [](const cf::Resolved& r, cf::Reporter& reporter) {
-    cf::RunResult result = cf::run_training(r.train, r.process, reporter);
-    return result.aborted ? 1 : 0;
+    cf::run_training(r.train, r.process, reporter);
+    return 0;
   });
 }

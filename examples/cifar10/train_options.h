@@ -44,12 +44,16 @@ struct TrainOptions {
   int batch_size = 128;                // global, over all towers
   std::string split = "even";          // even | weights:3,1 | per_tower (tower/split.h)
   std::string split_remainder = "error";  // error | spread (a batch that does not split evenly)
+  int accumulation_steps = 1;          // micro-batches per step, reduced once
   std::string reduction = "all_reduce";   // all_reduce | bucketed[:MB] | parameter_device[:DEVICE]
   std::string batch_norm = "per_tower";   // per_tower | sync (statistics over all towers)
   std::string optimizer = "sgd";       // sgd (with --momentum) | adam
   double lr = 0.05;
   double momentum = 0.9;
   double weight_decay = 5e-4;
+  double adam_beta1 = 0.9;             // adam, adamw
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
   std::string schedule = "cosine";     // see optim::parse_schedule
   double warmup_epochs = 0.0;
   double label_smoothing = 0.0;        // targets (1 - s) * onehot + s / classes

@@ -12,7 +12,7 @@
 #include <chrono>
 #include <thread>
 
-#include "examples/cifar10/checkpoint.h"
+#include "train/checkpoint.h"
 #include "io/checkpoint_dir.h"
 #include "training_test_util.h"
 
@@ -22,6 +22,7 @@ namespace tw = towerflow;
 namespace fs = std::filesystem;
 using namespace towerflow::cifar10;
 using namespace towerflow::cifar10::testing;
+using namespace towerflow::train;
 
 namespace {
 

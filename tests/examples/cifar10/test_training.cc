@@ -10,34 +10,23 @@
 #include "core/error.h"
 #include "core/platform/platform.h"
 #include "core/platform/registry.h"
-#include "examples/cifar10/checkpoint.h"
 #include "examples/cifar10/training.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/model_state.h"
 #include "models/models.h"
 #include "optim/optim.h"
+#include "train/checkpoint.h"
 #include "training_test_util.h"
 
 namespace tw = towerflow;
 namespace fs = std::filesystem;
 using namespace towerflow::cifar10;
 using namespace towerflow::cifar10::testing;
+using towerflow::train::kModelFile;
+using towerflow::train::read_checkpoint_info;
 
 namespace {
-
-std::vector<nlohmann::json> jsonl(const fs::path& path) {
-  std::istringstream in(tw::io::read_file(path));
-  std::vector<nlohmann::json> out;
-  for (std::string l; std::getline(in, l);) out.push_back(nlohmann::json::parse(l));
-  return out;
-}
-
-std::vector<std::int64_t> steps_in(const fs::path& dir) {
-  std::vector<std::int64_t> out;
-  for (const auto& c : tw::io::CheckpointDir(dir).list()) out.push_back(c.step);
-  return out;
-}
 
 std::vector<float> flat_params(const tw::nn::Module& m) { return m.flat_parameters().to_host(); }
 
@@ -49,9 +38,9 @@ TEST_CASE("a tiny run trains, evaluates, checkpoints and keeps the newest N", "[
   Output out;
   Reporter reporter(out.reporter_options());
   TrainOptions o = tiny_options(dir.path);
-  RunResult r = run_training(o, {}, reporter);
+  FitResult r = run_training(o, {}, reporter);
   CHECK(r.steps == 8);  // 2 epochs of 128 / 32
-  CHECK_FALSE(r.aborted);
+  CHECK_FALSE(r.stopped_early);
   CHECK(r.test_acc >= 0.0);
   CHECK(std::isfinite(r.test_loss));
   CHECK(steps_in(dir.path) == std::vector<std::int64_t>{6, 8});  // saved at 3, 6 and the end; 2 kept
@@ -94,9 +83,8 @@ TEST_CASE("a tiny ResNet-20 run with --batch_norm sync trains with statistics ov
   o.max_steps = 2;
   o.save_every = 0;
   o.keep_checkpoints = 0;  // one checkpoint either way; checks the start-up block's wording
-  RunResult r = run_training(o, {}, reporter);
+  FitResult r = run_training(o, {}, reporter);
   CHECK(r.steps == 2);
-  CHECK_FALSE(r.aborted);
   CHECK(std::isfinite(r.test_loss));
   auto info = read_checkpoint_info(r.last_checkpoint);
   CHECK_THAT(info.metadata.at("options"), Catch::Contains("\"batch_norm\":\"sync\""));
@@ -139,146 +127,6 @@ TEST_CASE("the cutout and label_smoothing options reach the training images and 
   // The start-up blocks said so.
   const std::string text = out.text();
   CHECK_THAT(text, Catch::Contains("cutout 16x16") && Catch::Contains("label smoothing 0.5"));
-}
-
-TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[cifar10][training][resume]") {
-  fresh_devices();
-  TempDir full_dir, crash_dir;
-  Output out;
-  Reporter reporter(out.reporter_options());
-  TrainOptions full = tiny_options(full_dir.path);
-  run_training(full, {}, reporter);
-
-  TrainOptions crash = tiny_options(crash_dir.path);
-  RunResult first = run_training(crash, {}, reporter, {.abort_after_step = [](std::int64_t s) { return s == 5; }});
-  CHECK(first.aborted);
-  CHECK(steps_in(crash_dir.path) == std::vector<std::int64_t>{3});  // the steps since 3 are lost
-
-  crash.resume = true;
-  RunResult resumed = run_training(crash, {}, reporter);
-  CHECK(resumed.steps == 8);
-  auto a = tensors_of(full_dir.path / "ckpt-0000000008" / kModelFile);
-  auto b = tensors_of(crash_dir.path / "ckpt-0000000008" / kModelFile);
-  REQUIRE(a.size() == b.size());
-  for (const auto& [name, bytes] : a) {
-    INFO(name);
-    CHECK(b.at(name) == bytes);
-  }
-  CHECK(tensors_of(full_dir.path / "ckpt-0000000008" / kStateFile) ==
-        tensors_of(crash_dir.path / "ckpt-0000000008" / kStateFile));
-
-  // metrics.jsonl reads as one run: the crashed run's records after step 3 were dropped, and the
-  // training losses are the uninterrupted run's (the same batches on the same parameters).
-  auto full_metrics = jsonl(full_dir.path / "metrics.jsonl");
-  auto resumed_metrics = jsonl(crash_dir.path / "metrics.jsonl");
-  REQUIRE(full_metrics.size() == resumed_metrics.size());
-  for (std::size_t i = 0; i < full_metrics.size(); ++i) {
-    CHECK(full_metrics[i]["step"] == resumed_metrics[i]["step"]);
-    CHECK(full_metrics[i].contains("test_acc") == resumed_metrics[i].contains("test_acc"));
-    if (full_metrics[i].contains("test_acc")) CHECK(full_metrics[i]["test_loss"] == resumed_metrics[i]["test_loss"]);
-  }
-}
-
-TEST_CASE("a fresh run in a used train_dir starts clean", "[cifar10][training]") {
-  fresh_devices();
-  TempDir dir;
-  Output out;
-  Reporter reporter(out.reporter_options());
-  TrainOptions o = tiny_options(dir.path);
-  o.epochs = 1;
-  o.save_every = 1;
-  o.keep_checkpoints = 0;
-  run_training(o, {}, reporter);
-  CHECK(steps_in(dir.path).size() == 4);
-  o.save_every = 0;
-  run_training(o, {}, reporter);
-  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});
-  CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);  // 2 training lines, 1 evaluation
-}
-
-TEST_CASE("mismatched checkpoints are refused naming the tensor, and load nothing", "[cifar10][training][checkpoint]") {
-  fresh_devices();
-  TempDir dir;
-  tw::io::CheckpointDir ckdir(dir.path);
-  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
-  auto params = model->flat_parameters().to_host();
-  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
-                     {.lr = 0.1, .momentum = 0.9});
-  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {{"model", "tfcnn"}}, 0);
-
-  auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
-  auto target_params = target->flat_parameters().to_host();
-  std::vector<float> p2 = target_params;
-  tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
-                      {.lr = 0.1, .momentum = 0.9});
-
-  SECTION("a model with other shapes (another number of classes)") {
-    auto other = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 100, .seed = 2});
-    auto other_before = flat_params(*other);
-    CHECK_THROWS_WITH(load_checkpoint(ckpt, *other, sgd2), Catch::Contains("fc3.weight") && Catch::Contains("[10, 192]"));
-    CHECK(flat_params(*other) == other_before);
-  }
-  SECTION("a truncated model file") {
-    std::string bytes = tw::io::read_file(ckpt / kModelFile);
-    tw::io::write_file_atomically(ckpt / kModelFile, bytes.substr(0, bytes.size() - 100));
-    CHECK_THROWS_AS(load_checkpoint(ckpt, *target, sgd2), tw::DataError);
-    CHECK(flat_params(*target) == target_params);
-  }
-  SECTION("a train_state without the position") {
-    auto state = tw::io::SafetensorsFile::load(ckpt / kStateFile);
-    tw::io::Metadata meta = state.metadata();
-    meta.erase("step_in_epoch");
-    std::vector<tw::io::TensorView> views;
-    for (const auto& e : state.entries()) views.push_back({e.name, e.dtype, e.shape, state.data(e)});
-    tw::io::save_safetensors(ckpt / kStateFile, views, meta);
-    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, sgd2), Catch::Contains("step_in_epoch"));
-    CHECK(flat_params(*target) == target_params);
-  }
-  SECTION("optimizer state of another optimizer") {
-    std::vector<float> p3 = target_params;
-    tw::optim::Adam adam(tw::optim::ParameterSet::single(std::span<float>(p3), std::span<const float>(p3)), {.lr = 0.1});
-    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, adam), Catch::Contains("exp_avg"));
-    CHECK(flat_params(*target) == target_params);
-  }
-  SECTION("a matching checkpoint loads model and optimizer") {
-    auto info = load_checkpoint(ckpt, *target, sgd2);
-    CHECK(info.position.step == 5);
-    CHECK(info.position.step_in_epoch == 2);
-    CHECK(flat_params(*target) == params);
-  }
-}
-
-TEST_CASE("a non-finite loss stops training and keeps the last good checkpoint", "[cifar10][training][nan]") {
-  fresh_devices();
-  TempDir dir;
-  Output out;
-  Reporter reporter(out.reporter_options());
-  TrainOptions o = tiny_options(dir.path);
-  o.lr = 1e6;  // diverges within a few steps
-  o.momentum = 0.9;
-  o.schedule = "constant";
-  o.save_every = 1;
-  o.keep_checkpoints = 0;
-  o.epochs = 8;
-  std::string message;
-  try {
-    run_training(o, {}, reporter);
-  } catch (const tw::NumericalError& e) {
-    message = e.what();
-  }
-  REQUIRE_THAT(message, Catch::Contains("the loss is") && Catch::Contains("last good checkpoint"));
-  auto latest = tw::io::CheckpointDir(dir.path).latest();
-  REQUIRE(latest);
-  CHECK_THAT(message, Catch::Contains(latest->path.string()));
-  // Every saved parameter is finite: the step that produced the bad loss was not applied.
-  auto model = tw::io::SafetensorsFile::load(latest->path / kModelFile);
-  for (const auto& e : model.entries()) {
-    auto d = model.data(e);
-    std::vector<float> v(d.size() / 4);
-    std::memcpy(v.data(), d.data(), d.size());
-    INFO(e.name);
-    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
-  }
 }
 
 TEST_CASE("device choice: two CPU towers by default, explicit lists, and errors", "[cifar10][training][devices]") {

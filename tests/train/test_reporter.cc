@@ -9,24 +9,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "examples/cifar10/reporter.h"
-#include "io/atomic_file.h"
-#include "training_test_util.h"
+#include "train/fit_test_util.h"
+#include "train/reporter.h"
 
-using namespace towerflow::cifar10;
+using namespace towerflow::train;
 namespace tw = towerflow;
 
 namespace {
 
-// Reporter output in a temporary file (Output), read back whole or as lines.
-struct Captured : testing::Output {
-  std::vector<std::string> lines() const {
-    std::vector<std::string> out;
-    std::istringstream in(text());
-    for (std::string l; std::getline(in, l);) out.push_back(l);
-    return out;
-  }
-};
+using Captured = testing::Output;  // reporter output in a temporary file
 
 TrainRecord record(std::int64_t step) {
   return {.step = step, .total_steps = 100, .epoch = step / 10.0, .epochs = 10, .loss = 1.5, .acc = 0.25,
@@ -35,7 +26,7 @@ TrainRecord record(std::int64_t step) {
 
 }  // namespace
 
-TEST_CASE("json mode prints one object per line with the documented keys", "[cifar10][reporter]") {
+TEST_CASE("json mode prints one object per line with the documented keys", "[train][reporter]") {
   Captured out;
   {
     Reporter r({.json = true, .out = out.file});
@@ -64,7 +55,7 @@ TEST_CASE("json mode prints one object per line with the documented keys", "[cif
   CHECK(j[4]["test_acc"] == 0.5);
 }
 
-TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", "[cifar10][reporter]") {
+TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", "[train][reporter]") {
   SECTION("plain") {
     Captured out;
     {
@@ -100,33 +91,37 @@ TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", 
   }
 }
 
-TEST_CASE("metrics.jsonl receives every training and evaluation record, appended", "[cifar10][reporter]") {
-  auto path = std::filesystem::temp_directory_path() / ("metrics-" + std::to_string(::getpid()) + ".jsonl");
-  std::filesystem::remove(path);
-  Captured out;
-  for (int run = 0; run < 2; ++run) {
-    Reporter r({.live = 0, .out = out.file, .metrics_path = path});
-    r.train(record(10 + run));
-    r.eval({.step = 10 + run, .epoch = 1, .test_loss = 0.5, .test_acc = 0.875});
-  }
-  std::istringstream in(tw::io::read_file(path));
-  std::vector<nlohmann::json> j;
-  for (std::string l; std::getline(in, l);) j.push_back(nlohmann::json::parse(l));
-  REQUIRE(j.size() == 4);
-  CHECK(j[0]["step"] == 10);
-  CHECK(j[0]["lr"] == 0.1);
-  CHECK(j[1]["test_acc"] == 0.875);
-  CHECK(j[2]["step"] == 11);
-  std::filesystem::remove(path);
+TEST_CASE("records as JSON: short numbers, a non-finite loss as null", "[train][reporter]") {
+  auto j = nlohmann::json::parse(to_json(TrainRecord{.step = 7, .epoch = 0.123456, .loss = 0.1 + 0.2, .acc = 0.5, .lr = 0.1}));
+  CHECK(j["step"] == 7);
+  CHECK(j["epoch"] == 0.123);
+  CHECK(j["loss"] == 0.3);
+  CHECK_FALSE(j.contains("eta_s"));  // files get the record, not the terminal's estimate
+  auto e = nlohmann::json::parse(to_json(EvalRecord{.step = 7, .test_loss = std::nan(""), .test_acc = 0.25, .examples = 64}));
+  CHECK(e["test_loss"].is_null());
+  CHECK(e["test_acc"] == 0.25);
+  CHECK(e["examples"] == 64);
 }
 
-TEST_CASE("durations print as minutes or hours", "[cifar10][reporter]") {
+TEST_CASE("start-up block fields are replaced in place or inserted where asked", "[train][reporter]") {
+  Fields f{{"model", "a"}, {"optimizer", "sgd"}, {"length", "8 steps"}};
+  set_field(f, "model", "tfcnn");
+  set_field(f, "loss", "smoothed", "optimizer");
+  set_field(f, "extra", "x");
+  REQUIRE(f.size() == 5);
+  CHECK(f[0] == std::pair<std::string, std::string>{"model", "tfcnn"});
+  CHECK(f[2].first == "loss");
+  CHECK(f[3].first == "length");
+  CHECK(f[4].first == "extra");
+}
+
+TEST_CASE("durations print as minutes or hours", "[train][reporter]") {
   CHECK(format_duration(65) == "1:05");
   CHECK(format_duration(3723) == "1:02:03");
   CHECK(format_duration(-1) == "?");
 }
 
-TEST_CASE("time left follows the recent pace and counts the evaluations to come", "[cifar10][reporter]") {
+TEST_CASE("time left follows the recent pace and counts the evaluations to come", "[train][reporter]") {
   TimeLeft t;
   CHECK(t.seconds(100, 3) == 0.0);  // nothing measured yet
   t.add_steps(50, 10.0);            // 0.2 s a step
@@ -151,7 +146,7 @@ TEST_CASE("time left follows the recent pace and counts the evaluations to come"
   CHECK(t.seconds(1000, 3) == Approx(100.0 + 15.0).epsilon(1e-3));
 }
 
-TEST_CASE("evaluations left: every eval_every epochs and one at the end", "[cifar10][reporter]") {
+TEST_CASE("evaluations left: every eval_every epochs and one at the end", "[train][reporter]") {
   CHECK(evals_left(0, 140, 2) == 70);
   CHECK(evals_left(7, 140, 2) == 67);   // after epochs 8, 10, ..., 140
   CHECK(evals_left(0, 5, 2) == 3);      // after epochs 2 and 4, and at the end (5)

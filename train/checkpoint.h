@@ -1,5 +1,5 @@
 #pragma once
-// Training checkpoints: everything --resume needs to continue a run as if it had never stopped.
+// Training checkpoints: everything a resumed run needs to continue as if it had never stopped.
 //
 // A checkpoint is a directory train_dir/ckpt-<step> (io::CheckpointDir: written whole or not at
 // all) holding
@@ -25,7 +25,7 @@
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
 
-namespace towerflow::cifar10 {
+namespace towerflow::train {
 
 inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kStateFile = "train_state.safetensors";
@@ -59,4 +59,4 @@ CheckpointInfo load_checkpoint(const std::filesystem::path& checkpoint, nn::Modu
 // checkpoint's metadata if it has a train_state (empty otherwise). NotFound when nothing is there.
 std::filesystem::path resolve_model_file(const std::filesystem::path& path);
 
-}  // namespace towerflow::cifar10
+}  // namespace towerflow::train

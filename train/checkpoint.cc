@@ -1,4 +1,4 @@
-#include "examples/cifar10/checkpoint.h"
+#include "train/checkpoint.h"
 
 #include <charconv>
 #include <cstring>
@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "io/model_state.h"
 
-namespace towerflow::cifar10 {
+namespace towerflow::train {
 namespace fs = std::filesystem;
 namespace {
 
@@ -87,7 +87,7 @@ CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, op
     const auto* e = state_file.find(s.name);
     if (!e)
       raise<DataError>("checkpoint file ", state_file.source(), " lacks the optimizer state tensor \"", s.name,
-                       "\" that ", optimizer.name(), " keeps (a checkpoint of another optimizer? use the same --optimizer)");
+                       "\" that ", optimizer.name(), " keeps (a checkpoint of another optimizer? resume with the optimizer that wrote it)");
     if (e->dtype != io::DType::F32 || static_cast<std::size_t>(io::numel_of(e->shape)) != s.values.size())
       raise<DataError>("checkpoint file ", state_file.source(), ": optimizer state tensor \"", s.name, "\" is ",
                        io::to_string(e->dtype), " ", io::shape_string(e->shape), ", expected F32 with ",
@@ -103,7 +103,7 @@ CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, op
                        optimizer.name(), " does not keep (a checkpoint of another optimizer or model?)");
   if (auto it = info.metadata.find("optimizer"); it != info.metadata.end() && it->second != optimizer.name())
     raise<DataError>("checkpoint ", checkpoint.string(), " was written by optimizer ", it->second,
-                     ", this run uses ", optimizer.name(), "; use the same --optimizer to resume");
+                     ", this run uses ", optimizer.name(), "; resume with the same optimizer");
 
   // load_module validates the model file fully before writing; the optimizer's state was checked
   // above, so load_state cannot fail after the model changed.
@@ -120,9 +120,9 @@ fs::path resolve_model_file(const fs::path& path) {
     io::CheckpointDir dir(path);
     if (auto latest = dir.latest()) return latest->path / kModelFile;
     raise<NotFound>("no checkpoint in ", path.string(), " (expected ckpt-<step>/", kModelFile,
-                    "); train one with cifar10_train --train_dir ", path.string());
+                    "); a training run with this train_dir writes them");
   }
   raise<NotFound>("checkpoint ", path.string(), " does not exist; pass a train_dir, a ckpt-<step> directory or a .safetensors file");
 }
 
-}  // namespace towerflow::cifar10
+}  // namespace towerflow::train

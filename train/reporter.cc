@@ -1,4 +1,4 @@
-#include "examples/cifar10/reporter.h"
+#include "train/reporter.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,14 @@
 
 #include <nlohmann/json.hpp>
 
-namespace towerflow::cifar10 {
+#include "core/error.h"
+#include "core/platform/registry.h"
+#include "data/dataset.h"
+#include "optim/optimizer.h"
+#include "tower/trainer.h"
+#include "train/fit.h"
+
+namespace towerflow::train {
 namespace {
 
 using nlohmann::ordered_json;
@@ -30,7 +37,84 @@ const char* level_name(LogLevel level) {
 
 ordered_json number_or_null(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
 
+ordered_json json_of(const TrainRecord& r) {
+  ordered_json j;
+  j["step"] = r.step;
+  j["epoch"] = round_to(r.epoch, 3);
+  j["loss"] = number_or_null(round_to(r.loss, 5));
+  j["acc"] = round_to(r.acc, 5);
+  j["lr"] = round_to(r.lr, 8);
+  j["img_per_s"] = round_to(r.img_per_s, 1);
+  return j;
+}
+
+ordered_json json_of(const EvalRecord& r) {
+  ordered_json j;
+  j["step"] = r.step;
+  j["epoch"] = round_to(r.epoch, 3);
+  j["test_loss"] = number_or_null(round_to(r.test_loss, 5));
+  j["test_acc"] = round_to(r.test_acc, 5);
+  j["examples"] = r.examples;
+  return j;
+}
+
 }  // namespace
+
+std::string to_json(const TrainRecord& r) { return json_of(r).dump(); }
+std::string to_json(const EvalRecord& r) { return json_of(r).dump(); }
+
+void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after) {
+  for (auto& [k, v] : fields)
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  auto at = fields.end();
+  if (!after.empty())
+    for (auto it = fields.begin(); it != fields.end(); ++it)
+      if (it->first == after) at = it + 1;
+  fields.insert(at, {key, std::move(value)});
+}
+
+std::string describe_augment(const data::Augment& a) {
+  std::vector<std::string> parts;
+  if (a.crop_padding > 0) parts.push_back(str("random crops of the image padded by ", a.crop_padding));
+  if (a.flip) parts.push_back("horizontal flips");
+  if (a.cutout > 0) parts.push_back(str("cutout ", a.cutout, "x", a.cutout));
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+  return out.empty() ? "none" : out;
+}
+
+Fields start_fields(const StartInfo& s) {
+  const FitOptions& o = s.options;
+  const auto& devices = s.trainer.devices();
+  Fields f{{"model", str(s.trainer.model().num_parameters(), " parameters, ", s.train_set.num_classes(), " classes")},
+           {"train data", s.train_set.describe()}};
+  if (s.test_set) f.emplace_back("test data", s.test_set->describe());
+  f.emplace_back("augmentation", describe_augment(o.augment));
+  f.emplace_back("towers", s.trainer.describe());
+  for (const auto& d : devices) f.emplace_back("device " + d.str(), device_info(d).description);
+  f.emplace_back("device options", to_string(process_options()));
+  const auto& t = s.trainer.options();
+  std::vector<int> rows = tower::split_batch(o.batch, devices, t.split, t.remainder);
+  std::string per_tower;
+  for (int r : rows) per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
+  f.emplace_back("batch", str(o.batch, " global (", per_tower, " per tower)",
+                              t.accumulation_steps > 1 ? str(", in ", t.accumulation_steps, " micro-batches") : ""));
+  f.emplace_back("optimizer", str(s.optimizer.name(), ", lr ", s.optimizer.lr()));
+  const Plan& p = s.plan;
+  f.emplace_back("length", str(p.total_steps, " steps (", p.epochs, p.epochs == 1 ? " epoch" : " epochs", " of ",
+                               p.steps_per_epoch, " steps)"));
+  if (!o.train_dir.empty()) {
+    const std::string when = o.save_every > 0 ? str("every ", o.save_every, " steps and at the end") : "at the end only";
+    const std::string kept = o.keep_checkpoints > 0 ? str("newest ", o.keep_checkpoints, " kept") : "all kept";
+    f.emplace_back("checkpoints", str(o.train_dir.string(), ", ", when, ", ", kept));
+    f.emplace_back("resumed", s.resumed ? str(s.resumed_from.string(), " (step ", s.position.step, ")")
+                                        : std::string("no (a new run)"));
+  }
+  return f;
+}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -70,7 +154,6 @@ std::int64_t evals_left(std::int64_t epochs_done, std::int64_t epochs, int eval_
 Reporter::Reporter(ReporterOptions options) : options_(std::move(options)) {
   live_ = !options_.json &&
           (options_.live == 1 || (options_.live == -1 && ::isatty(::fileno(options_.out)) == 1));
-  if (!options_.metrics_path.empty()) metrics_ = io::LineAppender(options_.metrics_path);
   previous_sink_ = set_log_sink([this](LogLevel level, std::string_view text) { message(level, text); });
 }
 
@@ -78,12 +161,6 @@ Reporter::~Reporter() {
   set_log_sink(previous_sink_);
   std::lock_guard lock(mu_);
   clear_live_locked();
-}
-
-void Reporter::open_metrics(const std::filesystem::path& path) {
-  io::LineAppender appender(path);
-  std::lock_guard lock(mu_);
-  metrics_ = std::move(appender);
 }
 
 void Reporter::clear_live_locked() {
@@ -116,16 +193,53 @@ void Reporter::block(const std::string& event, const std::string& title, const F
   for (const auto& [k, v] : fields) write_locked("  " + k + std::string(width - k.size() + 2, ' ') + v);
 }
 
+void Reporter::set_start_block(std::string title, std::function<void(const StartInfo&, Fields&)> describe) {
+  options_.title = std::move(title);
+  options_.describe = std::move(describe);
+}
+
+void Reporter::on_start(const StartInfo& start) {
+  devices_ = start.trainer.devices();
+  Fields fields = start_fields(start);
+  if (options_.describe) options_.describe(start, fields);
+  block("start", options_.title, fields);
+}
+
+void Reporter::on_end(const FitResult& r) {
+  nlohmann::ordered_json j;
+  if (r.test_examples > 0) {
+    j["test_acc"] = r.test_acc;
+    j["test_loss"] = r.test_loss;
+  }
+  j["steps"] = r.steps;
+  j["img_per_s"] = round_to(r.train_img_per_s, 1);
+  j["wall_s"] = round_to(r.wall_seconds, 1);
+  if (r.stopped_early) j["stopped"] = r.stop_reason;
+  if (!r.last_checkpoint.empty()) j["checkpoint"] = r.last_checkpoint.string();
+  nlohmann::ordered_json peaks;
+  std::string peak_text;
+  for (const auto& d : devices_) {
+    auto s = device_allocator(d).stats();
+    peaks[d.str()] = s.peak_bytes_in_use;
+    peak_text += (peak_text.empty() ? "" : ", ") + d.str() + " " + format_byte_size(s.peak_bytes_in_use);
+  }
+  j["peak_bytes"] = peaks;
+  Fields f;
+  if (r.test_examples > 0) {
+    f.emplace_back("test accuracy", str(std::round(r.test_acc * 10000) / 100, "% top-1 (", r.test_examples, " images)"));
+    f.emplace_back("test loss", str(r.test_loss));
+  }
+  f.emplace_back("throughput", str(std::lround(r.train_img_per_s), " images/s (training steps only)"));
+  f.emplace_back("steps", str(r.steps, " in ", format_duration(r.wall_seconds), " wall-clock"));
+  if (r.stopped_early) f.emplace_back("stopped early", r.stop_reason);
+  if (!devices_.empty()) f.emplace_back("peak memory", peak_text);
+  if (!r.last_checkpoint.empty()) f.emplace_back("checkpoint", r.last_checkpoint.string());
+  summary(f, j.dump());
+}
+
 void Reporter::train(const TrainRecord& r) {
-  ordered_json j;
-  j["step"] = r.step;
-  j["epoch"] = round_to(r.epoch, 3);
-  j["loss"] = number_or_null(round_to(r.loss, 5));
-  j["acc"] = round_to(r.acc, 5);
-  j["lr"] = round_to(r.lr, 8);
-  j["img_per_s"] = round_to(r.img_per_s, 1);
+  ordered_json j = json_of(r);
   std::lock_guard lock(mu_);
-  if (metrics_.is_open()) metrics_.append(j.dump());
   if (options_.json) {
     j["eta_s"] = round_to(r.eta_s, 1);
     write_locked(j.dump());
@@ -147,14 +261,8 @@ void Reporter::train(const TrainRecord& r) {
 }
 
 void Reporter::eval(const EvalRecord& r) {
-  ordered_json j;
-  j["step"] = r.step;
-  j["epoch"] = round_to(r.epoch, 3);
-  j["test_loss"] = number_or_null(round_to(r.test_loss, 5));
-  j["test_acc"] = round_to(r.test_acc, 5);
-  j["examples"] = r.examples;
+  ordered_json j = json_of(r);
   std::lock_guard lock(mu_);
-  if (metrics_.is_open()) metrics_.append(j.dump());
   if (options_.json) {
     j["eval_s"] = round_to(r.seconds, 2);
     write_locked(j.dump());
@@ -205,4 +313,4 @@ void Reporter::summary(const Fields& fields, const std::string& json_object) {
   block("summary", "summary", fields);
 }
 
-}  // namespace towerflow::cifar10
+}  // namespace towerflow::train

@@ -1,14 +1,16 @@
 #pragma once
-// Reporter: everything the trainer tells its user, in one of three forms.
+// Reporter: everything a training run tells its user, in one of three forms, as a hook of fit().
 //
 // - On a terminal: a live progress line (epoch, step, loss, accuracy, images/s, ETA) redrawn in
 //   place, kept as a normal line at the end of each epoch; other lines go above it.
 // - Not a terminal (a pipe, a log file): the same progress as plain lines, one per report.
 // - With json: one JSON object per line on the output, nothing else; training lines carry
-//   "step", "epoch", "loss", "acc", "lr", "img_per_s", evaluation lines "test_loss", "test_acc";
-//   start-up, summary and log lines carry "event": "start" | "summary" | "log" | "error".
-// Independently, every training and evaluation record is appended to metrics.jsonl (when a
-// path is given) as one JSON object per line (io::LineAppender: whole lines even if killed).
+//   "step", "epoch", "loss", "acc", "lr", "img_per_s", "eta_s", evaluation lines "test_loss",
+//   "test_acc", "examples", "eval_s"; start-up, summary and log lines carry "event": "start" |
+//   "summary" | "log" | "error".
+// As a hook it prints the start-up block (the model, data, towers, devices, batch split,
+// optimizer, length, checkpoints; ReporterOptions::describe edits it), each on_log record, each
+// evaluation, and a summary at the end (test accuracy, throughput, every device's peak memory).
 //
 // While a Reporter lives, library log messages (core/log.h) are routed through it, so they do not
 // tear the live line and are JSON in json mode; the previous sink is restored on destruction.
@@ -16,54 +18,54 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <filesystem>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/device.h"
 #include "core/log.h"
-#include "io/atomic_file.h"
+#include "data/augment.h"
+#include "train/hook.h"
 
-namespace towerflow::cifar10 {
+namespace towerflow::train {
 
-struct TrainRecord {
-  std::int64_t step = 0;        // steps done (1 after the first)
-  std::int64_t total_steps = 0;
-  double epoch = 0;             // fractional: 2.5 is half-way through the third epoch
-  int epochs = 0;
-  double loss = 0;              // mean over the steps since the last record
-  double acc = 0;               // training top-1 over the same steps, in [0, 1]
-  double lr = 0;
-  double img_per_s = 0;
-  double eta_s = 0;
-};
-
-struct EvalRecord {
-  std::int64_t step = 0;
-  double epoch = 0;
-  double test_loss = 0;
-  double test_acc = 0;          // top-1 in [0, 1]
-  std::int64_t examples = 0;
-  double seconds = 0;
-};
+// A titled block's key/value lines (start-up, summary), in order.
+using Fields = std::vector<std::pair<std::string, std::string>>;
+// Sets `key` to `value`: in place if present, else inserted after `after` (or at the end).
+void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after = {});
 
 struct ReporterOptions {
   bool json = false;
   int live = -1;                          // -1: when `out` is a terminal; 0: never; 1: always
   std::FILE* out = stdout;
-  std::filesystem::path metrics_path = {};  // empty: no metrics file
+  std::string title = "towerflow";        // the start-up block's title
+  // Edits the start-up block's fields (start_fields()) before it is printed.
+  std::function<void(const StartInfo&, Fields&)> describe = {};
 };
 
-class Reporter {
+// The start-up block's fields for a run.
+Fields start_fields(const StartInfo& start);
+// "random crops of the image padded by 4, horizontal flips, cutout 12x12", or "none".
+std::string describe_augment(const data::Augment& a);
+
+class Reporter : public Hook {
  public:
-  explicit Reporter(ReporterOptions options);
-  ~Reporter();
+  explicit Reporter(ReporterOptions options = {});
+  ~Reporter() override;
   Reporter(const Reporter&) = delete;
   Reporter& operator=(const Reporter&) = delete;
 
-  // A titled block of key/value lines (start-up, summary). JSON: one object with "event".
-  using Fields = std::vector<std::pair<std::string, std::string>>;
+  // The hook (see above).
+  void on_start(const StartInfo& start) override;
+  void on_log(const TrainRecord& r) override { train(r); }
+  void on_epoch_end(std::int64_t) override { epoch_end(); }
+  void on_eval(const EvalRecord& r) override { eval(r); }
+  void on_end(const FitResult& result) override;
+
+  // A titled block of key/value lines. JSON: one object with "event".
   void block(const std::string& event, const std::string& title, const Fields& fields);
   void train(const TrainRecord& r);
   void eval(const EvalRecord& r);
@@ -72,10 +74,10 @@ class Reporter {
   // JSON mode: {"event": "summary", ...} is built from these; text mode prints block() lines.
   void summary(const Fields& fields, const std::string& json_object);
 
-  // Starts appending records to a metrics file (replacing any set before).
-  void open_metrics(const std::filesystem::path& path);
-
   bool live() const { return live_; }
+  // Sets ReporterOptions::title and ::describe, for an application that learns them after the
+  // reporter was made.
+  void set_start_block(std::string title, std::function<void(const StartInfo&, Fields&)> describe);
 
  private:
   void clear_live_locked();
@@ -85,11 +87,16 @@ class Reporter {
   bool live_ = false;
   bool live_shown_ = false;
   std::mutex mu_;
-  io::LineAppender metrics_;
   LogSink previous_sink_;
+  std::vector<Device> devices_;  // of the run being reported, for the summary's peak memory
 };
 
 std::string format_duration(double seconds);  // "1:02:03", "4:05"
+
+// The JSON objects of the records, as metrics.jsonl and the json mode write them (short numbers;
+// a non-finite loss is null).
+std::string to_json(const TrainRecord& r);
+std::string to_json(const EvalRecord& r);
 
 // The time a run has left: training steps at their recent pace plus the evaluations still to come
 // at their measured cost. The pace is an average over roughly the last kPaceSteps steps, so a slow
@@ -113,4 +120,4 @@ class TimeLeft {
 // `eval_every` epochs (0: none on the way) and one at the end.
 std::int64_t evals_left(std::int64_t epochs_done, std::int64_t epochs, int eval_every);
 
-}  // namespace towerflow::cifar10
+}  // namespace towerflow::train

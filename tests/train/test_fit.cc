@@ -1,0 +1,323 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/nn/init.h"
+#include "core/nn/layers.h"
+#include "core/tensor/ops.h"
+#include "data/data.h"
+#include "models/models.h"
+#include "optim/optim.h"
+#include "tower/tower.h"
+#include "train/fit_test_util.h"
+#include "train/train.h"
+
+namespace tw = towerflow;
+namespace fs = std::filesystem;
+using namespace towerflow::train;
+using namespace towerflow::train::testing;
+
+namespace {
+
+// A model of the test's own, as a research program would write one: two linear layers.
+class Mlp : public tw::nn::Module {
+ public:
+  Mlp(const tw::Device& device, std::uint64_t seed) : Module(device) {
+    tw::nn::InitRng rng(seed);
+    fc1_ = register_module("fc1", std::make_shared<tw::nn::Linear>(device, 32 * 32 * 3, 32, rng));
+    fc2_ = register_module("fc2", std::make_shared<tw::nn::Linear>(device, 32, 10, rng));
+  }
+  tw::Tensor forward(const tw::Tensor& x) override { return fc2_->forward(tw::relu(fc1_->forward(tw::flatten(x)))); }
+
+ private:
+  std::shared_ptr<tw::nn::Linear> fc1_, fc2_;
+};
+
+tw::nn::ModelFactory mlp_factory() {
+  return [](const tw::Device& d) {
+    auto m = std::make_shared<Mlp>(d, 7);
+    m->flatten();
+    return m;
+  };
+}
+
+// 128 training and 64 test images, two CPU towers, SGD.
+struct Setup {
+  tw::data::Builtin train{tw::data::Split::Train, {.train_size = 128, .test_size = 64}};
+  tw::data::Builtin test{tw::data::Split::Test, {.train_size = 128, .test_size = 64}};
+  tw::tower::Trainer trainer;
+  tw::optim::Sgd sgd;
+  explicit Setup(tw::nn::ModelFactory factory = mlp_factory(), double lr = 0.02)
+      : trainer(std::move(factory), {tw::Device::cpu(0), tw::Device::cpu(1)}),
+        sgd(trainer.parameters(), {.lr = lr, .momentum = 0.9}) {}
+};
+
+// 2 epochs of 4 steps, evaluation every epoch, records every 2 steps, a checkpoint every 3, 2 kept.
+FitOptions tiny(const fs::path& dir) {
+  return {.batch = 32, .loader_threads = 0, .epochs = 2, .schedule = schedule("cosine", 0.02), .log_every = 2,
+          .train_dir = dir, .save_every = 3, .keep_checkpoints = 2};
+}
+
+// Every hook call, as "event:step".
+struct Recorder : Hook {
+  std::vector<std::string> events;
+  std::int64_t last_step = 0;
+  void on_start(const StartInfo& s) override { events.push_back("start:" + std::to_string(s.position.step)); }
+  void on_step(const StepInfo& s) override {
+    last_step = s.step;
+    events.push_back("step:" + std::to_string(s.step));
+  }
+  void on_log(const TrainRecord& r) override { events.push_back("log:" + std::to_string(r.step)); }
+  void on_epoch_end(std::int64_t e) override { events.push_back("epoch_end:" + std::to_string(e)); }
+  void on_eval(const EvalRecord& r) override { events.push_back("eval:" + std::to_string(r.step)); }
+  void on_checkpoint(const CheckpointRecord& r) override { events.push_back("ckpt:" + std::to_string(r.position.step)); }
+  void on_end(const FitResult& r) override { events.push_back("end:" + std::to_string(r.steps)); }
+};
+
+std::vector<float> params_of(tw::tower::Trainer& t) { return t.model().flat_parameters().to_host(); }
+
+}  // namespace
+
+TEST_CASE("fit trains a model of the program's own on two towers, calling every hook in order", "[train][fit]") {
+  fresh_devices();
+  TempDir dir;
+  Recorder rec;
+  MetricsFile metrics(dir.path / "metrics.jsonl");
+  {
+    Setup s;
+    auto before = params_of(s.trainer);
+    FitResult r = fit(s.trainer, s.sgd, s.train, &s.test, tiny(dir.path), {&rec, &metrics});
+    CHECK(r.steps == 8);
+    CHECK_FALSE(r.stopped_early);
+    CHECK(r.test_examples == 64);
+    CHECK(std::isfinite(r.test_loss));
+    CHECK(r.last_checkpoint == dir.path / "ckpt-0000000008");
+    CHECK(params_of(s.trainer) != before);
+    // The replicas stayed identical (all-reduce), and the checkpoint holds the trained model.
+    CHECK(s.trainer.replica(1).flat_parameters().to_host() == params_of(s.trainer));
+    auto saved = tensors_of(r.last_checkpoint / kModelFile);
+    CHECK(saved.count("fc1.weight") == 1);
+    CHECK(saved.count("fc2.bias") == 1);
+  }
+  const std::vector<std::string> expected{
+      "start:0", "step:1", "step:2", "log:2", "step:3", "ckpt:3", "step:4", "log:4", "epoch_end:0", "eval:4",
+      "step:5", "step:6", "log:6", "ckpt:6", "step:7", "step:8", "log:8", "epoch_end:1", "eval:8", "ckpt:8", "end:8"};
+  CHECK(rec.events == expected);
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{6, 8});
+  auto lines = jsonl(dir.path / "metrics.jsonl");
+  REQUIRE(lines.size() == 6);  // 4 training records, 2 evaluations
+  CHECK(lines[0]["step"] == 2);
+  CHECK(lines[2].contains("test_acc"));
+  CHECK(lines[5]["examples"] == 64);
+}
+
+TEST_CASE("the schedule factory gets the run's plan; plan() refuses a batch larger than the data", "[train][fit]") {
+  fresh_devices();
+  TempDir dir;
+  {
+    Setup s;
+    FitOptions o = tiny(dir.path);
+    o.schedule = schedule("cosine", 0.1, 1.0);  // one warm-up epoch: 4 steps
+    std::vector<double> lrs;
+    LambdaHook h;
+    h.step = [&](const StepInfo& i) { lrs.push_back(i.lr); };
+    fit(s.trainer, s.sgd, s.train, nullptr, o, {&h});
+    auto expected = tw::optim::warmup_schedule(tw::optim::cosine_schedule(0.1, 8), 4);
+    REQUIRE(lrs.size() == 8);
+    for (int i = 0; i < 8; ++i) CHECK(lrs[i] == Approx(expected(i)));
+
+    Plan p = plan(s.train, o);
+    CHECK(p.steps_per_epoch == 4);
+    CHECK(p.total_steps == 8);
+    CHECK(p.epochs == 2);
+    o.max_steps = 5;
+    CHECK(plan(s.train, o).epochs == 2);
+    o.batch = 129;
+    CHECK_THROWS_WITH(plan(s.train, o), Catch::Contains("batch 129") && Catch::Contains("128 images"));
+    o.batch = 32;
+    o.train_dir.clear();
+    o.resume = true;
+    CHECK_THROWS_AS(fit(s.trainer, s.sgd, s.train, nullptr, o), tw::InvalidArgument);
+  }
+}
+
+TEST_CASE("a hook stops the run early: final evaluation and checkpoint, and resuming finishes it bit for bit", "[train][fit][resume]") {
+  fresh_devices();
+  TempDir full_dir, stop_dir;
+  {
+    Setup s;
+    fit(s.trainer, s.sgd, s.train, &s.test, tiny(full_dir.path));
+  }
+  {
+    Setup s;
+    LambdaHook stopper;
+    stopper.step = [&](const StepInfo& i) {
+      if (i.step == 5) stopper.stop_training("enough for now");
+    };
+    Recorder rec;
+    FitResult r = fit(s.trainer, s.sgd, s.train, &s.test, tiny(stop_dir.path), {&stopper, &rec});
+    CHECK(r.steps == 5);
+    CHECK(r.stopped_early);
+    CHECK(r.stop_reason == "enough for now");
+    CHECK(r.last_checkpoint == stop_dir.path / "ckpt-0000000005");
+    const std::vector<std::string> tail{"step:5", "log:5", "epoch_end:1", "eval:5", "ckpt:5", "end:5"};
+    CHECK(std::vector<std::string>(rec.events.end() - 6, rec.events.end()) == tail);
+    stopper.stop_training("outside fit: nothing happens");
+  }
+  {
+    Setup s;
+    FitOptions o = tiny(stop_dir.path);
+    o.resume = true;
+    Recorder rec;
+    FitResult r = fit(s.trainer, s.sgd, s.train, &s.test, o, {&rec});
+    CHECK(r.steps == 8);
+    CHECK(rec.events.front() == "start:5");
+    CHECK(rec.events[1] == "step:6");
+  }
+  CHECK(tensors_of(full_dir.path / "ckpt-0000000008" / kModelFile) ==
+        tensors_of(stop_dir.path / "ckpt-0000000008" / kModelFile));
+  CHECK(tensors_of(full_dir.path / "ckpt-0000000008" / kStateFile) ==
+        tensors_of(stop_dir.path / "ckpt-0000000008" / kStateFile));
+}
+
+TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[train][fit][resume]") {
+  fresh_devices();
+  TempDir full_dir, crash_dir;
+  struct Crash {};
+  {
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    MetricsFile metrics(full_dir.path / "metrics.jsonl");
+    fit(s.trainer, s.sgd, s.train, &s.test, tiny(full_dir.path), {&metrics});
+  }
+  {
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    MetricsFile metrics(crash_dir.path / "metrics.jsonl");
+    LambdaHook crash;
+    crash.step = [](const StepInfo& i) {
+      if (i.step == 5) throw Crash{};
+    };
+    CHECK_THROWS_AS(fit(s.trainer, s.sgd, s.train, &s.test, tiny(crash_dir.path), {&metrics, &crash}), Crash);
+  }
+  CHECK(steps_in(crash_dir.path) == std::vector<std::int64_t>{3});  // the steps since 3 are lost
+  {
+    // A fresh trainer whose model starts elsewhere: everything comes from the checkpoint.
+    Setup s(tw::models::factory("tfcnn", {.seed = 2}));
+    MetricsFile metrics(crash_dir.path / "metrics.jsonl");
+    FitOptions o = tiny(crash_dir.path);
+    o.resume = true;
+    FitResult r = fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics});
+    CHECK(r.steps == 8);
+  }
+  auto a = tensors_of(full_dir.path / "ckpt-0000000008" / kModelFile);
+  auto b = tensors_of(crash_dir.path / "ckpt-0000000008" / kModelFile);
+  REQUIRE(a.size() == b.size());
+  for (const auto& [name, bytes] : a) {
+    INFO(name);
+    CHECK(b.at(name) == bytes);
+  }
+  CHECK(tensors_of(full_dir.path / "ckpt-0000000008" / kStateFile) ==
+        tensors_of(crash_dir.path / "ckpt-0000000008" / kStateFile));
+
+  // metrics.jsonl reads as one run: the crashed run's records after step 3 were dropped, and the
+  // records are the uninterrupted run's (the same batches on the same parameters).
+  auto full_metrics = jsonl(full_dir.path / "metrics.jsonl");
+  auto resumed_metrics = jsonl(crash_dir.path / "metrics.jsonl");
+  REQUIRE(full_metrics.size() == resumed_metrics.size());
+  for (std::size_t i = 0; i < full_metrics.size(); ++i) {
+    CHECK(full_metrics[i]["step"] == resumed_metrics[i]["step"]);
+    CHECK(full_metrics[i].contains("test_acc") == resumed_metrics[i].contains("test_acc"));
+    if (full_metrics[i].contains("test_acc")) CHECK(full_metrics[i]["test_loss"] == resumed_metrics[i]["test_loss"]);
+    // The first record after the checkpoint (step 4) averages only the steps since it (4, not 3-4).
+    if (full_metrics[i].contains("loss") && full_metrics[i]["step"] > 4)
+      CHECK(full_metrics[i]["loss"] == resumed_metrics[i]["loss"]);
+  }
+}
+
+TEST_CASE("a fresh run in a used train_dir starts clean", "[train][fit]") {
+  fresh_devices();
+  TempDir dir;
+  {
+    Setup s;
+    MetricsFile metrics(dir.path / "metrics.jsonl");
+    FitOptions o = tiny(dir.path);
+    o.epochs = 1;
+    o.save_every = 1;
+    o.keep_checkpoints = 0;
+    fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics});
+    CHECK(steps_in(dir.path).size() == 4);
+    o.save_every = 0;
+    Recorder rec;
+    LambdaHook removed;
+    int removed_files = -1;
+    removed.start = [&](const StartInfo& i) { removed_files = i.removed_files; };
+    fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics, &removed});
+    CHECK(removed_files == 4);
+  }
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});
+  CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);  // 2 training lines, 1 evaluation
+}
+
+TEST_CASE("a non-finite loss stops training and keeps the last good checkpoint", "[train][fit][nan]") {
+  fresh_devices();
+  TempDir dir;
+  std::string message;
+  {
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 1e6);  // diverges within a few steps
+    FitOptions o = tiny(dir.path);
+    o.schedule = {};
+    o.save_every = 1;
+    o.keep_checkpoints = 0;
+    o.epochs = 8;
+    try {
+      fit(s.trainer, s.sgd, s.train, &s.test, o);
+    } catch (const tw::NumericalError& e) {
+      message = e.what();
+    }
+  }
+  REQUIRE_THAT(message, Catch::Contains("the loss is") && Catch::Contains("last good checkpoint") &&
+                            Catch::Contains("learning rate (1e+06 now)"));
+  auto latest = tw::io::CheckpointDir(dir.path).latest();
+  REQUIRE(latest);
+  CHECK_THAT(message, Catch::Contains(latest->path.string()) &&
+                          Catch::Contains(tw::str("at step ", latest->step + 1, " ")));
+  // Every saved parameter is finite: the step that produced the bad loss was not applied.
+  auto model = tw::io::SafetensorsFile::load(latest->path / kModelFile);
+  for (const auto& e : model.entries()) {
+    auto d = model.data(e);
+    std::vector<float> v(d.size() / 4);
+    std::memcpy(v.data(), d.data(), d.size());
+    INFO(e.name);
+    CHECK(std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }));
+  }
+}
+
+TEST_CASE("out of memory in a step reports every allocator and leaves the model as it was", "[train][fit][oom]") {
+  tw::reset_backends_for_testing();
+  tw::reset_devices_for_testing();
+  // The MLP's parameters, gradients and momentum fit in 2 MiB per device; a batch of 128 images
+  // (64 per tower, 768 KiB of input alone, plus activations and their gradients) does not.
+  tw::initialise_devices(tw::ProcessOptions{.memory_limit_mb = {{tw::Device::cpu(0), 2.0}, {tw::Device::cpu(1), 2.0}},
+                                            .device_count = {{"CPU", 2}}});
+  std::string message;
+  {
+    Setup s;
+    auto before = params_of(s.trainer);
+    FitOptions o = tiny({});
+    o.batch = 128;
+    try {
+      fit(s.trainer, s.sgd, s.train, nullptr, o);
+    } catch (const tw::OutOfMemory& e) {
+      message = e.what();
+    }
+    CHECK(params_of(s.trainer) == before);
+  }
+  CHECK_THAT(message, Catch::Contains("allocators:") && Catch::Contains("/cpu:0: in use") &&
+                          Catch::Contains("/cpu:1: in use") && Catch::Contains("a smaller global batch (64, now 128)"));
+  CHECK_THAT(message, !Catch::Contains("allow_growth"));  // no GPU advice for CPU towers
+  fresh_devices();
+}

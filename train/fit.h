@@ -1,0 +1,104 @@
+#pragma once
+// fit(): a whole training run of a tower::Trainer -- epochs, evaluation, checkpoints, resume,
+// and hooks for everything a user watches. What cifar10_train runs, for any model and dataset.
+//
+//   tw::tower::Trainer trainer{my_model_factory, devices};
+//   tw::optim::Sgd sgd{trainer.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4}};
+//   tw::train::Reporter progress{{}};                       // progress lines, start-up block, summary
+//   tw::train::MetricsFile metrics{"run/metrics.jsonl"};    // one JSON line per record
+//   auto result = tw::train::fit(trainer, sgd, train_set, &test_set,
+//                                {.batch = 128, .epochs = 30, .schedule = tw::train::schedule("cosine", 0.1),
+//                                 .train_dir = "run", .save_every = 1000, .resume = true},
+//                                {&progress, &metrics});
+//
+// Contract:
+// - The data: a data::Loader over train_set with FitOptions' batch (the global batch, split over
+//   the towers by the trainer), augmentation and seed, shuffled, the last partial batch dropped.
+//   The order of samples and every random choice of augmentation are pure functions of (seed,
+//   epoch, index), so a run is determined by its options and the initial model.
+// - Length: max_steps if > 0, else epochs * steps_per_epoch. The schedule factory, if given, is
+//   called once with the run's Plan and its schedule set on the optimizer.
+// - Each step: trainer.forward_backward(batch); a loss that is not finite raises NumericalError
+//   before the optimizer applies that step (naming the step, the learning rate and the last good
+//   checkpoint), so parameters and checkpoints keep the last good state; else optimizer.step().
+// - Evaluation (when test_set is given): every eval_every epochs (0: only at the end) and at the
+//   end, over every test image (the last partial batch kept), in evaluation mode.
+// - Checkpoints (when train_dir is set): every save_every steps (0: none on the way) and at the
+//   end, train_dir/ckpt-<step> written atomically (checkpoint.h), the newest keep_checkpoints kept
+//   (0: all). Their metadata holds FitOptions::metadata plus the position and the seed.
+// - Resume: with resume, the latest complete checkpoint in train_dir is loaded into replica 0 and
+//   the optimizer (all or nothing; DataError naming the tensor or field otherwise), broadcast to
+//   every replica, and training continues at its step, epoch and batch: with the same options and
+//   devices the run ends with the same parameters, bit for bit, as one never interrupted. No
+//   checkpoint there: a new run (logged). Without resume, a new run removes the checkpoints an
+//   earlier run left in train_dir (logged, counted in StartInfo::removed_files).
+// - Out of memory (in a step, an evaluation or a checkpoint) raises OutOfMemory whose message adds
+//   every tower device's allocator statistics and what would make the run fit.
+// - Hooks: see hook.h. fit() adds no output of its own beyond log messages (core/log.h).
+// - Thread-safety: as the trainer's: one thread drives fit(). The datasets must not change.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "data/augment.h"
+#include "io/safetensors.h"
+#include "optim/schedule.h"
+#include "train/hook.h"
+
+namespace towerflow::tower {
+struct EvalResult;
+}
+
+namespace towerflow::train {
+
+// Builds the learning-rate schedule once the run's length is known.
+using ScheduleFactory = std::function<optim::LrSchedule(const Plan&)>;
+
+// optim::parse_schedule's spec ("cosine", "step:32000,48000[:0.1]", "onecycle", "constant") over
+// the run's length, after warmup_epochs of linear warm-up from 0 (rounded to whole steps).
+// InvalidArgument for a spec that does not parse (when the factory is called).
+ScheduleFactory schedule(std::string spec, double lr, double warmup_epochs = 0);
+
+struct FitOptions {
+  // the data
+  int batch = 128;                 // global batch, over all towers
+  data::Augment augment = {};      // training images (default: normalisation only)
+  std::uint64_t seed = 1;          // data order and augmentation
+  int loader_threads = 1;          // background threads preparing batches (0: on this thread)
+  // the length
+  int epochs = 1;
+  std::int64_t max_steps = 0;      // > 0: this many steps, whatever epochs says
+  ScheduleFactory schedule = {};   // empty: the optimizer's own lr or schedule
+  // evaluation and records
+  int eval_every = 1;              // epochs between evaluations (0: only at the end)
+  int eval_batch = 0;              // 0: batch
+  int log_every = 10;              // steps between on_log records
+  // checkpoints
+  std::filesystem::path train_dir = {};  // empty: no checkpoints and no resume
+  std::int64_t save_every = 0;     // steps between checkpoints (0: only at the end)
+  int keep_checkpoints = 5;        // newest N kept (0: all)
+  bool resume = false;
+  io::Metadata metadata = {};      // added to every checkpoint's train_state metadata
+};
+
+// The run's length for these options on this training set, without running anything.
+// InvalidArgument when the batch is larger than the set (no step would be made).
+Plan plan(const data::Dataset& train_set, const FitOptions& options);
+
+FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
+              const data::Dataset* test_set, const FitOptions& options, const std::vector<Hook*>& hooks = {});
+
+// Loss and top-1 accuracy of the trainer's model over every image of `set` (no augmentation, the
+// final partial batch kept), in batches of `batch` split over the towers.
+tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads = 1);
+
+// Every device's allocator statistics as lines "  /cpu:0: in use ..., peak ..., limit ...", for
+// out-of-memory reports.
+std::string allocator_report(const std::vector<Device>& devices);
+
+}  // namespace towerflow::train

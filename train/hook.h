@@ -1,0 +1,162 @@
+#pragma once
+// Hooks: what a training run tells the code around it, and how that code stops it early.
+//
+//   struct PrintEvals : train::Hook {
+//     void on_eval(const train::EvalRecord& e) override { std::printf("%.2f%%\n", 100 * e.test_acc); }
+//   };
+//   PrintEvals print;
+//   train::fit(trainer, sgd, train_set, &test_set, options, {&print});
+//
+// Contract:
+// - fit() calls every hook in the order given, on the thread that called fit(), at these points:
+//     on_start      once, after the model, optimizer and position are set up (a resumed run has
+//                   loaded its checkpoint) and before the first step;
+//     on_step       after every optimizer step, with that step's loss and accuracy;
+//     on_log        every FitOptions::log_every steps, at the last step and at the end of each
+//                   epoch, with the means over the steps since the previous record;
+//     on_epoch_end  after an epoch's last step (before its evaluation), and when a run stops
+//                   inside an epoch;
+//     on_eval       after each evaluation on the test set;
+//     on_checkpoint after each checkpoint is complete on disk;
+//     on_end        once, after the final evaluation and checkpoint, with the run's result.
+//   Records are valid during the call only. Hooks must not step the optimizer or run the trainer.
+// - stop_training(reason), from any of these calls, ends the run after the current step (or,
+//   from on_eval / on_epoch_end, before the next epoch) as if it were the last one: the final
+//   evaluation, the final checkpoint and on_end follow, and FitResult says why it stopped.
+// - An exception thrown by a hook leaves fit() at once (no final evaluation or checkpoint), as a
+//   crash would; checkpoints already written are kept.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "train/checkpoint.h"
+
+namespace towerflow::data {
+class Dataset;
+}
+namespace towerflow::optim {
+class Optimizer;
+}
+namespace towerflow::tower {
+class Trainer;
+}
+
+namespace towerflow::train {
+
+struct FitOptions;
+struct StopRequest;
+
+// A run's length, fixed by the data, the global batch and FitOptions.
+struct Plan {
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t total_steps = 0;
+  int epochs = 0;  // epochs begun by the whole run (the last may be partial under max_steps)
+};
+
+struct StartInfo {
+  tower::Trainer& trainer;
+  optim::Optimizer& optimizer;
+  const data::Dataset& train_set;
+  const data::Dataset* test_set;  // null: no evaluation
+  const FitOptions& options;
+  Plan plan;
+  TrainingPosition position;              // where training starts (all zero for a new run)
+  std::optional<CheckpointInfo> resumed;  // the checkpoint a resumed run continues from
+  std::filesystem::path resumed_from;     // its directory (empty for a new run)
+  int removed_files = 0;                  // a new run: files of an earlier run removed from train_dir
+};
+
+struct StepInfo {
+  std::int64_t step = 0;            // optimizer steps done (1 after the first)
+  std::int64_t epoch = 0;           // the step's epoch (0-based)
+  std::int64_t index_in_epoch = 0;  // the step's batch within its epoch (0-based)
+  float loss = 0;                   // global-batch mean
+  double accuracy = 0;              // top-1 over the global batch, in training mode
+  int rows = 0;
+  double lr = 0;                    // the rate this step applied
+};
+
+struct TrainRecord {
+  std::int64_t step = 0;        // steps done (1 after the first)
+  std::int64_t total_steps = 0;
+  double epoch = 0;             // fractional: 2.5 is half-way through the third epoch
+  int epochs = 0;
+  double loss = 0;              // mean over the steps since the last record
+  double acc = 0;               // training top-1 over the same steps, in [0, 1]
+  double lr = 0;
+  double img_per_s = 0;         // over the same steps, checkpoint writing excluded
+  double eta_s = 0;             // training and evaluations still to come
+};
+
+struct EvalRecord {
+  std::int64_t step = 0;
+  double epoch = 0;
+  double test_loss = 0;
+  double test_acc = 0;          // top-1 in [0, 1]
+  std::int64_t examples = 0;
+  double seconds = 0;
+};
+
+struct CheckpointRecord {
+  std::filesystem::path path;   // the checkpoint's directory
+  TrainingPosition position;
+  double seconds = 0;           // time taken to write it
+};
+
+struct FitResult {
+  std::int64_t steps = 0;             // optimizer steps done, over every session of the run
+  double test_loss = 0;               // the final evaluation (0 without a test set)
+  double test_acc = 0;
+  std::int64_t test_examples = 0;
+  double train_img_per_s = 0;         // over this call's training steps
+  double wall_seconds = 0;            // this call, start to end
+  std::filesystem::path last_checkpoint = {};  // empty without a train_dir
+  bool stopped_early = false;         // a hook called stop_training()
+  std::string stop_reason = {};
+};
+
+class Hook {
+ public:
+  virtual ~Hook() = default;
+
+  virtual void on_start(const StartInfo&) {}
+  virtual void on_step(const StepInfo&) {}
+  virtual void on_log(const TrainRecord&) {}
+  virtual void on_epoch_end(std::int64_t epoch) {}  // the epoch just ended (0-based)
+  virtual void on_eval(const EvalRecord&) {}
+  virtual void on_checkpoint(const CheckpointRecord&) {}
+  virtual void on_end(const FitResult&) {}
+
+  // Ends the run early (see the contract). Outside fit() it does nothing.
+  void stop_training(std::string reason);
+
+ private:
+  friend class Loop;
+  StopRequest* stop_ = nullptr;
+};
+
+// A hook made of functions, for the few lines a test or a script needs (Keras's LambdaCallback):
+//   train::LambdaHook early;
+//   early.step = [&](const train::StepInfo& s) { if (s.loss < 0.05) early.stop_training("loss < 0.05"); };
+struct LambdaHook : Hook {
+  std::function<void(const StartInfo&)> start;
+  std::function<void(const StepInfo&)> step;
+  std::function<void(const TrainRecord&)> log;
+  std::function<void(std::int64_t)> epoch_end;
+  std::function<void(const EvalRecord&)> eval;
+  std::function<void(const CheckpointRecord&)> checkpoint;
+  std::function<void(const FitResult&)> end;
+
+  void on_start(const StartInfo& i) override { if (start) start(i); }
+  void on_step(const StepInfo& i) override { if (step) step(i); }
+  void on_log(const TrainRecord& r) override { if (log) log(r); }
+  void on_epoch_end(std::int64_t e) override { if (epoch_end) epoch_end(e); }
+  void on_eval(const EvalRecord& r) override { if (eval) eval(r); }
+  void on_checkpoint(const CheckpointRecord& r) override { if (checkpoint) checkpoint(r); }
+  void on_end(const FitResult& r) override { if (end) end(r); }
+};
+
+}  // namespace towerflow::train

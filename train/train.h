@@ -1,0 +1,8 @@
+#pragma once
+// towerflow's run loop: fit() (epochs, evaluation, checkpoints, resume), its hooks, and the hooks
+// an application installs to show and record a run (Reporter, MetricsFile).
+#include "train/checkpoint.h"
+#include "train/fit.h"
+#include "train/hook.h"
+#include "train/metrics_file.h"
+#include "train/reporter.h"
