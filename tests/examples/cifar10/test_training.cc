@@ -180,3 +180,41 @@ TEST_CASE("out of memory ends with every allocator's report and the flags that w
   CHECK_THAT(message, !Catch::Contains("per_process_gpu_memory_fraction"));  // no GPU advice for CPU towers
   fresh_devices();
 }
+
+TEST_CASE("--accumulation_steps and Adam's flags reach the trainer and the optimizer", "[cifar10][training]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  auto final_params = [&](int micro_batches, const std::string& optimizer, double beta1) {
+    TempDir dir;
+    TrainOptions o = tiny_options(dir.path);
+    o.max_steps = 2;
+    o.save_every = 0;
+    o.accumulation_steps = micro_batches;
+    o.optimizer = optimizer;
+    o.lr = optimizer == "adam" ? 1e-3 : o.lr;
+    o.adam_beta1 = beta1;
+    FitResult r = run_training(o, {}, reporter);
+    std::vector<float> all;
+    for (const auto& [name, bytes] : tensors_of(r.last_checkpoint / kModelFile)) {
+      std::vector<float> v(bytes.size() / 4);
+      std::memcpy(v.data(), bytes.data(), bytes.size());
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  };
+  // tfcnn has no batch statistics: two micro-batches of 16 rows give the gradient of the batch of
+  // 32 up to float rounding, so the parameters after two steps agree closely.
+  auto whole = final_params(1, "sgd", 0.9);
+  auto micro = final_params(2, "sgd", 0.9);
+  REQUIRE(whole.size() == micro.size());
+  double max_diff = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i) max_diff = std::max(max_diff, double(std::abs(whole[i] - micro[i])));
+  INFO("max difference " << max_diff);
+  CHECK(max_diff < 1e-5);
+  CHECK_THAT(out.text(), Catch::Contains("32 global (16 + 16 per tower), in 2 micro-batches"));
+  // Adam's betas change the result, and the start-up block shows them instead of a momentum.
+  CHECK(final_params(1, "adam", 0.5) != final_params(1, "adam", 0.9));
+  CHECK_THAT(out.text(), Catch::Contains("adam, lr 0.001, betas (0.5, 0.999), eps 1e-08"));
+  CHECK_THAT(out.text(), !Catch::Contains("adam, lr 0.001, momentum"));
+}
