@@ -118,13 +118,19 @@ fs::path CheckpointDir::save(std::int64_t step,
 int CheckpointDir::prune(int keep) {
   if (keep <= 0) return 0;
   auto all = list();
+  if (all.size() <= static_cast<std::size_t>(keep)) return 0;
+  all.resize(all.size() - static_cast<std::size_t>(keep));
+  return remove(all);
+}
+
+int CheckpointDir::remove(const std::vector<CheckpointInfo>& checkpoints) {
   int removed = 0;
-  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
+  for (const auto& c : checkpoints) {
     // Rename first so a crash in the middle of remove_all leaves a temporary, never a
     // half-deleted directory that looks like a checkpoint.
-    fs::path doomed = temporary_path_for(all[i].path);
+    fs::path doomed = temporary_path_for(c.path);
     std::error_code ec;
-    fs::rename(all[i].path, doomed, ec);
+    fs::rename(c.path, doomed, ec);
     if (ec) continue;
     fs::remove_all(doomed, ec);
     ++removed;

@@ -47,6 +47,10 @@ class CheckpointDir {
   // Deletes all but the newest `keep` checkpoints (keep <= 0: none). Returns how many went.
   int prune(int keep);
 
+  // Deletes these checkpoints (each renamed to a temporary first, so a crash never leaves a
+  // half-deleted one that looks whole). Returns how many went.
+  int remove(const std::vector<CheckpointInfo>& checkpoints);
+
   // Deletes temporaries left by interrupted saves. Returns how many went.
   int remove_stale();
 

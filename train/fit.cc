@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <random>
 #include <sstream>
 
 #include "core/error.h"
@@ -19,12 +23,14 @@ namespace fs = std::filesystem;
 
 struct StopRequest {
   bool requested = false;
+  bool evaluate = true;
   std::string reason;
 };
 
-void Hook::stop_training(std::string reason) {
+void Hook::stop_training(std::string reason, bool evaluate) {
   if (stop_ && !stop_->requested) {
     stop_->requested = true;
+    stop_->evaluate = evaluate;
     stop_->reason = std::move(reason);
   }
 }
@@ -34,14 +40,56 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// A new run must not mix with an earlier one's checkpoints: they would be resumed later.
-int clear_checkpoints(io::CheckpointDir& dir) {
-  int removed = dir.remove_stale();
-  for (const auto& c : dir.list()) {
-    fs::remove_all(c.path);
-    ++removed;
+std::string utc_text(std::time_t t, const char* format) {
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, format, &tm);
+  return buf;
+}
+
+std::time_t mtime_of(const fs::path& p) {
+  std::error_code ec;
+  auto ft = fs::last_write_time(p, ec);
+  if (ec) return 0;
+  return std::chrono::system_clock::to_time_t(std::chrono::file_clock::to_sys(ft));
+}
+
+// A fresh identity for a new run: its start time and 32 random bits.
+std::string new_run_id() {
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", static_cast<unsigned>(rd()));
+  return utc_text(std::time(nullptr), "%Y%m%dT%H%M%SZ-") + suffix;
+}
+
+// What an earlier run left in a train_dir: its checkpoints and the hooks' files.
+struct EarlierRun {
+  std::vector<io::CheckpointInfo> checkpoints;
+  std::vector<fs::path> files;
+  bool empty() const { return checkpoints.empty() && files.empty(); }
+  std::string describe() const {
+    std::string out;
+    if (!checkpoints.empty()) {
+      const auto& latest = checkpoints.back();
+      out = str(checkpoints.size(), checkpoints.size() == 1 ? " checkpoint" : " checkpoints", " (the latest ",
+                latest.path.filename().string(), ", step ", latest.step, ", written ",
+                utc_text(mtime_of(latest.path / kStateFile), "%Y-%m-%d %H:%M UTC"), ")");
+    }
+    for (const auto& f : files) out += (out.empty() ? "" : " and ") + f.filename().string();
+    return out;
   }
-  return removed;
+};
+
+EarlierRun earlier_run(const io::CheckpointDir& dir, const std::vector<Hook*>& hooks) {
+  EarlierRun e;
+  e.checkpoints = dir.list();
+  for (const Hook* h : hooks)
+    for (const auto& f : h->files()) {
+      std::error_code ec;
+      if (fs::is_regular_file(f, ec) && fs::file_size(f, ec) > 0) e.files.push_back(f);
+    }
+  return e;
 }
 
 }  // namespace
@@ -50,6 +98,10 @@ ScheduleFactory schedule(std::string spec, double lr, double warmup_epochs) {
   return [spec = std::move(spec), lr, warmup_epochs](const Plan& p) {
     std::string s = spec;
     auto warmup = static_cast<std::int64_t>(std::llround(warmup_epochs * static_cast<double>(p.steps_per_epoch)));
+    if (warmup >= p.total_steps)
+      raise<InvalidArgument>("a warm-up of ", warmup_epochs, " epochs (", warmup, " steps) is not shorter than the run (",
+                             p.total_steps, " steps): the learning rate would never reach ", lr,
+                             "; shorten the warm-up or lengthen the run");
     if (warmup > 0) s = str("warmup:", warmup, ",", s);
     return optim::parse_schedule(s, lr, p.total_steps);
   };
@@ -118,7 +170,9 @@ class Loop {
   void each(F&& f) {
     for (Hook* h : hooks_) f(*h);
   }
-  void save(const TrainingPosition& p);
+  void start_new_run(int& removed, fs::path& moved_aside);
+  void save(const TrainingPosition& p, bool final = false);
+  void prune();
   void evaluate_now(std::int64_t step);
 
   tower::Trainer& trainer_;
@@ -131,18 +185,89 @@ class Loop {
   Plan plan_;
   std::optional<io::CheckpointDir> dir_;
   io::Metadata metadata_;
+  std::string run_id_;
+  std::map<fs::path, std::string> run_of_;  // checkpoint directory -> its run_id
   FitResult result_;
   TimeLeft time_left_;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation
 };
 
-void Loop::save(const TrainingPosition& p) {
+// A new run in train_dir: nothing of an earlier run may be there, unless start_over says what to
+// do with it (see fit.h).
+void Loop::start_new_run(int& removed, fs::path& moved_aside) {
+  EarlierRun earlier = earlier_run(*dir_, hooks_);
+  if (earlier.empty()) return;
+  const std::string found = earlier.describe();
+  switch (o_.start_over) {
+    case StartOver::Refuse:
+      throw TrainDirInUse(str("train_dir ", o_.train_dir.string(), " holds an earlier run: ", found,
+                              "; nothing was changed. Resume that run, start over (moving its files aside or "
+                              "deleting them), or use another train_dir"),
+                          o_.train_dir, found);
+    case StartOver::MoveAside: {
+      moved_aside = o_.train_dir / ("earlier-" + utc_text(std::time(nullptr), "%Y%m%dT%H%M%SZ"));
+      for (int n = 2; fs::exists(moved_aside); ++n) moved_aside.replace_filename(str(moved_aside.filename().string(), "-", n));
+      try {
+        fs::create_directories(moved_aside);
+        for (const auto& c : earlier.checkpoints) fs::rename(c.path, moved_aside / c.path.filename());
+        for (const auto& f : earlier.files) fs::rename(f, moved_aside / f.filename());
+      } catch (const fs::filesystem_error& e) {
+        raise<DataError>("could not move the earlier run's files in ", o_.train_dir.string(), " to ",
+                         moved_aside.string(), ": ", e.code().message(), " (", e.path1().string(),
+                         "); what was moved is there, the rest where it was");
+      }
+      log_info(str("a new run in ", o_.train_dir.string(), ": the earlier run's ", found, " moved to ", moved_aside.string()));
+      return;
+    }
+    case StartOver::Delete:
+      removed = dir_->remove(earlier.checkpoints);
+      for (const auto& f : earlier.files) removed += fs::remove(f) ? 1 : 0;
+      log_info(str("a new run in ", o_.train_dir.string(), ": deleted the earlier run's ", found));
+      return;
+  }
+}
+
+void Loop::save(const TrainingPosition& p, bool final) {
   if (!dir_) return;
   auto t0 = Clock::now();
   trainer_.sync();
-  result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, o_.keep_checkpoints);
+  try {
+    result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0);
+  } catch (const DataError& e) {
+    if (final || o_.checkpoint_errors == CheckpointErrors::Stop) throw;
+    log_warning(str("the checkpoint of step ", p.step, " was not written: ", e.what(),
+                    "; training goes on (the earlier checkpoints are as they were)"));
+    return;
+  }
+  prune();
   CheckpointRecord r{.path = result_.last_checkpoint, .position = p, .seconds = seconds_since(t0)};
   each([&](Hook& h) { h.on_checkpoint(r); });
+}
+
+// Note [Rotation deletes only this run's checkpoints]: a train_dir may hold checkpoints of
+// another run (copied in, or left by a run that was resumed from an older step); keep_checkpoints
+// counts and deletes only those whose run_id is this run's.
+void Loop::prune() {
+  if (o_.keep_checkpoints <= 0) return;
+  std::vector<io::CheckpointInfo> ours;
+  for (const auto& c : dir_->list()) {
+    auto it = run_of_.find(c.path);
+    if (it == run_of_.end()) {
+      std::string id;
+      try {
+        auto meta = read_checkpoint_info(c.path).metadata;
+        if (auto m = meta.find("run_id"); m != meta.end()) id = m->second;
+      } catch (const Error&) {
+        id = "(unreadable)";  // not ours to delete
+      }
+      it = run_of_.emplace(c.path, id).first;
+    }
+    if (it->second == run_id_) ours.push_back(c);
+  }
+  if (ours.size() <= static_cast<std::size_t>(o_.keep_checkpoints)) return;
+  ours.resize(ours.size() - static_cast<std::size_t>(o_.keep_checkpoints));
+  dir_->remove(ours);
+  for (const auto& c : ours) run_of_.erase(c.path);
 }
 
 void Loop::evaluate_now(std::int64_t step) {
@@ -173,28 +298,29 @@ FitResult Loop::run() {
   // ---- where the run starts -----------------------------------------------------------------
   TrainingPosition pos;
   std::optional<CheckpointInfo> resumed;
-  fs::path resumed_from;
+  fs::path resumed_from, moved_aside;
   int removed = 0;
   if (!o_.train_dir.empty()) {
     dir_.emplace(o_.train_dir);
     if (o_.resume) {
-      dir_->remove_stale();
       if (auto latest = dir_->latest()) {
         resumed = load_checkpoint(latest->path, trainer_.model(), optimizer_);
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
         resumed_from = latest->path;
+        if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
       } else {
         log_warning(str("resume: no checkpoint in ", o_.train_dir.string(), "; starting a new run"));
       }
-    } else if ((removed = clear_checkpoints(*dir_)) > 0) {
-      log_info(str("a new run in ", o_.train_dir.string(), ": removed ", removed,
-                   " checkpoint(s) of an earlier run there (resume continues a run)"));
     }
+    if (!resumed) start_new_run(removed, moved_aside);
+    dir_->remove_stale();
   } else if (o_.resume) {
     raise<InvalidArgument>("resume needs a train_dir to resume from");
   }
+  if (!resumed) run_id_ = new_run_id();
   metadata_ = o_.metadata;
+  metadata_["run_id"] = run_id_;
   metadata_["seed"] = std::to_string(o_.seed);
   std::string devices;
   for (const auto& d : trainer_.devices()) devices += (devices.empty() ? "" : ", ") + d.str();
@@ -209,7 +335,9 @@ FitResult Loop::run() {
                   .position = pos,
                   .resumed = resumed,
                   .resumed_from = resumed_from,
-                  .removed_files = removed};
+                  .removed_files = removed,
+                  .moved_aside = moved_aside,
+                  .run_id = run_id_};
   each([&](Hook& h) { h.on_start(start); });
 
   // ---- the loop -----------------------------------------------------------------------------
@@ -291,20 +419,22 @@ FitResult Loop::run() {
     each([&](Hook& h) { h.on_epoch_end(epoch); });
     const bool at_end = step >= plan_.total_steps || stop_.requested;
     const bool epoch_done = last_index + 1 == spe;
-    if (at_end || (o_.eval_every > 0 && epoch_done && (epoch + 1) % o_.eval_every == 0)) evaluate_now(step);
+    const bool skip = stop_.requested && !stop_.evaluate;
+    if (!skip && (at_end || (o_.eval_every > 0 && epoch_done && (epoch + 1) % o_.eval_every == 0))) evaluate_now(step);
   }
   // A resumed run that had nothing left to do, or one stopped by a hook during an evaluation.
-  if (evaluated_at_ != step) evaluate_now(step);
+  if (evaluated_at_ != step && (!stop_.requested || stop_.evaluate)) evaluate_now(step);
 
   if (dir_) {
     auto latest = dir_->latest();
-    if (!latest || latest->step != step) save({step, step / spe, step % spe});
+    if (!latest || latest->step != step) save({step, step / spe, step % spe}, /*final=*/true);
     else result_.last_checkpoint = latest->path;
   }
   result_.steps = step;
   result_.train_img_per_s = train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0;
   result_.stopped_early = stop_.requested;
   result_.stop_reason = stop_.reason;
+  result_.run_id = run_id_;
   result_.wall_seconds = seconds_since(run_start);
   each([&](Hook& h) { h.on_end(result_); });
   return result_;

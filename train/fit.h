@@ -30,8 +30,17 @@
 //   the optimizer (all or nothing; DataError naming the tensor or field otherwise), broadcast to
 //   every replica, and training continues at its step, epoch and batch: with the same options and
 //   devices the run ends with the same parameters, bit for bit, as one never interrupted. No
-//   checkpoint there: a new run (logged). Without resume, a new run removes the checkpoints an
-//   earlier run left in train_dir (logged, counted in StartInfo::removed_files).
+//   checkpoint there: a new run (logged).
+// - An earlier run is never lost silently. A new run (no resume, or nothing to resume) in a
+//   train_dir that holds checkpoints or the hooks' files (Hook::files) of an earlier run raises
+//   TrainDirInUse before anything is touched, naming what is there, unless start_over says to
+//   move those files aside (into train_dir/earlier-<UTC time>/) or to delete them. Each run has
+//   an id (metadata "run_id", kept on resume); rotation (keep_checkpoints) deletes only
+//   checkpoints of the running run.
+// - A checkpoint that cannot be written (a full disk, permissions) raises DataError naming the
+//   path and the reason, leaves the earlier checkpoints as they were and no partial one; with
+//   checkpoint_errors = Continue a periodic checkpoint's failure is logged and training goes on
+//   (the final checkpoint's still raises).
 // - Out of memory (in a step, an evaluation or a checkpoint) raises OutOfMemory whose message adds
 //   every tower device's allocator statistics and what would make the run fit.
 // - Hooks: see hook.h. fit() adds no output of its own beyond log messages (core/log.h).
@@ -45,6 +54,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "data/augment.h"
 #include "io/safetensors.h"
 #include "optim/schedule.h"
@@ -56,12 +66,33 @@ struct EvalResult;
 
 namespace towerflow::train {
 
+// A new run would mix with an earlier run's files (see the contract); nothing was changed.
+class TrainDirInUse : public InvalidArgument {
+ public:
+  TrainDirInUse(std::string message, std::filesystem::path dir, std::string found)
+      : InvalidArgument(std::move(message)), dir(std::move(dir)), found(std::move(found)) {}
+  std::filesystem::path dir;
+  std::string found;  // "3 checkpoints (the latest ckpt-0000000117, step 117, written ...) and metrics.jsonl"
+};
+
+enum class StartOver {
+  Refuse,     // raise TrainDirInUse
+  MoveAside,  // move the earlier run's files into train_dir/earlier-<UTC time>/
+  Delete,     // delete them
+};
+
+enum class CheckpointErrors {
+  Stop,      // a checkpoint that cannot be written ends the run (DataError)
+  Continue,  // a periodic one's failure is logged and training goes on
+};
+
 // Builds the learning-rate schedule once the run's length is known.
 using ScheduleFactory = std::function<optim::LrSchedule(const Plan&)>;
 
 // optim::parse_schedule's spec ("cosine", "step:32000,48000[:0.1]", "onecycle", "constant") over
 // the run's length, after warmup_epochs of linear warm-up from 0 (rounded to whole steps).
-// InvalidArgument for a spec that does not parse (when the factory is called).
+// InvalidArgument for a spec that does not parse, or a warm-up not shorter than the run (the
+// rate would never reach lr), when the factory is called.
 ScheduleFactory schedule(std::string spec, double lr, double warmup_epochs = 0);
 
 struct FitOptions {
@@ -83,6 +114,8 @@ struct FitOptions {
   std::int64_t save_every = 0;     // steps between checkpoints (0: only at the end)
   int keep_checkpoints = 5;        // newest N kept (0: all)
   bool resume = false;
+  StartOver start_over = StartOver::Refuse;  // a new run where an earlier one left its files
+  CheckpointErrors checkpoint_errors = CheckpointErrors::Stop;
   io::Metadata metadata = {};      // added to every checkpoint's train_state metadata
 };
 

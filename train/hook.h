@@ -22,7 +22,10 @@
 //   Records are valid during the call only. Hooks must not step the optimizer or run the trainer.
 // - stop_training(reason), from any of these calls, ends the run after the current step (or,
 //   from on_eval / on_epoch_end, before the next epoch) as if it were the last one: the final
-//   evaluation, the final checkpoint and on_end follow, and FitResult says why it stopped.
+//   evaluation (unless evaluate is false), the final checkpoint and on_end follow, and FitResult
+//   says why it stopped. Resuming such a run continues it to its planned end.
+// - files(): the files a hook writes for a run (a metrics file, event files). A new run treats
+//   them, like checkpoints, as an earlier run's (see FitOptions::start_over).
 // - An exception thrown by a hook leaves fit() at once (no final evaluation or checkpoint), as a
 //   crash would; checkpoints already written are kept.
 
@@ -31,6 +34,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "train/checkpoint.h"
 
@@ -66,7 +70,9 @@ struct StartInfo {
   TrainingPosition position;              // where training starts (all zero for a new run)
   std::optional<CheckpointInfo> resumed;  // the checkpoint a resumed run continues from
   std::filesystem::path resumed_from;     // its directory (empty for a new run)
-  int removed_files = 0;                  // a new run: files of an earlier run removed from train_dir
+  int removed_files = 0;                  // a new run: files of an earlier run deleted from train_dir
+  std::filesystem::path moved_aside = {}; // a new run: where an earlier run's files were moved
+  std::string run_id;                     // new for a new run, the checkpoint's for a resumed one
 };
 
 struct StepInfo {
@@ -116,6 +122,7 @@ struct FitResult {
   std::filesystem::path last_checkpoint = {};  // empty without a train_dir
   bool stopped_early = false;         // a hook called stop_training()
   std::string stop_reason = {};
+  std::string run_id = {};            // the run's identity, kept in its checkpoints
 };
 
 class Hook {
@@ -130,8 +137,11 @@ class Hook {
   virtual void on_checkpoint(const CheckpointRecord&) {}
   virtual void on_end(const FitResult&) {}
 
+  // The files this hook writes for a run, existing or not.
+  virtual std::vector<std::filesystem::path> files() const { return {}; }
+
   // Ends the run early (see the contract). Outside fit() it does nothing.
-  void stop_training(std::string reason);
+  void stop_training(std::string reason, bool evaluate = true);
 
  private:
   friend class Loop;

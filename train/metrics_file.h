@@ -26,6 +26,7 @@ class MetricsFile : public Hook {
   void on_start(const StartInfo& start) override;
   void on_log(const TrainRecord& r) override;
   void on_eval(const EvalRecord& r) override;
+  std::vector<std::filesystem::path> files() const override { return {path_}; }
 
   const std::filesystem::path& path() const { return path_; }
 

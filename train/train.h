@@ -6,3 +6,4 @@
 #include "train/hook.h"
 #include "train/metrics_file.h"
 #include "train/reporter.h"
+#include "train/stop_on_signal.h"

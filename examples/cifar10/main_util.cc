@@ -6,6 +6,18 @@
 
 namespace towerflow::cifar10 {
 
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message and the hint to --help
+    return 2;
+  }
+}
+
 int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved&, Reporter&)>& work) {
   Resolved resolved;
   try {

@@ -14,9 +14,14 @@ int main(int argc, char** argv) {
   app.get_formatter()->column_width(44);
   cf::TrainCommandLine cli;
   cli.add_to(app);
-  CLI11_PARSE(app, argc, argv);
+  if (auto code = cf::parse_command_line(app, argc, argv)) return *code;
   return cf::run_main(cli, [](const cf::Resolved& r, cf::Reporter& reporter) {
-    cf::run_training(r.train, r.process, reporter);
-    return 0;
+    towerflow::train::StopOnSignal signals;  // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + N
+    cf::FitResult result = cf::run_training(r.train, r.process, reporter, {&signals});
+    if (!signals.received()) return 0;
+    reporter.message(towerflow::LogLevel::Warning,
+                     towerflow::str("stopped by ", result.stop_reason, " after step ", result.steps, "; the checkpoint is ",
+                                    result.last_checkpoint.string(), "; continue with --resume"));
+    return 128 + signals.received();
   });
 }

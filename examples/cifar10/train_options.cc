@@ -34,6 +34,7 @@ const std::vector<Field>& fields() {
       {"data_dir", &TrainOptions::data_dir, "CIFAR-10/100 binary folder or an image folder (empty: the built-in dataset)", 0, 0, "Data"},
       {"dataset", &TrainOptions::dataset, "auto|cifar10|cifar100|folder|builtin (auto: from --data_dir's contents)", 0, 0, "Data"},
       {"loader_threads", &TrainOptions::loader_threads, "background threads preparing batches (0: on the training thread)", 0, 64, "Data"},
+      {"skip_bad_files", &TrainOptions::skip_bad_files, "an image folder's undecodable files are skipped and listed (default: an error naming the first)", 0, 0, "Data"},
       {"builtin_train_size", &TrainOptions::builtin_train_size, "training images of the built-in dataset", 1, 1e8, "Data"},
       {"builtin_test_size", &TrainOptions::builtin_test_size, "test images of the built-in dataset", 1, 1e8, "Data"},
       {"cutout", &TrainOptions::cutout, "side in pixels of the square cut out of each training image (0: none; DeVries & Taylor use 16 on CIFAR-10)", 0, 1024, "Data"},
@@ -64,6 +65,8 @@ const std::vector<Field>& fields() {
       {"save_every", &TrainOptions::save_every, "steps between checkpoints (0: only at the end)", 0, 1e15, "Checkpoints"},
       {"keep_checkpoints", &TrainOptions::keep_checkpoints, "keep the newest N checkpoints (0: all)", 0, 1 << 24, "Checkpoints"},
       {"resume", &TrainOptions::resume, "continue from the latest checkpoint in --train_dir", 0, 0, "Checkpoints"},
+      {"start_over", &TrainOptions::start_over, "a new run in a --train_dir holding an earlier run's files: no (refuse), move (them into train_dir/earlier-<time>/) | delete", 0, 0, "Checkpoints", "no|move|delete"},
+      {"on_checkpoint_error", &TrainOptions::on_checkpoint_error, "a checkpoint that cannot be written (a full disk): stop | continue (log it and train on)", 0, 0, "Checkpoints", "stop|continue"},
       {"seed", &TrainOptions::seed, "seeds initialisation, shuffling and augmentation", 0, 1.9e19},
       {"json", &TrainOptions::json, "print one JSON object per log line", 0, 0, "Output"},
   };
@@ -283,8 +286,12 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
 Resolved TrainCommandLine::resolve() const {
   Config c;
   if (!config_.empty()) c = load_config(config_);
-  for (const auto& [name, value] : given_) set_train_option(c.train, name, value);
-  return {c.train, c.process.merged_with(process_flags_)};
+  std::set<std::string> given(c.train_keys.begin(), c.train_keys.end());
+  for (const auto& [name, value] : given_) {
+    set_train_option(c.train, name, value);
+    given.insert(name);
+  }
+  return {c.train, c.process.merged_with(process_flags_), given};
 }
 
 std::string to_json(const TrainOptions& opts) {

@@ -16,6 +16,7 @@
 // belong to other programs and are skipped. A key given twice is an error.
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,6 +37,7 @@ struct TrainOptions {
   std::int64_t builtin_train_size = 5000;  // images of the built-in dataset's splits
   std::int64_t builtin_test_size = 1000;
   int cutout = 0;                      // side of the cutout square on training images (0: none)
+  bool skip_bad_files = false;         // image folders: skip undecodable files instead of failing
   // model and devices
   std::string model = "tfcnn";
   std::string devices = {};            // "" or "all": every logical device; or "/cpu:0,/cpu:1"
@@ -67,6 +69,8 @@ struct TrainOptions {
   std::int64_t save_every = 100;       // steps between checkpoints (0: only at the end)
   int keep_checkpoints = 5;            // newest N kept (0: all)
   bool resume = false;
+  std::string start_over = "no";       // no | move | delete: a new run where an earlier one left files
+  std::string on_checkpoint_error = "stop";  // stop | continue
   std::uint64_t seed = 1;
   bool json = false;
 };
@@ -96,12 +100,13 @@ Config load_config(const std::string& path);  // NotFound if missing
 //   CLI::App app{"..."};
 //   TrainCommandLine cli;
 //   cli.add_to(app);
-//   CLI11_PARSE(app, argc, argv);        // bad flags: CLI11's error (a ValidationError's text
-//                                        // is set_train_option's message)
+//   if (auto code = parse_command_line(app, argc, argv)) return *code;   // main_util.h: bad
+//                                        // flags exit 2 (a ValidationError's text is set_train_option's message)
 //   auto [train, process] = cli.resolve();   // the config file, then the flags over it
 struct Resolved {
   TrainOptions train;
   ProcessOptions process;
+  std::set<std::string> given;  // training options set by the config file or a flag
 };
 class TrainCommandLine {
  public:

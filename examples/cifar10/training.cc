@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -43,6 +44,7 @@ std::unique_ptr<data::Dataset> open(const TrainOptions& o, data::Split split) {
   dopts.folder.width = 32;
   dopts.builtin.train_size = o.builtin_train_size;
   dopts.builtin.test_size = o.builtin_test_size;
+  dopts.folder.bad_files = o.skip_bad_files ? data::BadFilePolicy::Skip : data::BadFilePolicy::Fail;
   return data::open_dataset(dataset_kind(o), o.data_dir, split, dopts);
 }
 
@@ -178,6 +180,12 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   if (fopts.batch > train_set->size())
     raise<InvalidArgument>("--batch_size ", fopts.batch, " is larger than the training set (", train_set->size(),
                            " images); use a batch of at most ", train_set->size());
+  if (const std::int64_t spe = train_set->size() / fopts.batch,
+      total = o.max_steps > 0 ? o.max_steps : o.epochs * spe;
+      std::llround(o.warmup_epochs * static_cast<double>(spe)) >= total)
+    raise<InvalidArgument>("--warmup_epochs ", o.warmup_epochs, " is not shorter than the run (", total, " steps of ",
+                           spe, " per epoch): the learning rate would never reach --lr ", o.lr,
+                           "; use a shorter --warmup_epochs or a longer --epochs");
   fopts.seed = o.seed;
   fopts.loader_threads = o.loader_threads;
   fopts.epochs = o.epochs;
@@ -189,6 +197,11 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   fopts.save_every = o.save_every;
   fopts.keep_checkpoints = o.keep_checkpoints;
   fopts.resume = o.resume;
+  fopts.start_over = o.start_over == "move"     ? train::StartOver::MoveAside
+                     : o.start_over == "delete" ? train::StartOver::Delete
+                                                : train::StartOver::Refuse;
+  fopts.checkpoint_errors =
+      o.on_checkpoint_error == "continue" ? train::CheckpointErrors::Continue : train::CheckpointErrors::Stop;
   fopts.metadata = {{"model", o.model},
                     {"num_classes", std::to_string(train_set->num_classes())},
                     {"options", to_json(o)},
@@ -233,16 +246,36 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     raise_out_of_memory(e, devices, o, true);
   } catch (const NumericalError& e) {
     throw NumericalError(str(e.what(), " (flags: --lr, --warmup_epochs, --resume)"));
+  } catch (const train::TrainDirInUse& e) {
+    raise<InvalidArgument>("--train_dir ", o.train_dir, " holds an earlier run: ", e.found,
+                           "; nothing was changed. To continue that run: --resume. To start a new one here: "
+                           "--start_over move (its files go to ", o.train_dir,
+                           "/earlier-<time>/) or --start_over delete. Or choose another --train_dir");
   }
 }
 
-FitResult run_evaluation(const TrainOptions& o, const EvalOptions& eval, ProcessOptions process, Reporter& reporter) {
+FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& eval, ProcessOptions process,
+                         Reporter& reporter, const std::set<std::string>& given) {
   fs::path model_file = train::resolve_model_file(eval.checkpoint);
   std::string model = eval.model;
   io::Metadata meta;
   if (fs::exists(model_file.parent_path() / train::kStateFile))
     meta = train::read_checkpoint_info(model_file.parent_path()).metadata;
-  if (model.empty()) model = meta.count("model") ? meta["model"] : o.model;
+  if (model.empty()) model = meta.count("model") ? meta["model"] : given_options.model;
+
+  // The data the model was trained on, as the checkpoint recorded it, unless flags say otherwise.
+  TrainOptions o = given_options;
+  std::string data_source = "as given";
+  if (auto it = meta.find("options"); it != meta.end()) {
+    nlohmann::json then = nlohmann::json::parse(it->second, nullptr, false);
+    std::vector<std::string> taken;
+    for (const char* key : {"data_dir", "dataset", "builtin_train_size", "builtin_test_size"})
+      if (!given.count(key) && then.is_object() && then.contains(key)) {
+        set_train_option(o, key, then[key].is_string() ? then[key].get<std::string>() : then[key].dump());
+        taken.push_back(key);
+      }
+    if (!taken.empty()) data_source = "as the checkpoint recorded it";
+  }
 
   std::vector<Device> devices = choose_devices(o, process);
   auto test_set = open(o, data::Split::Test);
@@ -255,7 +288,7 @@ FitResult run_evaluation(const TrainOptions& o, const EvalOptions& eval, Process
   reporter.block("start", "towerflow cifar10_eval",
                  {{"checkpoint", model_file.string()},
                   {"model", model},
-                  {"test data", test_set->describe()},
+                  {"test data", str(test_set->describe(), " (", data_source, ")")},
                   {"towers", trainer.describe()}});
   auto t0 = Clock::now();
   int batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);

@@ -16,6 +16,7 @@
 // OutOfMemory whose message adds every device's allocator statistics and the flags that would help.
 
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,11 @@ struct EvalOptions {
   std::string checkpoint = "train_dir";  // a train_dir (latest checkpoint), a ckpt-<step> dir or a file
   std::string model = {};                // empty: from the checkpoint's metadata
 };
+// The data set (data_dir, dataset, the built-in sizes) comes from the checkpoint's recorded
+// options, except the options named in `given` (set by flags or a config file); the start-up
+// block says which.
 FitResult run_evaluation(const TrainOptions& options, const EvalOptions& eval, ProcessOptions process,
-                         Reporter& reporter);
+                         Reporter& reporter, const std::set<std::string>& given = {});
 
 // The towers a run uses. Fills in the default device options (see run_training) before the
 // device registry is initialised; InvalidArgument for --devices / --num_gpus that do not fit.

@@ -238,28 +238,103 @@ TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit",
   }
 }
 
-TEST_CASE("a fresh run in a used train_dir starts clean", "[train][fit]") {
+TEST_CASE("a new run never silently empties a train_dir that holds an earlier run", "[train][fit][start_over]") {
   fresh_devices();
   TempDir dir;
-  {
+  auto earlier_run = [&] {
     Setup s;
     MetricsFile metrics(dir.path / "metrics.jsonl");
     FitOptions o = tiny(dir.path);
     o.epochs = 1;
     o.save_every = 1;
     o.keep_checkpoints = 0;
+    o.start_over = StartOver::Delete;
     fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics});
-    CHECK(steps_in(dir.path).size() == 4);
-    o.save_every = 0;
+  };
+  earlier_run();
+  REQUIRE(steps_in(dir.path) == std::vector<std::int64_t>{1, 2, 3, 4});
+  const auto ckpt4 = tensors_of(dir.path / "ckpt-0000000004" / kModelFile);
+  const std::string metrics_before = tw::io::read_file(dir.path / "metrics.jsonl");
+
+  Setup s;
+  MetricsFile metrics(dir.path / "metrics.jsonl");
+  FitOptions o = tiny(dir.path);
+  o.epochs = 1;
+  o.save_every = 0;
+  SECTION("refused by default: nothing is touched, and the error says what is there") {
     Recorder rec;
-    LambdaHook removed;
-    int removed_files = -1;
-    removed.start = [&](const StartInfo& i) { removed_files = i.removed_files; };
-    fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics, &removed});
-    CHECK(removed_files == 4);
+    try {
+      fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics, &rec});
+      FAIL("the run started");
+    } catch (const TrainDirInUse& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains("4 checkpoints (the latest ckpt-0000000004, step 4, written 20") &&
+                                            Catch::Contains("and metrics.jsonl") && Catch::Contains("nothing was changed"));
+      CHECK(e.dir == dir.path);
+    }
+    CHECK(rec.events.empty());  // not even on_start
+    CHECK(steps_in(dir.path) == std::vector<std::int64_t>{1, 2, 3, 4});
+    CHECK(tensors_of(dir.path / "ckpt-0000000004" / kModelFile) == ckpt4);
+    CHECK(tw::io::read_file(dir.path / "metrics.jsonl") == metrics_before);
   }
-  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});
-  CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);  // 2 training lines, 1 evaluation
+  SECTION("moved aside when asked: the earlier run's files are kept whole under earlier-<time>/") {
+    o.start_over = StartOver::MoveAside;
+    fs::path moved;
+    LambdaHook h;
+    h.start = [&](const StartInfo& i) { moved = i.moved_aside; };
+    fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics, &h});
+    REQUIRE_FALSE(moved.empty());
+    CHECK(moved.parent_path() == dir.path);
+    CHECK_THAT(moved.filename().string(), Catch::StartsWith("earlier-20"));
+    CHECK(steps_in(moved) == std::vector<std::int64_t>{1, 2, 3, 4});
+    CHECK(tensors_of(moved / "ckpt-0000000004" / kModelFile) == ckpt4);
+    CHECK(tw::io::read_file(moved / "metrics.jsonl") == metrics_before);
+    CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});  // the new run's
+    CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);         // 2 training lines, 1 evaluation
+  }
+  SECTION("deleted when asked") {
+    o.start_over = StartOver::Delete;
+    int removed = -1;
+    LambdaHook h;
+    h.start = [&](const StartInfo& i) { removed = i.removed_files; };
+    fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics, &h});
+    CHECK(removed == 5);  // 4 checkpoints and metrics.jsonl
+    CHECK(steps_in(dir.path) == std::vector<std::int64_t>{4});
+    CHECK(jsonl(dir.path / "metrics.jsonl").size() == 3);
+  }
+}
+
+TEST_CASE("checkpoint rotation deletes only checkpoints of the running run", "[train][fit][start_over]") {
+  fresh_devices();
+  TempDir dir, other;
+  {
+    Setup s;
+    FitOptions o = tiny(other.path);
+    o.max_steps = 1;
+    fit(s.trainer, s.sgd, s.train, nullptr, o);
+  }
+  // This run's checkpoints at steps 1 and 2; its step 1 replaced by another run's, copied in. The
+  // run resumes from its own step 2 and keeps its newest 2 while it goes on.
+  {
+    Setup s;
+    FitOptions o = tiny(dir.path);
+    o.max_steps = 2;
+    o.save_every = 1;
+    fit(s.trainer, s.sgd, s.train, nullptr, o);
+  }
+  fs::remove_all(dir.path / "ckpt-0000000001");
+  fs::copy(other.path / "ckpt-0000000001", dir.path / "ckpt-0000000001", fs::copy_options::recursive);
+  const auto foreign = tensors_of(dir.path / "ckpt-0000000001" / kModelFile);
+  {
+    Setup s;
+    FitOptions o = tiny(dir.path);
+    o.resume = true;
+    o.save_every = 1;
+    o.keep_checkpoints = 2;
+    FitResult r = fit(s.trainer, s.sgd, s.train, nullptr, o);
+    CHECK(r.steps == 8);
+  }
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{1, 7, 8});  // the foreign one stays
+  CHECK(tensors_of(dir.path / "ckpt-0000000001" / kModelFile) == foreign);
 }
 
 TEST_CASE("a non-finite loss stops training and keeps the last good checkpoint", "[train][fit][nan]") {
