@@ -122,12 +122,7 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
   if (remainder == Remainder::Spread) return largest_remainder(batch, w);
   if (auto rows = exact_shares(batch, w); !rows.empty()) return rows;
 
-  // The nearest batches that split exactly, below and above.
-  int below = 0, above = 0;
-  for (int d = 1; d <= 1 << 20 && (below == 0 || above == 0); ++d) {
-    if (below == 0 && batch - d >= 1 && !exact_shares(batch - d, w).empty()) below = batch - d;
-    if (above == 0 && !exact_shares(batch + d, w).empty()) above = batch + d;
-  }
+  auto [below, above] = nearest_exact_batches(batch, devices.size(), policy);
   std::string nearest = below && above ? str(below, " or ", above) : str(below ? below : above);
   const bool even = !std::holds_alternative<WeightedSplit>(policy);
   raise<InvalidArgument>("batch ", batch, " cannot be split ",
@@ -136,7 +131,17 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
                          std::holds_alternative<PerTowerBatch>(policy)
                              ? " (with per_tower batches the global batch is towers x per-tower batch)"
                              : "",
-                         ", or spread the remainder (Remainder::Spread; --split_remainder spread on the command line)");
+                         ", or let the towers' shares differ by a row (TrainerOptions::remainder = Remainder::Spread)");
+}
+
+std::pair<int, int> nearest_exact_batches(int batch, std::size_t towers, const SplitPolicy& policy) {
+  const std::vector<double> w = weights_of(policy, towers);
+  int below = 0, above = 0;
+  for (int d = 1; d <= 1 << 20 && (below == 0 || above == 0); ++d) {
+    if (below == 0 && batch - d >= 1 && !exact_shares(batch - d, w).empty()) below = batch - d;
+    if (above == 0 && !exact_shares(batch + d, w).empty()) above = batch + d;
+  }
+  return {below, above};
 }
 
 }  // namespace towerflow::tower

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -46,10 +47,13 @@ std::string to_string(const SplitPolicy& policy);
 // length is not devices.size() or with a weight that is not positive and finite, and (with
 // Remainder::Error) a batch that does not split exactly:
 //   "batch 250 cannot be split evenly over 4 devices (/cpu:0, /cpu:1, /cpu:2, /cpu:3); use batch
-//    248 or 252, or spread the remainder (Remainder::Spread; --split_remainder spread on the command
-//    line)"
+//    248 or 252, or let the towers' shares differ by a row (TrainerOptions::remainder =
+//    Remainder::Spread)"
 std::vector<int> split_batch(int batch, const std::vector<Device>& devices,
                              const SplitPolicy& policy, Remainder remainder = Remainder::Error);
+
+// The nearest batches below and above `batch` that split exactly over `towers` (0 where none).
+std::pair<int, int> nearest_exact_batches(int batch, std::size_t towers, const SplitPolicy& policy);
 
 // The global batch a loader should produce for a configured batch size: n * batch for
 // PerTowerBatch, batch otherwise.

@@ -97,6 +97,14 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// 16777216 rather than 1.67772e+07; 0.999 as it is.
+std::string number_text(double x) {
+  if (std::isfinite(x) && x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<long long>(x));
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", x);
+  return buf;
+}
+
 template <typename T>
 T parse_number(const Field& f, std::string_view value) {
   T out{};
@@ -110,7 +118,8 @@ T parse_number(const Field& f, std::string_view value) {
                            std::is_floating_point_v<T> ? "0.1" : "100");
   double d = static_cast<double>(out);
   if (d < f.min || d > f.max)
-    raise<InvalidArgument>("--", f.name, " ", value, " is out of range; use a value in [", f.min, ", ", f.max, "]");
+    raise<InvalidArgument>("--", f.name, " ", value, " is out of range; use a value in [", number_text(f.min), ", ",
+                           number_text(f.max), "]");
   return out;
 }
 

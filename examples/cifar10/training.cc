@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <variant>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -92,6 +93,23 @@ void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) 
   }
 }
 
+// A batch that does not split over the towers, in the command line's words.
+void check_split(const TrainOptions& o, int batch, const std::vector<Device>& devices, const tower::TrainerOptions& t) {
+  if (t.remainder == tower::Remainder::Spread) return;
+  try {
+    tower::split_batch(batch, devices, t.split, t.remainder);
+  } catch (const InvalidArgument&) {
+    const bool per_tower = std::holds_alternative<tower::PerTowerBatch>(t.split);
+    auto [below, above] = tower::nearest_exact_batches(batch, devices.size(), t.split);
+    if (per_tower) throw;  // any per-tower batch splits; the error is about something else
+    const std::string nearest = below && above ? str(below, " or ", above) : str(below ? below : above);
+    raise<InvalidArgument>("--batch_size ", o.batch_size, " cannot be split ",
+                           std::holds_alternative<tower::EvenSplit>(t.split) ? "evenly" : "in the proportions --split " + o.split,
+                           " over ", devices.size(), " towers (", join(devices), "); use --batch_size ", nearest,
+                           ", or --split_remainder spread (the towers' shares then differ by a row)");
+  }
+}
+
 std::string optimizer_description(const TrainOptions& o) {
   std::string out = o.optimizer + ", lr " + str(o.lr);
   if (o.optimizer == "sgd" || o.optimizer == "nesterov") out += str(", momentum ", o.momentum);
@@ -170,6 +188,7 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
 
   train::FitOptions fopts;
   fopts.batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);
+  check_split(o, fopts.batch, devices, topts);
   // The built-in set already varies position, scale and colour, so it gets no crop or flip;
   // cutout, when asked for, applies to every dataset.
   fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();

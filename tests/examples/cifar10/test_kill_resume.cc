@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -91,4 +92,56 @@ TEST_CASE("SIGKILL mid-run leaves only whole checkpoints, and --resume finishes 
     INFO(file);
     CHECK(tensors_of(full.path / "run" / "ckpt-0000000012" / file) == tensors_of(dir.latest()->path / file));
   }
+}
+
+TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 128+N; --resume finishes the same run", "[cifar10][signal]") {
+  TempDir full, stopped;
+  REQUIRE(wait_exit(spawn_trainer(args_for(full.path / "run"), full.path / "log.txt")) == 0);
+
+  for (int sig : {SIGINT, SIGTERM}) {
+    INFO("signal " << sig);
+    fs::path run = stopped.path / ("run" + std::to_string(sig));
+    fs::path log = stopped.path / ("log" + std::to_string(sig) + ".txt");
+    auto args = args_for(run);
+    args.push_back("--save_every");  // no periodic checkpoints: the one after the signal is the signal's
+    args.push_back("0");
+    pid_t pid = spawn_trainer(args, log);
+    // Wait for the third training record, then signal.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::string text = tw::io::read_file(log);
+      if (std::count(text.begin(), text.end(), '\n') >= 4 && text.find("\"step\":3") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ::kill(pid, sig);
+    REQUIRE(wait_exit(pid) == 128 + sig);
+    tw::io::CheckpointDir dir(run);
+    REQUIRE(dir.list().size() == 1);
+    const auto ckpt = *dir.latest();
+    CHECK(ckpt.step < 12);
+    CHECK(read_checkpoint_info(ckpt.path).position.step == ckpt.step);
+    const std::string text = tw::io::read_file(log);
+    CHECK_THAT(text, Catch::Contains("stopped by SIG") && Catch::Contains(ckpt.path.string()) &&
+                         Catch::Contains("continue with --resume"));
+    CHECK_THAT(text, !Catch::Contains("test_acc"));  // no evaluation on the way out
+
+    args.push_back("--resume");
+    REQUIRE(wait_exit(spawn_trainer(args, log)) == 0);
+    for (const char* file : {kModelFile, kStateFile}) {
+      INFO(file);
+      CHECK(tensors_of(full.path / "run" / "ckpt-0000000012" / file) == tensors_of(dir.latest()->path / file));
+    }
+  }
+}
+
+TEST_CASE("bad flags exit with status 2 and CLI11's message; --help exits 0", "[cifar10][flags]") {
+  TempDir dir;
+  fs::path log = dir.path / "log.txt";
+  CHECK(wait_exit(spawn_trainer({"--no_such_flag"}, log)) == 2);
+  CHECK(wait_exit(spawn_trainer({"--epochs"}, log)) == 2);         // a value missing
+  CHECK(wait_exit(spawn_trainer({"--epochs", "x"}, log)) == 2);    // a value that does not parse
+  CHECK(wait_exit(spawn_trainer({"--epochs", "1", "extra"}, log)) == 2);  // a stray argument
+  CHECK(wait_exit(spawn_trainer({"--help"}, log)) == 0);
+  const std::string text = tw::io::read_file(log);
+  CHECK_THAT(text, Catch::Contains("--no_such_flag") && Catch::Contains("--epochs"));
 }

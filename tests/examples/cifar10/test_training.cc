@@ -218,3 +218,62 @@ TEST_CASE("--accumulation_steps and Adam's flags reach the trainer and the optim
   CHECK_THAT(out.text(), Catch::Contains("adam, lr 0.001, betas (0.5, 0.999), eps 1e-08"));
   CHECK_THAT(out.text(), !Catch::Contains("adam, lr 0.001, momentum"));
 }
+
+TEST_CASE("command-line errors name flags, not library internals", "[cifar10][training][errors]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TempDir dir;
+  TrainOptions o = tiny_options(dir.path);
+  SECTION("a batch that does not split over the towers") {
+    o.batch_size = 33;
+    CHECK_THROWS_WITH(run_training(o, {}, reporter),
+                      Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers") &&
+                          Catch::Contains("use --batch_size 32 or 34, or --split_remainder spread") &&
+                          !Catch::Contains("Remainder::"));
+  }
+  SECTION("a warm-up as long as the run") {
+    o.warmup_epochs = 2;
+    CHECK_THROWS_WITH(run_training(o, {}, reporter),
+                      Catch::Contains("--warmup_epochs 2 is not shorter than the run (8 steps") &&
+                          Catch::Contains("never reach --lr"));
+    o.warmup_epochs = 1.5;  // shorter: trains
+    CHECK(run_training(o, {}, reporter).steps == 8);
+  }
+  SECTION("a train_dir holding an earlier run") {
+    run_training(o, {}, reporter);
+    CHECK_THROWS_WITH(run_training(o, {}, reporter),
+                      Catch::Contains("--train_dir " + dir.path.string() + " holds an earlier run: 2 checkpoints") &&
+                          Catch::Contains("nothing was changed") && Catch::Contains("--resume") &&
+                          Catch::Contains("--start_over move") && Catch::Contains("--start_over delete"));
+    CHECK(steps_in(dir.path) == std::vector<std::int64_t>{6, 8});
+    o.start_over = "move";
+    CHECK(run_training(o, {}, reporter).steps == 8);
+  }
+  SECTION("a number out of range prints its range as numbers") {
+    CHECK_THROWS_WITH(set_train_option(o, "batch_size", "0"), Catch::Contains("use a value in [1, 16777216]"));
+    CHECK_THROWS_WITH(set_train_option(o, "label_smoothing", "2"), Catch::Contains("use a value in [0, 0.999]"));
+  }
+}
+
+TEST_CASE("cifar10_eval evaluates on the data the checkpoint records unless told otherwise", "[cifar10][training][eval]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TempDir dir;
+  TrainOptions o = tiny_options(dir.path);  // the built-in set with 64 test images
+  FitResult trained = run_training(o, {}, reporter);
+
+  TrainOptions defaults;  // what cifar10_eval has without flags: the built-in set's 1000 test images
+  defaults.devices = "/cpu:0,/cpu:1";
+  FitResult r = run_evaluation(defaults, {.checkpoint = dir.path.string()}, {}, reporter);
+  CHECK(r.test_examples == 64);
+  CHECK(r.test_acc == Approx(trained.test_acc));
+  CHECK(r.test_loss == Approx(trained.test_loss).epsilon(1e-6));
+  CHECK_THAT(out.text(), Catch::Contains("64 images") && Catch::Contains("(as the checkpoint recorded it)"));
+
+  TrainOptions told = defaults;
+  told.builtin_test_size = 32;
+  r = run_evaluation(told, {.checkpoint = dir.path.string()}, {}, reporter, {"builtin_test_size"});
+  CHECK(r.test_examples == 32);
+}
