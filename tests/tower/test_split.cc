@@ -25,8 +25,11 @@ TEST_CASE("even split divides the batch or names the nearest batches that work",
   REQUIRE_THROWS_WITH(split_batch(250, cpus(4), EvenSplit{}),
                       Catch::Contains("batch 250") && Catch::Contains("evenly over 4 devices") &&
                           Catch::Contains("/cpu:0, /cpu:1, /cpu:2, /cpu:3") &&
-                          Catch::Contains("use batch 248 or 252") && Catch::Contains("spread"));
+                          Catch::Contains("use batch 248 or 252") && Catch::Contains("Remainder::Spread"));
   REQUIRE_THROWS_WITH(split_batch(3, cpus(4), EvenSplit{}), Catch::Contains("use batch 4"));
+  CHECK(nearest_exact_batches(250, 4, EvenSplit{}) == std::pair<int, int>{248, 252});
+  CHECK(nearest_exact_batches(3, 4, EvenSplit{}) == std::pair<int, int>{0, 4});
+  CHECK(nearest_exact_batches(130, 2, WeightedSplit{{3, 1}}) == std::pair<int, int>{128, 132});
   REQUIRE_THROWS_WITH(split_batch(0, cpus(2), EvenSplit{}), Catch::Contains("batch 0"));
 }
 
