@@ -181,7 +181,7 @@ TEST_CASE("out of memory ends with every allocator's report and the flags that w
   fresh_devices();
 }
 
-TEST_CASE("--accumulation_steps and Adam's flags reach the trainer and the optimizer", "[cifar10][training]") {
+TEST_CASE("the accumulation_steps and Adam flags reach the trainer and the optimizer", "[cifar10][training]") {
   fresh_devices();
   Output out;
   Reporter reporter(out.reporter_options());
