@@ -17,6 +17,16 @@ if(NOT CLI11_FOUND)
   message(FATAL_ERROR "CLI11 was not found. Install it with: sudo apt-get install libcli11-dev "
                       "(or run scripts/install_deps.sh)")
 endif()
+find_package(Protobuf QUIET)
+if(NOT Protobuf_FOUND)
+  message(FATAL_ERROR "Protocol Buffers were not found (TensorBoard event files). Install them with: "
+                      "sudo apt-get install libprotobuf-dev protobuf-compiler (or run scripts/install_deps.sh)")
+endif()
+find_package(Boost 1.71 QUIET)   # header-only: Boost.CRC's CRC-32C for TensorBoard's record framing
+if(NOT Boost_FOUND)
+  message(FATAL_ERROR "Boost's headers were not found. Install them with: sudo apt-get install libboost-dev "
+                      "(or run scripts/install_deps.sh)")
+endif()
 find_package(JPEG QUIET)
 find_package(PNG QUIET)
 set(TW_HAVE_JPEG ${JPEG_FOUND})

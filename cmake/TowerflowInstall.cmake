@@ -84,7 +84,8 @@ file(WRITE ${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in [=[
 #   find_package(towerflow REQUIRED)
 #   target_link_libraries(app PRIVATE towerflow::towerflow)
 # towerflow::towerflow brings every archive of the library, its include directory and its
-# dependencies (found here again: Eigen, nlohmann-json, CLI11, libjpeg, libpng, threads, and the
+# dependencies (found here again: Eigen, nlohmann-json, CLI11, libjpeg, libpng, protobuf, Boost's
+# headers, threads, and the
 # CUDA toolkit / MPI when the library was built with them).
 @PACKAGE_INIT@
 
@@ -95,6 +96,8 @@ find_dependency(nlohmann_json CONFIG)
 find_dependency(CLI11 CONFIG)
 find_dependency(JPEG)
 find_dependency(PNG)
+find_dependency(Protobuf)
+find_dependency(Boost)
 set(towerflow_HAVE_CUDA @TW_CONFIG_HAVE_CUDA@)
 set(towerflow_HAVE_MPI @TW_CONFIG_HAVE_MPI@)
 if(towerflow_HAVE_CUDA)

@@ -11,6 +11,8 @@ packages=(
   nlohmann-json3-dev     # JSON output, platform descriptions, checkpoint metadata
   libbenchmark-dev       # micro-benchmarks
   libjpeg-dev libpng-dev # image-folder datasets
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files (Event and Summary messages)
+  libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing
   libopenmpi-dev openmpi-bin  # multi-process runs
 )
 missing=()

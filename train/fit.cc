@@ -189,6 +189,7 @@ class Loop {
   std::map<fs::path, std::string> run_of_;  // checkpoint directory -> its run_id
   FitResult result_;
   TimeLeft time_left_;
+  double optimizer_seconds_ = 0, window_optimizer_ = 0;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation
 };
 
@@ -342,8 +343,9 @@ FitResult Loop::run() {
 
   // ---- the loop -----------------------------------------------------------------------------
   const std::int64_t spe = plan_.steps_per_epoch;
-  double window_loss = 0, window_acc = 0, window_seconds = 0;
+  double window_loss = 0, window_acc = 0, window_seconds = 0, window_data_wait = 0;
   std::int64_t window_steps = 0, window_images = 0;
+  tower::TrainerTimings window_timings = trainer_.timings();
   double train_seconds = 0;
   std::int64_t train_images = 0;
   std::int64_t step = pos.step;
@@ -351,8 +353,10 @@ FitResult Loop::run() {
   for (std::int64_t epoch = pos.epoch; step < plan_.total_steps && !stop_.requested; ++epoch) {
     loader.set_epoch(epoch, epoch == pos.epoch ? pos.step_in_epoch : 0);
     auto t0 = Clock::now();
+    auto waiting_since = t0;  // for the next batch
     std::int64_t last_index = -1;
     for (const data::Batch& b : loader) {
+      window_data_wait += seconds_since(waiting_since);
       last_index = b.index_in_epoch;
       float loss = trainer_.forward_backward(b);
       if (!std::isfinite(loss)) {
@@ -366,7 +370,12 @@ FitResult Loop::run() {
             "lower the learning rate (", optimizer_.lr(), " now), warm it up, or check the data, then ",
             latest ? "resume from that checkpoint" : "start again");
       }
-      optimizer_.step();
+      {
+        // The whole update as the loop sees it (the trainer's timings count only its threads' part).
+        auto to = Clock::now();
+        optimizer_.step();
+        optimizer_seconds_ += seconds_since(to);
+      }
       ++step;
       const auto& m = trainer_.last_step();
       StepInfo si{.step = step,
@@ -389,6 +398,8 @@ FitResult Loop::run() {
         train_seconds += dt;
         train_images += window_images;
         time_left_.add_steps(window_steps, window_seconds);
+        const tower::TrainerTimings& now = trainer_.timings();
+        const double n = static_cast<double>(window_steps);
         TrainRecord r{.step = step,
                       .total_steps = plan_.total_steps,
                       .epoch = static_cast<double>(epoch) + static_cast<double>(b.index_in_epoch + 1) / spe,
@@ -398,10 +409,17 @@ FitResult Loop::run() {
                       .lr = optimizer_.lr(),
                       .img_per_s = window_seconds > 0 ? static_cast<double>(window_images) / window_seconds : 0,
                       .eta_s = time_left_.seconds(plan_.total_steps - step,
-                                                  test_set_ ? evals_left(step / spe, plan_.epochs, o_.eval_every) : 0)};
+                                                  test_set_ ? evals_left(step / spe, plan_.epochs, o_.eval_every) : 0),
+                      .step_s = dt > 0 ? window_seconds / n : 0,
+                      .compute_s = (now.compute_seconds - window_timings.compute_seconds) / n,
+                      .reduction_s = (now.reduction_seconds - window_timings.reduction_seconds) / n,
+                      .optimizer_s = (optimizer_seconds_ - window_optimizer_) / n,
+                      .data_wait_s = window_data_wait / n};
         each([&](Hook& h) { h.on_log(r); });
-        window_loss = window_acc = window_seconds = 0;
+        window_loss = window_acc = window_seconds = window_data_wait = 0;
         window_steps = window_images = 0;
+        window_timings = trainer_.timings();
+        window_optimizer_ = optimizer_seconds_;
         t0 = Clock::now();
       }
       TrainingPosition here{step, epoch, b.index_in_epoch + 1};
@@ -415,6 +433,7 @@ FitResult Loop::run() {
         loader.stop();
         break;
       }
+      waiting_since = Clock::now();
     }
     each([&](Hook& h) { h.on_epoch_end(epoch); });
     const bool at_end = step >= plan_.total_steps || stop_.requested;

@@ -95,6 +95,12 @@ struct TrainRecord {
   double lr = 0;
   double img_per_s = 0;         // over the same steps, checkpoint writing excluded
   double eta_s = 0;             // training and evaluations still to come
+  // Where a step's time went, per step over the same steps (seconds).
+  double step_s = 0;            // from one batch to the next: data wait, step, optimizer, hooks
+  double compute_s = 0;         // forward and backward (the slowest tower)
+  double reduction_s = 0;       // gradient reduction not hidden behind backward
+  double optimizer_s = 0;       // the optimizer's update
+  double data_wait_s = 0;       // waiting for the loader's next batch
 };
 
 struct EvalRecord {

@@ -7,3 +7,4 @@
 #include "train/metrics_file.h"
 #include "train/reporter.h"
 #include "train/stop_on_signal.h"
+#include "train/tensorboard.h"

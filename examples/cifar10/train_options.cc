@@ -69,6 +69,9 @@ const std::vector<Field>& fields() {
       {"on_checkpoint_error", &TrainOptions::on_checkpoint_error, "a checkpoint that cannot be written (a full disk): stop | continue (log it and train on)", 0, 0, "Checkpoints", "stop|continue"},
       {"seed", &TrainOptions::seed, "seeds initialisation, shuffling and augmentation", 0, 1.9e19},
       {"json", &TrainOptions::json, "print one JSON object per log line", 0, 0, "Output"},
+      {"tensorboard", &TrainOptions::tensorboard, "write TensorBoard event files (scalars every --log_every steps and at each evaluation)", 0, 0, "Output"},
+      {"logdir", &TrainOptions::logdir, "where the event files go (empty: --train_dir)", 0, 0, "Output"},
+      {"histogram_every", &TrainOptions::histogram_every, "steps between weight and gradient histograms in TensorBoard (0: none)", 0, 1e15, "Output"},
   };
   return f;
 }

@@ -73,6 +73,9 @@ struct TrainOptions {
   std::string on_checkpoint_error = "stop";  // stop | continue
   std::uint64_t seed = 1;
   bool json = false;
+  bool tensorboard = true;             // TensorBoard event files
+  std::string logdir = {};             // for the event files (empty: train_dir)
+  std::int64_t histogram_every = 0;    // steps between weight/gradient histograms (0: none)
 };
 
 // Sets one option from its flag/INI spelling (name without dashes). InvalidArgument for an

@@ -249,7 +249,10 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     if (s.resumed) warn_on_changed_options(s.resumed->metadata, o);
   };
   train::MetricsFile metrics(fs::path(o.train_dir) / "metrics.jsonl");
+  train::TensorBoard tensorboard(o.logdir.empty() ? fs::path(o.train_dir) : fs::path(o.logdir),
+                                 {.histogram_every = o.histogram_every});
   std::vector<train::Hook*> hooks{&resume_check, &reporter, &metrics};
+  if (o.tensorboard) hooks.push_back(&tensorboard);
   hooks.insert(hooks.end(), extra.begin(), extra.end());
   reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo&, train::Fields& f) {
     train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",

@@ -1,6 +1,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -335,4 +337,47 @@ TEST_CASE("out of memory in a step reports every allocator and leaves the model 
                           Catch::Contains("/cpu:1: in use") && Catch::Contains("a smaller global batch (64, now 128)"));
   CHECK_THAT(message, !Catch::Contains("allow_growth"));  // no GPU advice for CPU towers
   fresh_devices();
+}
+
+TEST_CASE("TensorBoard event files of a crashed and resumed run read as one continuous run", "[train][fit][tensorboard]") {
+  // With TOWERFLOW_TB_DIR set (tests/train/check_tensorboard.py), the files and the curve they must
+  // show are left there for TensorBoard's own reader; else in a temporary directory.
+  fresh_devices();
+  TempDir tmp;
+  const char* env = std::getenv("TOWERFLOW_TB_DIR");
+  const fs::path dir = env ? fs::path(env) : tmp.path;
+  // What TensorBoard must show: per tag, (step, value) in step order.
+  std::map<std::string, std::map<std::int64_t, double>> expected;
+  LambdaHook record;
+  record.log = [&](const TrainRecord& r) {
+    expected["train/loss"][r.step] = r.loss;
+    expected["train/learning_rate"][r.step] = r.lr;
+  };
+  record.eval = [&](const EvalRecord& r) { expected["test/accuracy"][r.step] = r.test_acc; };
+  struct Crash {};
+  {
+    Setup s;
+    TensorBoard tb(dir);
+    LambdaHook crash;
+    crash.step = [](const StepInfo& i) {
+      if (i.step == 5) throw Crash{};
+    };
+    CHECK_THROWS_AS(fit(s.trainer, s.sgd, s.train, &s.test, tiny(dir), {&tb, &record, &crash}), Crash);
+  }
+  // The resumed run repeats the steps after its checkpoint (3): TensorBoard must drop the crashed
+  // run's records of them, so the expected curve keeps the crashed run's only up to step 3.
+  for (auto& [tag, points] : expected) std::erase_if(points, [](const auto& p) { return p.first > 3; });
+  {
+    Setup s;
+    TensorBoard tb(dir);
+    FitOptions o = tiny(dir);
+    o.resume = true;
+    fit(s.trainer, s.sgd, s.train, &s.test, o, {&tb, &record});
+  }
+  CHECK(TensorBoard(dir).files().size() == 2);  // one event file per session
+  CHECK(expected["train/loss"].size() == 4);    // steps 2 (crashed run), 4, 6, 8 (resumed)
+  nlohmann::json j;
+  for (const auto& [tag, points] : expected)
+    for (const auto& [step, value] : points) j[tag].push_back({step, value});
+  tw::io::write_file_atomically(dir / "expected.json", j.dump());
 }
