@@ -21,10 +21,20 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  echo "install_deps: installing ${missing[*]}"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-sudo_cmd=""
-[ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-echo "install_deps: installing ${missing[*]}"
-$sudo_cmd apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# Python packages some tests read with: TensorBoard's own event reader, matplotlib for
+# scripts/plot_metrics.py. Without them (no network, no pip) those tests report themselves skipped.
+python_packages=(tensorboard matplotlib)
+if command -v python3 > /dev/null && ! python3 -c "import tensorboard, matplotlib" 2> /dev/null; then
+  echo "install_deps: pip installing ${python_packages[*]}"
+  python3 -m pip install --quiet "${python_packages[@]}" 2> /dev/null ||
+    python3 -m pip install --quiet --break-system-packages "${python_packages[@]}" ||
+    echo "install_deps: could not install ${python_packages[*]}; the tests that read with them will be skipped"
+fi
