@@ -2,7 +2,7 @@
 //
 //   towerflow_bench_train --model resnet20|tfcnn|... --batch 128 --threads N --steps S
 //                         --warmup W [--devices 1|N|LIST] [--reduction all_reduce|...]
-//                         [--split_remainder error|spread] [--json]
+//                         [--split_remainder error|spread] [--json] [--trace FILE]
 //
 //   --devices 1            one CPU device (the default)
 //   --devices 2            two logical CPU devices, /cpu:0 and /cpu:1 (--threads each)
@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "core/memory/allocator.h"
 #include "core/platform/registry.h"
+#include "core/trace.h"
 #include "models/models.h"
 #include "optim/sgd.h"
 #include "tower/trainer.h"
@@ -138,6 +139,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"error", "spread"}))->capture_default_str();
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
+  std::string trace_path;
+  app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "
+                                        "and print the time per op");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -185,6 +189,10 @@ int main(int argc, char** argv) {
     for (const auto& d : devices) regions_before.push_back(tw::device_allocator(d).stats().num_regions);
     std::vector<double> ms, gpu_ms;
     const double cpu0 = process_cpu_s();
+    if (!trace_path.empty()) {
+      tw::trace::set_thread_name("benchmark loop");
+      tw::trace::start();
+    }
     for (int i = 0; i < steps; ++i) {
       if (gpu_timer.active()) gpu_timer.start();
       const auto t0 = std::chrono::steady_clock::now();
@@ -195,6 +203,12 @@ int main(int argc, char** argv) {
     // CPU seconds per step (all threads): on a shared, loaded machine this is steadier than wall
     // time; batch / (cpu_s / threads) is the throughput the threads would give if not descheduled.
     const double cpu_s_per_step = (process_cpu_s() - cpu0) / steps;
+    if (!trace_path.empty()) {
+      tw::trace::stop();
+      tw::trace::write_chrome_trace(trace_path);
+      std::fprintf(stderr, "trace of the %d timed steps written to %s; time per op and kind of work, over every thread:\n%s",
+                   steps, trace_path.c_str(), tw::trace::summary_table(tw::trace::collect()).c_str());
+    }
     const auto& t = trainer.timings();
     double wall_s = 0;
     for (double m : ms) wall_s += m / 1e3;

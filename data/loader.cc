@@ -1,8 +1,10 @@
 #include "data/loader.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "data/rng.h"
 
 namespace towerflow::data {
@@ -182,6 +184,8 @@ const Batch* Loader::next() {
 }
 
 void Loader::worker_main() {
+  static std::atomic<int> workers{0};
+  trace::set_thread_name(str("loader ", workers++));
   std::vector<std::uint8_t> scratch(shape_.bytes());
   std::unique_lock lock(mutex_);
   for (;;) {
@@ -196,6 +200,7 @@ void Loader::worker_main() {
     lock.unlock();
     std::exception_ptr error;
     try {
+      const trace::Span span("data", "load batch");
       produce(position, pool_[buffer], scratch);
     } catch (...) {
       error = std::current_exception();

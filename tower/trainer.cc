@@ -19,6 +19,7 @@
 #include "core/tensor/autograd.h"
 #include "core/tensor/backend_impl.h"
 #include "core/tensor/ops.h"
+#include "core/trace.h"
 #include "data/batch.h"
 #include "tower/batch_norm_sync.h"
 #include "tower/workers.h"
@@ -524,6 +525,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
     nn::Module& model = *im.replicas[i];
     const Device& dev = devices_[i];
     if (im.use_pd) {  // the parameter device's values are the truth
+      const trace::Span span("copy", "parameters from the parameter device");
       const auto t0 = Clock::now();
       model.flat_parameters().copy_(im.master_params);
       im.sync_s[i] = since(t0);
@@ -536,10 +538,12 @@ float Trainer::forward_backward(const HostBatch& batch) {
     const Tensor grads = model.flat_gradients();
     auto start_comm = [&] {
       comm_thread = std::thread([&, i] {
+        if (trace::enabled()) trace::set_thread_name(str("tower ", i, " reduction"));
         try {
           for (std::size_t b = 0; b < im.buckets.size(); ++b) {
             if (!tracker->wait(b)) return;
             const Bucket& bk = im.buckets[b];
+            const trace::Span span("reduction", trace::enabled() ? str("bucket ", b) : std::string());
             im.comm->all_reduce_sum(i, host_span(grads).subspan(bk.begin, bk.end - bk.begin));
           }
         } catch (...) {
@@ -554,19 +558,26 @@ float Trainer::forward_backward(const HostBatch& batch) {
         const int r = rows[m][i];
         if (r == 0) continue;
         const std::size_t o = static_cast<std::size_t>(offset[m][i]);
-        Tensor x = Tensor::from_host(batch.images.subspan(o * row, r * row),
-                                     {r, batch.h, batch.w, batch.c}, dev);
-        Tensor y = Tensor::from_host(batch.labels.subspan(o, r), {r}, dev);
-        Tensor logits = model.forward(x);
-        Tensor loss = softmax_cross_entropy(
-            logits, y, {.scale = scale, .label_smoothing = options_.label_smoothing});
-        im.correct[i] += top_k_correct(logits, y, 1);
-        logits = Tensor();
+        Tensor x, y, loss;
+        {
+          const trace::Span span("copy", "batch to device");
+          x = Tensor::from_host(batch.images.subspan(o * row, r * row), {r, batch.h, batch.w, batch.c}, dev);
+          y = Tensor::from_host(batch.labels.subspan(o, r), {r}, dev);
+        }
+        {
+          const trace::Span span("phase", "forward");
+          Tensor logits = model.forward(x);
+          loss = softmax_cross_entropy(logits, y, {.scale = scale, .label_smoothing = options_.label_smoothing});
+          im.correct[i] += top_k_correct(logits, y, 1);
+        }
         if (tracker && m == k - 1) {
           im.install_bucket_hooks(model, loss, *tracker);
           start_comm();
         }
-        loss.backward();
+        {
+          const trace::Span span("phase", "backward");
+          loss.backward();
+        }
         im.loss[i] += loss.item();
       }
       if (tracker) {
@@ -587,16 +598,20 @@ float Trainer::forward_backward(const HostBatch& batch) {
     im.compute_s[i] = since(t0);
     const auto t1 = Clock::now();
     if (tracker) {
+      const trace::Span span("reduction", "wait for the last buckets");
       comm_thread.join();
       if (comm_error) std::rethrow_exception(comm_error);
     } else if (im.comm) {
+      const trace::Span span("reduction", "all-reduce");
       if (!dev.is_cpu()) backend_for(dev).synchronize();
       im.comm->all_reduce_sum(i, host_span(grads));
     } else {
+      const trace::Span span("reduction", "gradients to the parameter device");
       im.staging[i].copy_(grads);
     }
     im.reduce_s[i] = since(t1);
     if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
+      const trace::Span span("sync", "read batch-norm statistics");
       const auto t2 = Clock::now();
       im.read_buffers(model, im.buffer_host[i]);
       im.sync_s[i] += since(t2);
@@ -636,6 +651,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   if (im.use_pd) {
     // The towers' gathers ran in parallel; the sum runs on the parameter device, in tower order
     // (the same order as the all-reduce's, so both strategies give the same bits).
+    const trace::Span span("reduction", "sum on the parameter device");
     const auto t0 = Clock::now();
     im.master_grads.copy_(im.staging[0]);
     Backend& be = backend_for(im.pd);
@@ -652,6 +668,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   // already (Note [Synchronised batch norm] in core/tensor/ops.cc).
   double sync = *std::max_element(im.sync_s.begin(), im.sync_s.end());
   if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
+    const trace::Span span("sync", "average batch-norm statistics");
     const auto t0 = Clock::now();
     std::vector<float>& avg = im.buffer_snapshot;
     std::fill(avg.begin(), avg.end(), 0.0f);

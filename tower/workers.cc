@@ -6,6 +6,7 @@
 
 #include "core/collectives/communicator.h"
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace towerflow::tower {
 
@@ -22,6 +23,7 @@ struct DeviceWorkers::Impl {
   std::vector<std::thread> threads;
 
   void loop(int i, const Device& device, const Bind& bind) {
+    trace::set_thread_name(str("tower ", i, " (", device.str(), ")"));
     std::exception_ptr bind_error;
     try {
       if (bind) bind(device);

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "core/platform/registry.h"
 #include "data/data.h"
 #include "io/checkpoint_dir.h"
@@ -90,6 +91,12 @@ EarlierRun earlier_run(const io::CheckpointDir& dir, const std::vector<Hook*>& h
       if (fs::is_regular_file(f, ec) && fs::file_size(f, ec) > 0) e.files.push_back(f);
     }
   return e;
+}
+
+// The loader's next batch; the wait for it is a span of the trace.
+const data::Batch* wait_for_batch(data::Loader& loader) {
+  const trace::Span span("data", "wait for batch");
+  return loader.next();
 }
 
 }  // namespace
@@ -230,6 +237,7 @@ void Loop::start_new_run(int& removed, fs::path& moved_aside) {
 
 void Loop::save(const TrainingPosition& p, bool final) {
   if (!dir_) return;
+  const trace::Span span("io", "checkpoint");
   auto t0 = Clock::now();
   trainer_.sync();
   try {
@@ -355,10 +363,16 @@ FitResult Loop::run() {
     auto t0 = Clock::now();
     auto waiting_since = t0;  // for the next batch
     std::int64_t last_index = -1;
-    for (const data::Batch& b : loader) {
+    loader.start();
+    for (const data::Batch* next = wait_for_batch(loader); next; next = wait_for_batch(loader)) {
+      const data::Batch& b = *next;
       window_data_wait += seconds_since(waiting_since);
       last_index = b.index_in_epoch;
-      float loss = trainer_.forward_backward(b);
+      float loss;
+      {
+        const trace::Span span("phase", "forward_backward");
+        loss = trainer_.forward_backward(b);
+      }
       if (!std::isfinite(loss)) {
         each([&](Hook& h) { h.on_epoch_end(epoch); });
         auto latest = dir_ ? dir_->latest() : std::nullopt;
@@ -372,6 +386,7 @@ FitResult Loop::run() {
       }
       {
         // The whole update as the loop sees it (the trainer's timings count only its threads' part).
+        const trace::Span span("optimizer", "optimizer step");
         auto to = Clock::now();
         optimizer_.step();
         optimizer_seconds_ += seconds_since(to);

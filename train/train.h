@@ -8,3 +8,4 @@
 #include "train/reporter.h"
 #include "train/stop_on_signal.h"
 #include "train/tensorboard.h"
+#include "train/trace.h"

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/tensor/backend_impl.h"
+#include "core/tensor/ops.h"
+#include "core/trace.h"
 
 namespace towerflow {
 
@@ -38,6 +40,7 @@ void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
             std::function<std::vector<Tensor>(const Tensor&)> backward) {
   auto node = std::make_shared<Node>();
   node->name = std::move(name);
+  if (trace::enabled()) node->scope = OpScope::current();
   node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
   node->inputs = std::move(inputs);
   node->backward = std::move(backward);
@@ -90,7 +93,11 @@ void Tensor::backward() const {
     if (it == grads.end()) continue;  // nothing flowed here
     const Tensor g = std::move(it->second);
     grads.erase(it);
-    std::vector<Tensor> input_grads = n->backward(g);
+    std::vector<Tensor> input_grads;
+    {
+      const trace::Span span("grad", n->name, n->scope);
+      input_grads = n->backward(g);
+    }
     TW_CHECK(input_grads.size() == n->inputs.size(), "op ", n->name, " returned ",
              input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
     for (std::size_t i = 0; i < n->inputs.size(); ++i) {

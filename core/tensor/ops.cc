@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace.h"
 #include "core/platform/registry.h"
 #include "core/tensor/autograd.h"
 #include "core/tensor/backend_impl.h"
@@ -20,7 +21,10 @@ namespace {
 thread_local std::string t_scope;
 }
 
-OpScope::OpScope(std::string name) : previous_(std::move(t_scope)) { t_scope = std::move(name); }
+OpScope::OpScope(std::string name) : previous_(std::move(t_scope)) {
+  if (trace::enabled()) span_.emplace("layer", name);
+  t_scope = std::move(name);
+}
 OpScope::~OpScope() { t_scope = std::move(previous_); }
 const std::string& OpScope::current() { return t_scope; }
 
@@ -113,6 +117,7 @@ Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(),
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions opts) {
   constexpr std::string_view kOp = "Conv2D";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &w, &bias});
   check_float(kOp, "input", x);
   check_float(kOp, "weight", w);
@@ -168,6 +173,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
 
 Tensor bias_add(const Tensor& x, const Tensor& bias) {
   constexpr std::string_view kOp = "BiasAdd";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &bias});
   check_float(kOp, "input", x);
   check_float(kOp, "bias", bias);
@@ -196,6 +202,7 @@ Tensor bias_add(const Tensor& x, const Tensor& bias) {
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   constexpr std::string_view kOp = "MatMul";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &w, &bias});
   check_float(kOp, "input", x);
   check_float(kOp, "weight", w);
@@ -244,6 +251,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   constexpr std::string_view kOp = "MatMul";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&a, &b});
   check_float(kOp, "a", a);
   check_float(kOp, "b", b);
@@ -283,6 +291,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor relu(const Tensor& x) {
   constexpr std::string_view kOp = "Relu";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   check_float(kOp, "input", x);
   if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return relu(to_cpu(x)).to(d);
@@ -310,6 +319,7 @@ void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
 
 Tensor add(const Tensor& a, const Tensor& b) {
   constexpr std::string_view kOp = "Add";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&a, &b});
   check_float(kOp, "a", a);
   check_float(kOp, "b", b);
@@ -325,6 +335,7 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   constexpr std::string_view kOp = "Mul";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&a, &b});
   check_float(kOp, "a", a);
   check_float(kOp, "b", b);
@@ -352,6 +363,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor sum(const Tensor& x) {
   constexpr std::string_view kOp = "Sum";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   check_float(kOp, "input", x);
   if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return sum(to_cpu(x)).to(d);
@@ -386,6 +398,7 @@ Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
 
 Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) {
   constexpr std::string_view kOp = "MaxPool";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   const Pool2dShape s = pool_shape(kOp, x, opts);
   if (run_on_cpu_instead(kOp, OpKind::kMaxPool, d)) return max_pool2d(to_cpu(x), opts).to(d);
@@ -406,6 +419,7 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) {
 
 namespace {
 Tensor avg_pool_impl(std::string_view op, const Tensor& x, const Pool2dShape& s) {
+  const trace::Span trace_span("op", op, OpScope::current());
   const Device d = x.device();
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
   backend_for(d).avg_pool_forward(s, x.data<float>(), y.data<float>());
@@ -422,6 +436,7 @@ Tensor avg_pool_impl(std::string_view op, const Tensor& x, const Pool2dShape& s)
 
 Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts) {
   constexpr std::string_view kOp = "AvgPool";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   const Pool2dShape s = pool_shape(kOp, x, opts);
   if (run_on_cpu_instead(kOp, OpKind::kAvgPool, d)) return avg_pool2d(to_cpu(x), opts).to(d);
@@ -430,6 +445,7 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts) {
 
 Tensor global_avg_pool(const Tensor& x) {
   constexpr std::string_view kOp = "Mean";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   check_float(kOp, "input", x);
   check_ndim(kOp, "input", x, 4, "NHWC [n, h, w, c]");
@@ -564,6 +580,7 @@ Tensor batch_norm_sync_training(std::string_view op, const Device& d, std::int64
 Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& residual, bool relu_on,
                        const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                        const Tensor& running_var, BatchNormOptions opts) {
+  const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x, &residual, &gamma, &beta, &running_mean, &running_var});
   for (const Tensor* t : {&x, &residual, &gamma, &beta, &running_mean, &running_var})
     check_float(op, "argument", *t);
@@ -689,6 +706,7 @@ Tensor batch_norm_add_relu(const Tensor& x, const Tensor& residual, const Tensor
 
 Tensor flatten(const Tensor& x) {
   constexpr std::string_view kOp = "Flatten";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   if (x.ndim() < 1) raise<InvalidArgument>(kOp, ": input ", x.describe(), " has no batch dim");
   if (x.ndim() != 4 || (x.dim(1) == 1 && x.dim(2) == 1)) return x.view({x.dim(0), -1});
@@ -711,6 +729,7 @@ Tensor flatten(const Tensor& x) {
 Tensor dropout(const Tensor& x, float p, bool training, std::uint64_t seed,
                std::uint64_t offset) {
   constexpr std::string_view kOp = "Dropout";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x});
   check_float(kOp, "input", x);
   if (!(p >= 0.0f && p < 1.0f))
@@ -750,6 +769,7 @@ void check_logits_labels(std::string_view op, const Tensor& logits, const Tensor
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                              SoftmaxCrossEntropyOptions opts) {
   constexpr std::string_view kOp = "SoftmaxCrossEntropyWithLogits";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&logits, &labels});
   check_logits_labels(kOp, logits, labels);
   if (!(opts.label_smoothing >= 0.0f && opts.label_smoothing < 1.0f))
@@ -784,6 +804,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
 
 std::int64_t top_k_correct(const Tensor& logits, const Tensor& labels, int k) {
   constexpr std::string_view kOp = "InTopK";
+  const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&logits, &labels});
   check_logits_labels(kOp, logits, labels);
   if (k < 1 || k > logits.dim(1))

@@ -14,15 +14,19 @@
 // - Activations are NHWC [n, h, w, c]; conv weights OIHW; linear weights [out, in].
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/tensor/tensor.h"
+#include "core/trace.h"
 
 namespace towerflow {
 
-// ---- naming (for log_device_placement) -------------------------------------------------------
+// ---- naming (for log_device_placement and the trace) ------------------------------------------
 // Names the ops issued on this thread while it lives: "layer1.0.conv1" makes a convolution log
-// as "layer1.0.conv1/Conv2D". Scopes nest by replacement (the innermost wins).
+// as "layer1.0.conv1/Conv2D". Scopes nest by replacement (the innermost wins). While a trace is
+// on (core/trace.h), a scope is also a "layer" span on the thread's track, and every op a span of
+// category "op" (its gradient, "grad") detailed with the scope.
 class OpScope {
  public:
   explicit OpScope(std::string name);
@@ -33,6 +37,7 @@ class OpScope {
 
  private:
   std::string previous_;
+  std::optional<trace::Span> span_;
 };
 
 // ---- layers' ops ------------------------------------------------------------------------------

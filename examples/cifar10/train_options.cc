@@ -71,6 +71,8 @@ const std::vector<Field>& fields() {
       {"json", &TrainOptions::json, "print one JSON object per log line", 0, 0, "Output"},
       {"tensorboard", &TrainOptions::tensorboard, "write TensorBoard event files (scalars every --log_every steps and at each evaluation)", 0, 0, "Output"},
       {"logdir", &TrainOptions::logdir, "where the event files go (empty: --train_dir)", 0, 0, "Output"},
+      {"trace", &TrainOptions::trace, "write a timeline of --trace_steps to this Chrome-trace JSON file (Perfetto, chrome://tracing) and print time per op", 0, 0, "Output"},
+      {"trace_steps", &TrainOptions::trace_steps, "the steps --trace records, A:B (1 is the first step)", 0, 0, "Output"},
       {"histogram_every", &TrainOptions::histogram_every, "steps between weight and gradient histograms in TensorBoard (0: none)", 0, 1e15, "Output"},
   };
   return f;

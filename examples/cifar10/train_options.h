@@ -76,6 +76,8 @@ struct TrainOptions {
   bool tensorboard = true;             // TensorBoard event files
   std::string logdir = {};             // for the event files (empty: train_dir)
   std::int64_t histogram_every = 0;    // steps between weight/gradient histograms (0: none)
+  std::string trace = {};              // a Chrome-trace JSON file of trace_steps (empty: none)
+  std::string trace_steps = "6:10";    // A:B, 1-based
 };
 
 // Sets one option from its flag/INI spelling (name without dashes). InvalidArgument for an

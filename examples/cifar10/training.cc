@@ -253,6 +253,17 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
                                  {.histogram_every = o.histogram_every});
   std::vector<train::Hook*> hooks{&resume_check, &reporter, &metrics};
   if (o.tensorboard) hooks.push_back(&tensorboard);
+  std::unique_ptr<train::Trace> timeline;
+  if (!o.trace.empty()) {
+    train::TraceOptions t{.path = o.trace};
+    try {
+      train::parse_trace_steps(o.trace_steps, t);
+    } catch (const InvalidArgument& e) {
+      raise<InvalidArgument>("--trace_steps: ", e.what());
+    }
+    timeline = std::make_unique<train::Trace>(t);
+    hooks.push_back(timeline.get());
+  }
   hooks.insert(hooks.end(), extra.begin(), extra.end());
   reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo&, train::Fields& f) {
     train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",

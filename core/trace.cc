@@ -1,0 +1,171 @@
+#include "core/trace.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace towerflow::trace {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Buffer {
+  std::mutex mu;
+  int id = 0;
+  std::string name;
+  std::vector<Event> events;
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<Buffer>> buffers;  // kept after their threads end
+  Clock::time_point origin = Clock::now();
+};
+
+std::atomic<bool> g_on{false};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // never destroyed: threads may end after main
+  return *r;
+}
+
+Buffer& this_thread_buffer() {
+  thread_local std::shared_ptr<Buffer> buffer = [] {
+    auto b = std::make_shared<Buffer>();
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    b->id = static_cast<int>(r.buffers.size());
+    b->name = b->id == 0 ? "main" : str("thread ", b->id);
+    r.buffers.push_back(b);
+    return b;
+  }();
+  return *buffer;
+}
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(Clock::now() - registry().origin).count();
+}
+
+}  // namespace
+
+bool enabled() { return g_on.load(std::memory_order_relaxed); }
+
+void start() {
+  Registry& r = registry();
+  {
+    std::lock_guard lock(r.mu);
+    for (auto& b : r.buffers) {
+      std::lock_guard bl(b->mu);
+      b->events.clear();
+    }
+    r.origin = Clock::now();
+  }
+  g_on.store(true, std::memory_order_release);
+}
+
+void stop() { g_on.store(false, std::memory_order_release); }
+
+void set_thread_name(std::string name) {
+  Buffer& b = this_thread_buffer();
+  std::lock_guard lock(b.mu);
+  b.name = std::move(name);
+}
+
+Span::Span(const char* category, std::string_view name, std::string_view detail) {
+  if (!enabled()) return;
+  on_ = true;
+  category_ = category;
+  name_ = name;
+  detail_ = detail;
+  begin_us_ = now_us();
+}
+
+Span::~Span() {
+  if (!on_) return;
+  const double end = now_us();
+  Buffer& b = this_thread_buffer();
+  std::lock_guard lock(b.mu);
+  b.events.push_back({category_, std::move(name_), std::move(detail_), begin_us_, end - begin_us_, b.id});
+}
+
+std::vector<Event> collect() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<Event> out;
+  for (auto& b : r.buffers) {
+    std::lock_guard bl(b->mu);
+    out.insert(out.end(), b->events.begin(), b->events.end());
+  }
+  return out;
+}
+
+std::vector<Thread> threads() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  std::vector<Thread> out;
+  for (auto& b : r.buffers) {
+    std::lock_guard bl(b->mu);
+    out.push_back({b->id, b->name});
+  }
+  return out;
+}
+
+std::string chrome_trace_json(const std::vector<Event>& events, const std::vector<Thread>& threads) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& t : threads) {
+    list.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", t.id}, {"args", {{"name", t.name}}}});
+    list.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", 0}, {"tid", t.id}, {"args", {{"sort_index", t.id}}}});
+  }
+  for (const auto& e : events) {
+    nlohmann::json j{{"ph", "X"}, {"cat", e.category}, {"name", e.name}, {"pid", 0}, {"tid", e.thread},
+                     {"ts", std::round(e.begin_us * 1000) / 1000}, {"dur", std::round(e.duration_us * 1000) / 1000}};
+    if (!e.detail.empty()) j["args"] = {{"detail", e.detail}};
+    list.push_back(std::move(j));
+  }
+  return nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+void write_chrome_trace(const std::filesystem::path& path) {
+  const std::string json = chrome_trace_json(collect(), threads());
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) raise<DataError>("cannot write the trace ", path.string(), ": ", std::strerror(errno));
+  const bool ok = std::fwrite(json.data(), 1, json.size(), f) == json.size();
+  if (std::fclose(f) != 0 || !ok) raise<DataError>("cannot write the trace ", path.string(), ": ", std::strerror(errno));
+}
+
+std::string summary_table(const std::vector<Event>& events, const std::vector<std::string>& categories) {
+  std::map<std::pair<std::string, std::string>, std::pair<double, std::int64_t>> totals;
+  double all = 0;
+  for (const auto& e : events) {
+    const bool wanted = categories.empty() ? (e.category != "layer" && e.category != "phase" && e.category != "step")
+                                           : std::find(categories.begin(), categories.end(), e.category) != categories.end();
+    if (!wanted) continue;
+    auto& t = totals[{e.category, e.name}];
+    t.first += e.duration_us;
+    ++t.second;
+    all += e.duration_us;
+  }
+  std::vector<std::pair<std::pair<std::string, std::string>, std::pair<double, std::int64_t>>> rows(totals.begin(), totals.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::string out = "category     op                              calls    total ms   share\n";
+  char line[160];
+  for (const auto& [key, v] : rows) {
+    std::snprintf(line, sizeof line, "%-12s %-30s %7lld %11.2f %6.1f%%\n", key.first.c_str(), key.second.c_str(),
+                  static_cast<long long>(v.second), v.first / 1e3, all > 0 ? 100.0 * v.first / all : 0.0);
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace towerflow::trace

@@ -1,0 +1,128 @@
+// The timeline: a traced run's Chrome trace parses, every tower's thread shows forward, backward
+// and reduction in the traced steps, spans on a thread nest, and bucketed reduction overlaps
+// backward.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "core/trace.h"
+#include "io/atomic_file.h"
+#include "models/models.h"
+#include "train/fit_fixtures.h"
+
+namespace tw = towerflow;
+namespace fs = std::filesystem;
+using namespace towerflow::train;
+using namespace towerflow::train::testing;
+
+namespace {
+
+struct Span {
+  std::string cat, name;
+  double begin, end;
+};
+
+// The complete events of a trace file by thread name.
+std::map<std::string, std::vector<Span>> spans_by_thread(const fs::path& path) {
+  auto doc = nlohmann::json::parse(tw::io::read_file(path));
+  std::map<int, std::string> names;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "M" && e.at("name") == "thread_name") names[e.at("tid")] = e.at("args").at("name");
+  std::map<std::string, std::vector<Span>> out;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.at("ph") == "X") {
+      const double ts = e.at("ts"), dur = e.at("dur");
+      out[names.at(e.at("tid"))].push_back({e.at("cat"), e.at("name"), ts, ts + dur});
+    }
+  return out;
+}
+
+bool has(const std::vector<Span>& spans, const std::string& cat, const std::string& name = {}) {
+  return std::any_of(spans.begin(), spans.end(), [&](const Span& s) { return s.cat == cat && (name.empty() || s.name == name); });
+}
+
+}  // namespace
+
+TEST_CASE("a traced run writes a Chrome trace of towers, layers, reduction, optimizer and data", "[train][trace]") {
+  fresh_devices();
+  TempDir dir;
+  const fs::path file = dir.path / "trace.json";
+  Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+  Trace timeline({.path = file, .first_step = 3, .last_step = 4});
+  FitOptions o = tiny({});
+  o.loader_threads = 1;
+  FitResult r = fit(s.trainer, s.sgd, s.train, nullptr, o, {&timeline});
+  CHECK(r.steps == 8);
+  REQUIRE(timeline.written());
+  CHECK_FALSE(tw::trace::enabled());  // off again after step 4
+  CHECK_THAT(timeline.summary(), Catch::Contains("Conv2D") && Catch::Contains("grad") && Catch::Contains("share"));
+
+  auto threads = spans_by_thread(file);
+  REQUIRE(threads.count("training loop"));
+  const auto& loop = threads.at("training loop");
+  CHECK(std::count_if(loop.begin(), loop.end(), [](const Span& x) { return x.name == "optimizer step"; }) == 2);
+  CHECK(has(loop, "data", "wait for batch"));
+  REQUIRE(threads.count("loader 0") + threads.count("loader 1") + threads.count("loader 2") >= 1);
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = "tower " + std::to_string(i) + " (/cpu:" + std::to_string(i) + ")";
+    INFO(name);
+    REQUIRE(threads.count(name));
+    const auto& t = threads.at(name);
+    CHECK(std::count_if(t.begin(), t.end(), [](const Span& x) { return x.cat == "phase" && x.name == "forward"; }) == 2);
+    CHECK(std::count_if(t.begin(), t.end(), [](const Span& x) { return x.cat == "phase" && x.name == "backward"; }) == 2);
+    CHECK(has(t, "reduction"));
+    CHECK(has(t, "layer", "conv1"));
+    CHECK(has(t, "op", "Conv2D"));
+    CHECK(has(t, "grad", "Conv2D"));
+  }
+  // Spans on one thread nest: sorted by start, each one ends before its enclosing one does.
+  for (auto& [name, spans] : threads) {
+    INFO(name);
+    std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+    });
+    std::vector<double> open;
+    bool nested = true;
+    for (const auto& x : spans) {
+      while (!open.empty() && open.back() <= x.begin) open.pop_back();
+      if (!open.empty() && x.end > open.back() + 1e-3) nested = false;
+      open.push_back(x.end);
+    }
+    CHECK(nested);
+  }
+}
+
+TEST_CASE("under bucketed reduction the trace shows buckets reduced while backward runs", "[train][trace]") {
+  fresh_devices();
+  TempDir dir;
+  const fs::path file = dir.path / "trace.json";
+  tw::data::Builtin train{tw::data::Split::Train, {.train_size = 128, .test_size = 64}};
+  tw::tower::Trainer trainer(tw::models::factory("resnet20", {.seed = 1}), {tw::Device::cpu(0), tw::Device::cpu(1)},
+                             {.reduction = tw::tower::parse_reduction("bucketed:0.05")});
+  tw::optim::Sgd sgd(trainer.parameters(), {.lr = 0.02, .momentum = 0.9});
+  Trace timeline({.path = file, .first_step = 2, .last_step = 3});
+  FitOptions o = tiny({});
+  o.max_steps = 3;
+  fit(trainer, sgd, train, nullptr, o, {&timeline});
+  auto threads = spans_by_thread(file);
+  int overlapping = 0;
+  for (int i = 0; i < 2; ++i) {
+    const std::string tower = "tower " + std::to_string(i) + " (/cpu:" + std::to_string(i) + ")";
+    REQUIRE(threads.count(tower));
+    std::vector<Span> backward;
+    for (const auto& x : threads.at(tower))
+      if (x.cat == "phase" && x.name == "backward") backward.push_back(x);
+    REQUIRE(backward.size() == 2);
+    for (const auto& [name, spans] : threads)  // the bucket spans, on the tower's reduction thread
+      if (name.starts_with("tower " + std::to_string(i) + " reduction"))
+        for (const auto& x : spans)
+          if (x.cat == "reduction" && x.name.starts_with("bucket"))
+            for (const auto& b : backward)
+              if (x.begin < b.end && x.end > b.begin && x.begin < b.end) ++overlapping;
+  }
+  INFO("bucket spans overlapping a backward span: " << overlapping);
+  CHECK(overlapping > 0);
+}
