@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/cuda/optimizer_kernels.h"
+#include "core/tensor/backend_impl.h"
 #include "core/error.h"
 
 namespace towerflow::optim {
@@ -59,14 +59,14 @@ void Adam::update(std::span<float> p, std::span<const float> g, std::span<const 
   }
 }
 
-void Adam::update_gpu(const gpu::GpuContext& ctx, std::int64_t n, float* p, const float* g,
-                      float* const* state, double lr, std::int64_t step) {
+void Adam::update_device(Backend& backend, std::int64_t n, float* p, const float* g,
+                         float* const* state, double lr, std::int64_t step) {
   const AdamOptions& o = options_;
-  gpu::adam_update(ctx, n, p, g, state[0], state[1],
-                   {.lr = static_cast<float>(lr), .beta1 = static_cast<float>(o.beta1),
-                    .beta2 = static_cast<float>(o.beta2), .eps = static_cast<float>(o.eps),
-                    .weight_decay = static_cast<float>(o.weight_decay),
-                    .decoupled_weight_decay = decoupled_, .step = step});
+  backend.adam_update(n, p, g, state[0], state[1],
+                      {.lr = static_cast<float>(lr), .beta1 = static_cast<float>(o.beta1),
+                       .beta2 = static_cast<float>(o.beta2), .eps = static_cast<float>(o.eps),
+                       .weight_decay = static_cast<float>(o.weight_decay),
+                       .decoupled_weight_decay = decoupled_, .step = step});
 }
 
 }  // namespace towerflow::optim

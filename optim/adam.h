@@ -30,8 +30,8 @@ class Adam : public Optimizer {
  private:
   void update(std::span<float> p, std::span<const float> g, std::span<const std::span<float>> state,
               double lr, std::int64_t step) override;
-  void update_gpu(const gpu::GpuContext& ctx, std::int64_t n, float* p, const float* g,
-                  float* const* state, double lr, std::int64_t step) override;
+  void update_device(Backend& backend, std::int64_t n, float* p, const float* g,
+                     float* const* state, double lr, std::int64_t step) override;
   AdamOptions options_;
   bool decoupled_;
 };

@@ -3,10 +3,9 @@
 #include <cmath>
 #include <map>
 
-#include "core/cuda/context.h"
-#include "core/cuda/copy.h"
 #include "core/error.h"
-#include "core/platform/registry.h"
+#include "core/memory/allocator.h"
+#include "core/tensor/backend_impl.h"
 
 namespace towerflow::optim {
 
@@ -23,27 +22,37 @@ ParameterSet ParameterSet::single(std::span<float> params, std::span<const float
   return set;
 }
 
-// State buffers of one copy: host vectors for a CPU copy; for a GPU copy, device buffers from
-// the device's allocator and a context (its own stream) the updates run on.
+// State buffers of one copy: host vectors for a CPU copy; for a GPU copy, buffers from the
+// device's allocator, updated, read and written through the device's tensor backend.
 struct Optimizer::CopyState {
   std::vector<std::vector<float>> host;
-  std::unique_ptr<gpu::GpuContext> ctx;
-  std::vector<gpu::DeviceBuffer> device;
+  Backend* backend = nullptr;  // null for a CPU copy
+  std::vector<float*> device;
 
-  float* buffer(std::size_t k) { return ctx ? device[k].as<float>() : host[k].data(); }
+  CopyState() = default;
+  CopyState(const CopyState&) = delete;
+  CopyState& operator=(const CopyState&) = delete;
+  ~CopyState() {
+    // Stream-ordered frees (Note [Stream-ordered frees] in core/cuda/context.cc): later work on
+    // the backend's queue is the memory's next user.
+    for (float* p : device) backend->allocator().deallocate(p);
+  }
+
+  float* buffer(std::size_t k) { return backend ? device[k] : host[k].data(); }
   void read(std::size_t k, std::size_t offset, std::size_t n, float* out) const {
-    if (!ctx) {
+    if (!backend) {
       std::copy(host[k].begin() + offset, host[k].begin() + offset + n, out);
       return;
     }
-    gpu::copy_to_host(*ctx, out, device[k].as<float>() + offset, n * sizeof(float));
+    backend->copy_to_host(out, device[k] + offset, n * sizeof(float));
   }
   void write(std::size_t k, std::size_t offset, const std::vector<float>& v) {
-    if (!ctx) {
+    if (!backend) {
       std::copy(v.begin(), v.end(), host[k].begin() + offset);
       return;
     }
-    gpu::copy_to_device(*ctx, device[k].as<float>() + offset, v.data(), v.size() * sizeof(float));
+    backend->copy_from_host(device[k] + offset, v.data(), v.size() * sizeof(float));
+    backend->synchronize();
   }
 };
 
@@ -74,15 +83,20 @@ Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> st
     if (c.device.is_cpu()) {
       st->host.assign(state_names_.size(), std::vector<float>(n, 0.f));
     } else {
-      // In a build without CUDA this raises DeviceError ("rebuild with -DTOWERFLOW_CUDA=ON").
-      st->ctx = std::make_unique<gpu::GpuContext>(gpu::GpuContextOptions{
-          .device = c.device, .ordinal = device_info(c.device).physical_index,
-          .allocator = &device_allocator(c.device)});
+      // The device's own backend: its stream, its allocator (in a build without CUDA this raises
+      // DeviceError, "rebuild with -DTOWERFLOW_CUDA=ON").
+      Backend& be = backend_for(c.device);
+      if (!be.supports(OpKind::kOptimizerUpdate))
+        raise<DeviceError>("an optimizer cannot update parameters on ",
+                           c.device, ": its backend (", be.name(), ") has no fused optimizer "
+                           "update");
+      st->backend = &be;
       for (std::size_t k = 0; k < state_names_.size(); ++k) {
-        st->device.emplace_back(*st->ctx, std::max<std::size_t>(1, n) * sizeof(float));
-        gpu::memset_device(*st->ctx, st->device.back().data(), 0, n * sizeof(float));
+        st->device.push_back(static_cast<float*>(
+            be.allocator().allocate(std::max<std::size_t>(1, n) * sizeof(float))));
+        be.fill(static_cast<std::int64_t>(n), 0.0f, st->device.back());
       }
-      st->ctx->synchronize();
+      be.synchronize();
     }
     state_.push_back(std::move(st));
   }
@@ -103,12 +117,14 @@ void Optimizer::step() {
   auto one = [&](int i) {
     CopyState& cs = *state_[i];
     const ParameterCopy& c = params_.copies[i];
-    if (cs.ctx) {
+    if (cs.backend) {
       std::vector<float*> st;
       for (std::size_t k = 0; k < state_names_.size(); ++k) st.push_back(cs.buffer(k));
-      update_gpu(*cs.ctx, static_cast<std::int64_t>(c.params.size()), c.params.data(),
-                 c.grads.data(), st.data(), lr, t);
-      cs.ctx->synchronize();  // the next forward, on the device's own stream, sees the update
+      update_device(*cs.backend, static_cast<std::int64_t>(c.params.size()), c.params.data(),
+                    c.grads.data(), st.data(), lr, t);
+      // The next forward runs on the same stream and would see the update anyway; waiting keeps
+      // step()'s promise (complete on return) and reports a failure of the update here.
+      cs.backend->synchronize();
       return;
     }
     std::vector<std::span<float>> st;

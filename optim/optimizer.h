@@ -11,10 +11,12 @@
 // as "<slot name>.<state name>" ("conv1.weight.momentum_buffer"), with the step count; load_state
 // writes the same values into every copy.
 //
-// GPU copies are updated by the CUDA optimizer kernels (core/cuda/optimizer_kernels.h) on a
-// stream of the optimizer's own; step() returns once the update is complete on the device. The
-// gradients must be complete when step() is called (the tower trainer's forward_backward returns
-// only then). In a build without CUDA, an optimizer over a GPU copy raises DeviceError.
+// GPU copies are updated by their device's tensor backend (backend_for(device), the fused
+// kOptimizerUpdate op of core/tensor/backend_impl.h), on the same stream as the device's tensor
+// ops and with memory from the same allocator; optim/ sees no CUDA. step() returns once the
+// update is complete on the device. The gradients must be complete when step() is called (the
+// tower trainer's forward_backward returns only then). In a build without CUDA, an optimizer
+// over a GPU copy raises DeviceError; a device whose backend has no fused update raises it too.
 //
 // Thread-safety: an optimizer is driven from one thread (the training loop).
 
@@ -27,8 +29,8 @@
 #include "optim/parameters.h"
 #include "optim/schedule.h"
 
-namespace towerflow::gpu {
-class GpuContext;
+namespace towerflow {
+class Backend;
 }
 
 namespace towerflow::optim {
@@ -72,9 +74,10 @@ class Optimizer {
   // step is 1 for the first update.
   virtual void update(std::span<float> p, std::span<const float> g,
                       std::span<const std::span<float>> state, double lr, std::int64_t step) = 0;
-  // The same on a GPU copy: n floats of device memory each, queued on ctx's stream.
-  virtual void update_gpu(const gpu::GpuContext& ctx, std::int64_t n, float* p, const float* g,
-                          float* const* state, double lr, std::int64_t step) = 0;
+  // The same on a copy in device memory: n floats each, queued on `backend` (the copy's device's
+  // tensor backend) with its fused update op.
+  virtual void update_device(Backend& backend, std::int64_t n, float* p, const float* g,
+                             float* const* state, double lr, std::int64_t step) = 0;
 
  private:
   struct CopyState;  // one copy's state buffers, on its device

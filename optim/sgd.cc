@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "core/cuda/optimizer_kernels.h"
+#include "core/tensor/backend_impl.h"
 #include "core/error.h"
 
 namespace towerflow::optim {
@@ -55,13 +55,14 @@ void Sgd::update(std::span<float> p, std::span<const float> g, std::span<const s
   }
 }
 
-void Sgd::update_gpu(const gpu::GpuContext& ctx, std::int64_t n, float* p, const float* g,
-                     float* const* state, double lr, std::int64_t step) {
-  gpu::sgd_update(ctx, n, p, g, options_.momentum != 0 ? state[0] : nullptr,
-                  {.lr = static_cast<float>(lr), .momentum = static_cast<float>(options_.momentum),
-                   .dampening = static_cast<float>(options_.dampening),
-                   .weight_decay = static_cast<float>(options_.weight_decay),
-                   .nesterov = options_.nesterov, .first_step = step == 1});
+void Sgd::update_device(Backend& backend, std::int64_t n, float* p, const float* g,
+                        float* const* state, double lr, std::int64_t step) {
+  backend.sgd_update(n, p, g, options_.momentum != 0 ? state[0] : nullptr,
+                     {.lr = static_cast<float>(lr),
+                      .momentum = static_cast<float>(options_.momentum),
+                      .dampening = static_cast<float>(options_.dampening),
+                      .weight_decay = static_cast<float>(options_.weight_decay),
+                      .nesterov = options_.nesterov, .first_step = step == 1});
 }
 
 }  // namespace towerflow::optim

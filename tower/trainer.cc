@@ -48,6 +48,12 @@ namespace towerflow::tower {
 // thread per tower all-reduces the buckets in a fixed order as they become ready, while the tower
 // thread carries on with backward. Every tower reduces the same buckets in the same order, so
 // collectives match across towers.
+// "Final" is the host's view: on a GPU, backward has only queued the kernels that write the
+// bucket on the device's compute stream, and NCCL runs on a stream of its own. So when a bucket
+// becomes ready the tower thread records an event on its backend's queue (Backend::record_event;
+// null on the CPU, whose kernels are done when they return), and the all-reduce of the bucket is
+// ordered after that event (Communicator::all_reduce_sum_after: the NCCL stream waits for it on
+// the GPU). Without the event NCCL would sum partly written gradients and replicas would drift.
 
 namespace {
 
@@ -58,13 +64,17 @@ struct Bucket {
   std::size_t begin = 0, end = 0;  // elements of the flat buffer
 };
 
-// Which buckets backward has finished, for one tower and one step.
+// Which buckets backward has finished, for one tower and one step, and the point in the tower's
+// backend queue after which each one's gradients are written (Note [Bucketed reduction during
+// backward]). before_node() and mark_all() run on the tower thread, which drives the backend.
 class BucketTracker {
  public:
+  explicit BucketTracker(Backend& backend) : backend_(&backend) {}
   void reset(std::vector<std::uint64_t> min_sequence) {
     std::lock_guard lock(mu_);
     min_seq_ = std::move(min_sequence);
     ready_.assign(min_seq_.size(), false);
+    events_.assign(min_seq_.size(), nullptr);
     cancelled_ = false;
   }
   // The engine is about to run node `sequence`: every node above it has finished.
@@ -72,9 +82,12 @@ class BucketTracker {
     bool any = false;
     {
       std::lock_guard lock(mu_);
+      std::shared_ptr<const QueueEvent> event;
       for (std::size_t b = 0; b < min_seq_.size(); ++b)
         if (!ready_[b] && min_seq_[b] > sequence) {
+          if (!any) event = backend_->record_event();  // one event for all buckets ready now
           ready_[b] = any = true;
+          events_[b] = event;
           ++early_;
         }
     }
@@ -83,7 +96,12 @@ class BucketTracker {
   void mark_all() {
     {
       std::lock_guard lock(mu_);
-      std::fill(ready_.begin(), ready_.end(), true);
+      std::shared_ptr<const QueueEvent> event = backend_->record_event();
+      for (std::size_t b = 0; b < ready_.size(); ++b)
+        if (!ready_[b]) {
+          ready_[b] = true;
+          events_[b] = event;
+        }
     }
     cv_.notify_all();
   }
@@ -99,14 +117,18 @@ class BucketTracker {
     std::lock_guard lock(mu_);
     return early_;
   }
-  // False when cancelled.
-  bool wait(std::size_t b) {
+  // False when cancelled; otherwise *event is the point after which bucket b is written (null
+  // when nothing is pending, as on the CPU).
+  bool wait(std::size_t b, std::shared_ptr<const QueueEvent>* event) {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return cancelled_ || ready_[b]; });
+    *event = events_[b];
     return !cancelled_;
   }
 
  private:
+  Backend* backend_;
+  std::vector<std::shared_ptr<const QueueEvent>> events_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::uint64_t> min_seq_;
@@ -385,7 +407,8 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
   }
   if (im.bucket_bytes > 0) {
     im.plan_buckets(r0);
-    for (int i = 0; i < n; ++i) im.trackers.push_back(std::make_unique<BucketTracker>());
+    for (int i = 0; i < n; ++i)
+      im.trackers.push_back(std::make_unique<BucketTracker>(backend_for(devices_[i])));
   }
   // Debug, not Info: applications print describe() in their own start-up output.
   log(LogLevel::Debug, describe());
@@ -541,10 +564,12 @@ float Trainer::forward_backward(const HostBatch& batch) {
         if (trace::enabled()) trace::set_thread_name(str("tower ", i, " reduction"));
         try {
           for (std::size_t b = 0; b < im.buckets.size(); ++b) {
-            if (!tracker->wait(b)) return;
+            std::shared_ptr<const QueueEvent> ready;
+            if (!tracker->wait(b, &ready)) return;
             const Bucket& bk = im.buckets[b];
             const trace::Span span("reduction", trace::enabled() ? str("bucket ", b) : std::string());
-            im.comm->all_reduce_sum(i, host_span(grads).subspan(bk.begin, bk.end - bk.begin));
+            im.comm->all_reduce_sum_after(
+                i, host_span(grads).subspan(bk.begin, bk.end - bk.begin), ready.get());
           }
         } catch (...) {
           comm_error = std::current_exception();

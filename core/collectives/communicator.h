@@ -28,6 +28,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/queue_event.h"
 
 namespace towerflow::collectives {
 
@@ -47,6 +48,17 @@ class Communicator {
 
   // data <- sum over participants of data (in place).
   virtual void all_reduce_sum(int participant, std::span<float> data) = 0;
+  // The same for a buffer whose producing work may still be queued on the participant's device:
+  // the collective reads `data` only after `ready` has been reached (null: nothing is pending).
+  // Note [Bucketed reduction during backward] in tower/trainer.cc records one such event per
+  // bucket on the tower's compute stream. The default waits for the event on the calling thread
+  // and then runs all_reduce_sum; the NCCL communicator makes its own stream wait for it on the
+  // GPU instead, so neither the host nor the compute stream stalls.
+  virtual void all_reduce_sum_after(int participant, std::span<float> data,
+                                    const QueueEvent* ready) {
+    if (ready != nullptr) ready->synchronize();
+    all_reduce_sum(participant, data);
+  }
   // data <- root's data on every participant.
   virtual void broadcast(int participant, std::span<float> data, int root) = 0;
   // out[i * send.size() .. (i+1) * send.size()) <- participant i's send, on every participant.

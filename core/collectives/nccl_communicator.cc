@@ -1,28 +1,59 @@
 // NCCL communicator: one NCCL rank per participant GPU, all in this process (ncclCommInitAll),
 // each rank driven by its own tower thread on its own stream.
+//
+// Note [NCCL abort and shutdown]
+// NCCL's documentation ("Error handling and communicator abort", "Finalizing a communicator",
+// "Thread safety") fixes three rules this file follows:
+// - A rank whose peer will never join blocks forever in its collective; only ncclCommAbort makes
+//   the kernel return. abort() therefore aborts every rank's communicator itself, from the thread
+//   that calls it (the failing tower's), not only the ranks that happen to be waiting: the failing
+//   rank's own communicator may hold a launched collective too. A rank's communicator is used by
+//   one thread at a time (NCCL's thread-safety rule), so each launch holds that rank's lock and
+//   abort() takes it before aborting the rank.
+// - ncclCommDestroy on a communicator that was not finalized finalizes it, and finalizing is
+//   collective: destroying rank 0, then rank 1, from one thread waits in rank 0 for rank 1. One
+//   thread that owns several ranks finalizes them inside ncclGroupStart/ncclGroupEnd, then
+//   destroys each (a local operation once finalized).
+// - A collective launch and a cudaFree on another thread can deadlock: launches hold
+//   device_free_mutex() (core/memory/device_free_lock.h), as the CUDA sub-allocator's frees do.
+// Waiting for a collective blocks the thread on an event made with cudaEventBlockingSync (no core
+// spins per tower); an abort makes the kernel, and so the wait, return.
 #include "core/collectives/nccl_communicator.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
 #include <mutex>
 #include <set>
-#include <thread>
+
+#include "core/log.h"
+#include "core/memory/device_free_lock.h"
 
 namespace towerflow::collectives {
 
 namespace {
 
 void cuda_check(cudaError_t status, const char* call, int ordinal) {
-  if (status != cudaSuccess)
+  if (status != cudaSuccess) {
+    cudaGetLastError();
     raise<DeviceError>(call, " failed on CUDA device ", ordinal, ": ", cudaGetErrorString(status));
+  }
 }
 
 void nccl_check(ncclResult_t status, const char* call, int ordinal) {
   if (status != ncclSuccess)
     raise<DeviceError>(call, " failed on CUDA device ", ordinal, ": ", ncclGetErrorString(status));
 }
+
+// What one participant asks for in one collective, compared across participants before launch.
+struct Call {
+  std::size_t count = 0;
+  int root = 0;
+};
 
 }  // namespace
 
@@ -32,47 +63,106 @@ bool nccl_can_join(const std::vector<int>& gpu_ordinals) {
 }
 
 struct NcclCommunicator::Impl {
+  std::vector<Device> devices;
   std::vector<int> ordinals;
   std::vector<ncclComm_t> comms;
   std::vector<cudaStream_t> streams;
+  std::vector<cudaEvent_t> done;         // per participant, blocking-sync: see the Note
+  std::vector<float*> scratch;           // one float per participant, for barrier()
+  std::unique_ptr<std::mutex[]> rank_mu;  // per participant: one thread uses a rank at a time
   std::atomic<bool> aborted{false};
-  std::atomic<bool> comms_broken{false};
+  bool comms_broken = false;  // under every rank_mu: some rank was aborted; reset() rebuilds
+
+  // The host-side rendezvous of every collective (the count check of Communicator's contract).
   std::mutex mu;
+  std::condition_variable cv;
   std::string reason;
+  std::vector<Call> posted;
+  std::vector<Call> round;  // the last complete round's calls
+  int arrived = 0;
+  std::uint64_t generation = 0;
+
+  int n() const { return static_cast<int>(ordinals.size()); }
 
   void init_comms() {
     comms.assign(ordinals.size(), nullptr);
-    nccl_check(ncclCommInitAll(comms.data(), static_cast<int>(ordinals.size()), ordinals.data()),
-               "ncclCommInitAll", ordinals.front());
+    nccl_check(ncclCommInitAll(comms.data(), n(), ordinals.data()), "ncclCommInitAll",
+               ordinals.front());
     comms_broken = false;
   }
 
   [[noreturn]] void throw_aborted() {
     std::lock_guard lock(mu);
-    raise<CollectiveAborted>("collective aborted: ", reason.empty() ? "another participant failed" : reason);
+    raise<CollectiveAborted>("collective aborted: ",
+                             reason.empty() ? "another participant failed" : reason);
   }
 
-  // Waits for participant p's stream; on abort, aborts p's NCCL communicator (which makes the
-  // kernel return) and throws.
-  void wait(int p) {
-    for (;;) {
-      cudaError_t s = cudaStreamQuery(streams[p]);
-      if (s == cudaSuccess) break;
-      if (s != cudaErrorNotReady) cuda_check(s, "cudaStreamQuery", ordinals[p]);
-      if (aborted.load(std::memory_order_acquire)) {
-        comms_broken = true;
-        ncclCommAbort(comms[p]);
-        comms[p] = nullptr;
+  // Every participant posts its call; returns once all have, with every participant's call (the
+  // same vector on every participant, so all reach the same verdict). Throws CollectiveAborted
+  // when aborted before the round completes.
+  std::vector<Call> rendezvous(int p, Call call) {
+    std::unique_lock lock(mu);
+    if (aborted.load(std::memory_order_acquire)) {
+      lock.unlock();
+      throw_aborted();
+    }
+    const std::uint64_t g = generation;
+    posted[p] = call;
+    if (++arrived == n()) {
+      round = posted;
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != g || aborted.load(std::memory_order_acquire); });
+      if (generation == g) {
+        lock.unlock();
         throw_aborted();
       }
-      std::this_thread::yield();
     }
-    if (aborted.load(std::memory_order_acquire)) throw_aborted();
+    return round;  // not overwritten before every participant of this round has read it
   }
 
-  void enter(int p) {
-    if (aborted.load(std::memory_order_acquire)) throw_aborted();
-    cuda_check(cudaSetDevice(ordinals[p]), "cudaSetDevice", ordinals[p]);
+  // Runs `launch` on participant p's communicator and stream, holding the rank's lock and the
+  // device-free lock (Note [NCCL abort and shutdown]), then blocks until the stream has passed it.
+  template <typename Launch>
+  void run(int p, const char* what, Launch launch) {
+    {
+      std::lock_guard rank_lock(rank_mu[p]);
+      if (aborted.load(std::memory_order_acquire) || comms[p] == nullptr) throw_aborted();
+      cuda_check(cudaSetDevice(ordinals[p]), "cudaSetDevice", ordinals[p]);
+      {
+        std::lock_guard free_lock(device_free_mutex());
+        nccl_check(launch(comms[p], streams[p]), what, ordinals[p]);
+      }
+      cuda_check(cudaEventRecord(done[p], streams[p]), "cudaEventRecord", ordinals[p]);
+    }
+    const cudaError_t status = cudaEventSynchronize(done[p]);
+    if (aborted.load(std::memory_order_acquire)) {
+      cudaGetLastError();
+      throw_aborted();
+    }
+    cuda_check(status, "cudaEventSynchronize (NCCL collective)", ordinals[p]);
+  }
+
+  // Aborts every rank's communicator: Note [NCCL abort and shutdown].
+  void abort_comms() {
+    for (int p = 0; p < n(); ++p) {
+      std::lock_guard rank_lock(rank_mu[p]);
+      comms_broken = true;
+      if (comms[p] == nullptr) continue;
+      cudaSetDevice(ordinals[p]);
+      const ncclResult_t r = ncclCommAbort(comms[p]);
+      if (r != ncclSuccess)
+        log_warning(str("ncclCommAbort on ", devices[p], ": ", ncclGetErrorString(r)));
+      comms[p] = nullptr;
+    }
+  }
+
+  void check_participant(int p) const {
+    if (p < 0 || p >= n())
+      raise<InvalidArgument>("participant ", p, " does not exist; this NCCL communicator has ",
+                             n(), " (0..", n() - 1, ")");
   }
 };
 
@@ -97,23 +187,72 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int>
                          return s;
                        }(),
                        "); reduce on a parameter device instead");
-  impl_->ordinals = std::move(gpu_ordinals);
-  impl_->streams.resize(devices_.size());
-  for (std::size_t i = 0; i < devices_.size(); ++i) {
-    cuda_check(cudaSetDevice(impl_->ordinals[i]), "cudaSetDevice", impl_->ordinals[i]);
-    cuda_check(cudaStreamCreateWithFlags(&impl_->streams[i], cudaStreamNonBlocking),
-               "cudaStreamCreateWithFlags", impl_->ordinals[i]);
+  Impl& m = *impl_;
+  m.devices = devices_;
+  m.ordinals = std::move(gpu_ordinals);
+  const std::size_t n = devices_.size();
+  m.streams.assign(n, nullptr);
+  m.done.assign(n, nullptr);
+  m.scratch.assign(n, nullptr);
+  m.posted.resize(n);
+  m.rank_mu = std::make_unique<std::mutex[]>(n);
+  auto release = [&] {
+    for (std::size_t i = 0; i < n; ++i) {
+      cudaSetDevice(m.ordinals[i]);
+      if (m.scratch[i]) cudaFree(m.scratch[i]);
+      if (m.done[i]) cudaEventDestroy(m.done[i]);
+      if (m.streams[i]) cudaStreamDestroy(m.streams[i]);
+    }
+  };
+  try {
+    for (std::size_t i = 0; i < n; ++i) {
+      const int o = m.ordinals[i];
+      cuda_check(cudaSetDevice(o), "cudaSetDevice", o);
+      cuda_check(cudaStreamCreateWithFlags(&m.streams[i], cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags", o);
+      cuda_check(cudaEventCreateWithFlags(&m.done[i],
+                                          cudaEventBlockingSync | cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags", o);
+      cuda_check(cudaMalloc(reinterpret_cast<void**>(&m.scratch[i]), sizeof(float)), "cudaMalloc",
+                 o);
+    }
+    m.init_comms();
+  } catch (...) {
+    release();
+    impl_.reset();
+    throw;
   }
-  impl_->init_comms();
 }
 
 NcclCommunicator::~NcclCommunicator() {
   if (!impl_) return;
-  for (std::size_t i = 0; i < impl_->comms.size(); ++i) {
-    if (impl_->comms[i]) ncclCommDestroy(impl_->comms[i]);
-    cudaSetDevice(impl_->ordinals[i]);
-    if (impl_->streams[i]) cudaStreamDestroy(impl_->streams[i]);
+  Impl& m = *impl_;
+  // Note [NCCL abort and shutdown]: finalize every live rank in one group, then destroy each.
+  bool live = false;
+  for (ncclComm_t c : m.comms) live = live || c != nullptr;
+  if (live && !m.comms_broken) {
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < m.n() && r == ncclSuccess; ++p) {
+      cudaSetDevice(m.ordinals[p]);
+      r = ncclCommFinalize(m.comms[p]);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (r != ncclSuccess || end != ncclSuccess) {
+      log_warning(str("ncclCommFinalize failed (", ncclGetErrorString(r != ncclSuccess ? r : end),
+                      "); aborting the NCCL communicators instead"));
+      m.abort_comms();
+    }
+  } else if (live) {
+    m.abort_comms();  // a broken clique cannot finalize: its peers are gone
   }
+  for (int p = 0; p < m.n(); ++p) {
+    cudaSetDevice(m.ordinals[p]);
+    if (m.comms[p]) ncclCommDestroy(m.comms[p]);
+    if (m.scratch[p]) cudaFree(m.scratch[p]);
+    if (m.done[p]) cudaEventDestroy(m.done[p]);
+    if (m.streams[p]) cudaStreamDestroy(m.streams[p]);
+  }
+  cudaGetLastError();
 }
 
 std::string NcclCommunicator::name() const {
@@ -124,73 +263,89 @@ std::string NcclCommunicator::name() const {
 }
 
 void NcclCommunicator::all_reduce_sum(int p, std::span<float> data) {
-  TW_CHECK(p >= 0 && p < size(), "participant ", p, " of ", size());
-  impl_->enter(p);
-  nccl_check(ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum,
-                           impl_->comms[p], impl_->streams[p]),
-             "ncclAllReduce", impl_->ordinals[p]);
-  impl_->wait(p);
+  all_reduce_sum_after(p, data, nullptr);
+}
+
+void NcclCommunicator::all_reduce_sum_after(int p, std::span<float> data,
+                                            const QueueEvent* ready) {
+  impl_->check_participant(p);
+  const std::vector<Call> calls = impl_->rendezvous(p, {.count = data.size()});
+  for (int i = 0; i < size(); ++i)
+    if (calls[i].count != data.size())
+      raise<InvalidArgument>("all_reduce_sum: participant ", i, " (", devices_[i], ") sums ",
+                             calls[i].count, " floats but participant ", p, " (", devices_[p],
+                             ") sums ", data.size(), "; every participant must pass the same count");
+  if (ready != nullptr) ready->make_stream_wait(impl_->streams[p]);
+  impl_->run(p, "ncclAllReduce", [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, ncclSum, comm, stream);
+  });
 }
 
 void NcclCommunicator::broadcast(int p, std::span<float> data, int root) {
-  TW_CHECK(p >= 0 && p < size(), "participant ", p, " of ", size());
+  impl_->check_participant(p);
   if (root < 0 || root >= size())
     raise<InvalidArgument>("broadcast root ", root, " is not a participant; use 0..", size() - 1);
-  impl_->enter(p);
-  nccl_check(ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root, impl_->comms[p],
-                           impl_->streams[p]),
-             "ncclBroadcast", impl_->ordinals[p]);
-  impl_->wait(p);
+  const std::vector<Call> calls = impl_->rendezvous(p, {.count = data.size(), .root = root});
+  for (int i = 0; i < size(); ++i)
+    if (calls[i].count != data.size() || calls[i].root != root)
+      raise<InvalidArgument>("broadcast: participant ", i, " (", devices_[i], ") expects ",
+                             calls[i].count, " floats from root ", calls[i].root,
+                             " but participant ", p, " (", devices_[p], ") expects ", data.size(),
+                             " from root ", root,
+                             "; every participant must pass the same count and root");
+  impl_->run(p, "ncclBroadcast", [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root, comm, stream);
+  });
 }
 
 void NcclCommunicator::all_gather(int p, std::span<const float> send, std::span<float> out) {
-  TW_CHECK(p >= 0 && p < size(), "participant ", p, " of ", size());
+  impl_->check_participant(p);
   if (out.size() != send.size() * static_cast<std::size_t>(size()))
     raise<InvalidArgument>("all_gather: the output holds ", out.size(), " floats but ", size(),
                            " participants sending ", send.size(), " each need ",
                            send.size() * static_cast<std::size_t>(size()));
-  impl_->enter(p);
-  nccl_check(ncclAllGather(send.data(), out.data(), send.size(), ncclFloat, impl_->comms[p],
-                           impl_->streams[p]),
-             "ncclAllGather", impl_->ordinals[p]);
-  impl_->wait(p);
+  const std::vector<Call> calls = impl_->rendezvous(p, {.count = send.size()});
+  for (int i = 0; i < size(); ++i)
+    if (calls[i].count != send.size())
+      raise<InvalidArgument>("all_gather: participant ", i, " (", devices_[i], ") sends ",
+                             calls[i].count, " floats but participant ", p, " (", devices_[p],
+                             ") sends ", send.size(), "; every participant must send the same count");
+  impl_->run(p, "ncclAllGather", [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllGather(send.data(), out.data(), send.size(), ncclFloat, comm, stream);
+  });
 }
 
 void NcclCommunicator::barrier(int p) {
-  // A one-element all-reduce on a scratch value is NCCL's barrier.
-  TW_CHECK(p >= 0 && p < size(), "participant ", p, " of ", size());
-  impl_->enter(p);
-  float* scratch = nullptr;
-  cuda_check(cudaMallocAsync(reinterpret_cast<void**>(&scratch), sizeof(float), impl_->streams[p]),
-             "cudaMallocAsync", impl_->ordinals[p]);
-  cuda_check(cudaMemsetAsync(scratch, 0, sizeof(float), impl_->streams[p]), "cudaMemsetAsync",
-             impl_->ordinals[p]);
-  nccl_check(ncclAllReduce(scratch, scratch, 1, ncclFloat, ncclSum, impl_->comms[p],
-                           impl_->streams[p]),
-             "ncclAllReduce (barrier)", impl_->ordinals[p]);
-  cudaFreeAsync(scratch, impl_->streams[p]);
-  impl_->wait(p);
+  // The host rendezvous plus a one-element all-reduce, so the GPUs pass the barrier too.
+  impl_->check_participant(p);
+  impl_->rendezvous(p, {.count = 1});
+  float* scratch = impl_->scratch[p];
+  impl_->run(p, "ncclAllReduce (barrier)", [&](ncclComm_t comm, cudaStream_t stream) {
+    return ncclAllReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, stream);
+  });
 }
 
 void NcclCommunicator::abort(const std::string& reason) {
+  Impl& m = *impl_;
   {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->reason.empty()) impl_->reason = reason;
+    std::lock_guard lock(m.mu);
+    if (m.reason.empty()) m.reason = reason;
+    m.aborted.store(true, std::memory_order_release);
   }
-  impl_->aborted.store(true, std::memory_order_release);
+  m.cv.notify_all();  // participants waiting for the others on the host
+  m.abort_comms();    // participants waiting on the GPU: Note [NCCL abort and shutdown]
 }
 
 void NcclCommunicator::reset() {
-  {
-    std::lock_guard lock(impl_->mu);
-    impl_->reason.clear();
+  Impl& m = *impl_;
+  if (m.comms_broken) {
+    m.abort_comms();  // any rank not aborted yet
+    m.init_comms();
   }
-  if (impl_->comms_broken) {
-    for (std::size_t i = 0; i < impl_->comms.size(); ++i)
-      if (impl_->comms[i]) ncclCommAbort(impl_->comms[i]);
-    impl_->init_comms();
-  }
-  impl_->aborted.store(false, std::memory_order_release);
+  std::lock_guard lock(m.mu);
+  m.reason.clear();
+  m.arrived = 0;
+  m.aborted.store(false, std::memory_order_release);
 }
 
 }  // namespace towerflow::collectives

@@ -4,11 +4,19 @@
 //
 // Contract (beyond Communicator's): buffers are device memory of the participant's GPU. Before a
 // call, the work that produced the buffer must have completed (the caller synchronises its
-// stream); the call returns once the collective has completed on that participant's GPU. Each
-// participant is one CUDA device: two logical devices on one physical GPU cannot be joined (NCCL
-// allows one rank per GPU); the tower trainer uses the parameter-device reduction there.
-// After abort(), waiting participants abort their NCCL communicators and throw
-// CollectiveAborted; reset() builds fresh NCCL communicators.
+// stream), or the call is all_reduce_sum_after with an event recorded after that work, which the
+// communicator's stream waits for on the GPU. Every collective first meets the other
+// participants on the host and compares counts (and roots), so a mismatch raises InvalidArgument
+// on every participant instead of corrupting memory or hanging. The call returns once the
+// collective has completed on that participant's GPU; the thread sleeps meanwhile (a
+// blocking-sync event, not a spin). Each participant is one CUDA device: two logical devices on
+// one physical GPU cannot be joined (NCCL allows one rank per GPU); the tower trainer uses the
+// parameter-device reduction there.
+// abort() aborts every rank's NCCL communicator at once (Note [NCCL abort and shutdown] in
+// nccl_communicator.cc): participants waiting on the host or on the GPU, and later ones, throw
+// CollectiveAborted; reset() (with no participant inside) builds fresh NCCL communicators. The
+// destructor finalizes all ranks in one NCCL group, then destroys them, so it cannot hang on a
+// healthy clique; a broken one is aborted instead.
 
 #include <memory>
 
@@ -24,6 +32,8 @@ class NcclCommunicator final : public Communicator {
 
   const std::vector<Device>& devices() const override { return devices_; }
   void all_reduce_sum(int participant, std::span<float> data) override;
+  void all_reduce_sum_after(int participant, std::span<float> data,
+                            const QueueEvent* ready) override;
   void broadcast(int participant, std::span<float> data, int root) override;
   void all_gather(int participant, std::span<const float> send, std::span<float> out) override;
   void barrier(int participant) override;

@@ -1,15 +1,29 @@
 // Batch normalisation through cuDNN's spatial mode.
 //
-// Note [Batch norm as an [rows, c] tensor]
-// NHWC activations are a dense [rows, c] matrix (rows = n*h*w). Described to cuDNN as an NCHW
-// tensor of shape (rows, c, 1, 1), spatial mode normalises each channel over all rows — exactly
-// the NHWC statistics, with no layout conversion. The fused relu / add+relu variants run cuDNN's
-// batch norm and then one elementwise pass; their backward applies the relu mask first.
+// Note [Batch norm shapes within cuDNN's limits]
+// NHWC activations are a dense [rows, c] matrix (rows = n*h*w), and spatial mode normalises each
+// channel over N, H and W together, so any packed NHWC shape (n', c, h', w') with
+// n' * h' * w' == rows gives exactly the NHWC statistics, with no layout conversion. The shape
+// must respect cuDNN's batch limit: its legacy batch-norm kernels return CUDNN_STATUS_NOT_SUPPORTED
+// for N > 65535 in inference and N > 131070 in training (PyTorch issues 2917 and 19911,
+// onnxruntime 17406 at 70,000 rows; PyTorch keeps such inputs away from cuDNN). Describing every
+// input as (rows, c, 1, 1) therefore failed on the first evaluation of ResNet-20 with 128 images
+// of 32x32 (131072 rows). bn_tensor_shape() (batch_norm_shape.h, tested on the CPU) keeps
+// (rows, c, 1, 1) up to 65535 rows and otherwise moves a factor of rows into H, leaving N within
+// the limit. The fused relu / add+relu variants run cuDNN's batch norm and then one elementwise
+// pass; their backward applies the relu mask first.
+//
+// Note [cuDNN's minimum epsilon]
+// CUDNN_BN_MIN_EPSILON was 1e-5 before cuDNN 7.5 and is 0.0 in cuDNN 8 and 9 (cudnn_ops.h: "Minimum
+// epsilon allowed to be used in the Batch Normalization formula"). The guard compares with the
+// constant of the cuDNN we build against, so on cuDNN 9 it refuses only a negative (or NaN) eps,
+// as the CPU kernel does, and a model with eps = 1e-6 runs on both.
 
 #include <cudnn.h>
 
-#include <climits>
+#include <cmath>
 
+#include "core/cuda/batch_norm_shape.h"
 #include "core/cuda/context_impl.h"
 #include "core/cuda/kernels_impl.h"
 #include "core/cuda/ops.h"
@@ -26,10 +40,12 @@ struct BnDescriptors {
   cudnnTensorDescriptor_t x = nullptr;
   cudnnTensorDescriptor_t stats = nullptr;
   BnDescriptors(std::int64_t rows, int c) {
+    // Note [Batch norm shapes within cuDNN's limits]
+    const BnTensorShape shape = bn_tensor_shape(rows, c);
     TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x));
     TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&stats));
-    TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
-                                              static_cast<int>(rows), c, 1, 1));
+    TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, shape.n,
+                                              shape.c, shape.h, shape.w));
     TW_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(stats, x, CUDNN_BATCHNORM_SPATIAL));
   }
   ~BnDescriptors() {
@@ -40,18 +56,15 @@ struct BnDescriptors {
   BnDescriptors& operator=(const BnDescriptors&) = delete;
 };
 
-void check_shape(std::int64_t rows, int c, const char* what) {
-  if (rows < 1) raise<InvalidArgument>(what, ": rows ", rows, " must be at least 1");
-  if (rows > INT_MAX)
-    raise<InvalidArgument>(what, ": rows ", rows, " exceed cuDNN's limit of ", INT_MAX,
-                           "; split the batch");
-  if (c < 1) raise<InvalidArgument>(what, ": channels ", c, " must be at least 1");
-}
+void check_shape(std::int64_t rows, int c, const char* what) { bn_tensor_shape(rows, c, what); }
 
+// Note [cuDNN's minimum epsilon]
 void check_eps(float eps, const char* what) {
-  if (!(eps >= static_cast<float>(CUDNN_BN_MIN_EPSILON)))
-    raise<InvalidArgument>(what, ": eps ", eps, " is below cuDNN's minimum ",
-                           CUDNN_BN_MIN_EPSILON, "; use eps >= 1e-5 (PyTorch's default) on GPUs");
+  if (!(eps >= static_cast<float>(CUDNN_BN_MIN_EPSILON)) || !std::isfinite(eps))
+    raise<InvalidArgument>(what, ": eps ", eps, " is invalid; cuDNN ", CUDNN_MAJOR,
+                           " needs a finite eps >= ", CUDNN_BN_MIN_EPSILON,
+                           " (CUDNN_BN_MIN_EPSILON), as the CPU kernel does; PyTorch's default "
+                           "is 1e-5");
 }
 
 }  // namespace
@@ -154,7 +167,7 @@ void batch_norm_backward(const GpuContext& ctx, std::int64_t rows, int c, const 
   auto scope = m.scope();
   BnDescriptors d(rows, c);
   // With the saved mean and inverse std given, cuDNN does not use epsilon for the result; it only
-  // has to be a valid value, and the CPU twin's signature carries none.
+  // has to be a valid value (>= CUDNN_BN_MIN_EPSILON), and the CPU twin's signature carries none.
   TW_CUDNN_CHECK(cudnnBatchNormalizationBackward(
       m.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, d.x, x, d.x, dy, d.x, dx,
       d.stats, gamma, dgamma, dbeta, CUDNN_BN_MIN_EPSILON, save_mean, save_invstd));

@@ -11,7 +11,9 @@
 // - Work is queued on the context's stream and the call returns without waiting; results are
 //   ready after synchronize(), after a GpuEvent recorded later has completed, or for work queued
 //   later on the same stream. A context is used by one thread at a time (the tower's), as a
-//   CpuContext is; distinct contexts run concurrently.
+//   CpuContext is; distinct contexts run concurrently. The one exception is copy_to_device /
+//   copy_to_host (copy.h), which lock the context's pinned staging buffers and may be called
+//   from any thread (a CPU tower reads a GPU tensor through this context in a mixed run).
 // - Device memory comes from the allocator given in the options (the logical device's BFC
 //   allocator), including cuDNN workspaces. Its frees are stream-ordered: see
 //   Note [Stream-ordered frees] in context.cc.

@@ -28,6 +28,15 @@ struct ConvPlan {
   cudnnMathType_t base_math = CUDNN_FMA_MATH;  // the descriptor's mode: FMA, or DEFAULT with TF32
   cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_data_math = CUDNN_FMA_MATH,
                   bwd_filter_math = CUDNN_FMA_MATH;  // what each chosen algorithm was ranked with
+  // The best-ranked supported, deterministic algorithm that needs no workspace, for when the
+  // workspace cannot be allocated (Note [Choosing convolution algorithms] in conv.cc); `have_*`
+  // false when cuDNN ranks none for the shape.
+  bool have_fwd0 = false, have_bwd_data0 = false, have_bwd_filter0 = false;
+  cudnnConvolutionFwdAlgo_t fwd0{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data0{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter0{};
+  cudnnMathType_t fwd0_math = CUDNN_FMA_MATH, bwd_data0_math = CUDNN_FMA_MATH,
+                  bwd_filter0_math = CUDNN_FMA_MATH;
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
@@ -45,8 +54,12 @@ struct GpuContext::Impl {
   std::map<ConvKey, std::unique_ptr<ConvPlan>> conv_plans;
 
   // Pinned staging for copies from and to pageable host memory: two buffers used in turn, each
-  // with the event that says when the GPU is done with it.
+  // with the event that says when the GPU is done with it. staging_mu guards them (and
+  // next_staging) for a whole copy: besides the device's tower thread, other threads copy through
+  // this context, such as a CPU tower that reads a GPU tensor (CpuBackend::copy_from_device calls
+  // the GPU backend's copy_to_host) in a mixed /gpu:0,/cpu:0 run.
   static constexpr std::size_t kStagingBytes = 4 << 20;
+  std::mutex staging_mu;
   std::array<void*, 2> staging{};
   std::array<cudaEvent_t, 2> staging_done{};
   int next_staging = 0;

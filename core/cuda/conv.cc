@@ -10,12 +10,19 @@
 //
 // Note [Choosing convolution algorithms]
 // cuDNN's heuristics (cudnnGetConvolution*Algorithm_v7) rank the algorithms for a shape without
-// running them; the first one that is supported, fits kMaxWorkspaceBytes and obeys the math
-// mode is kept in the context's plan for that shape, so the ranking runs once per shape per
-// device. Unless allow_tf32 is set, the descriptors ask for FMA math (no TF32 tensor-core
-// rounding) so float results match the CPU to rounding. The workspace comes from the device's
-// allocator for the duration of the call (stream-ordered free, Note [Stream-ordered frees]); if
-// that allocation fails the call falls back to the best algorithm that needs no workspace.
+// running them; the first one that is supported (status CUDNN_STATUS_SUCCESS), deterministic
+// (CUDNN_DETERMINISTIC: the README promises that only max-pool backward's atomics may vary, and
+// cuDNN's backward-data and backward-filter ALGO_0 accumulate with atomics), fits
+// kMaxWorkspaceBytes and obeys the math mode is kept in the context's plan for that shape, so the
+// ranking runs once per shape per device. Its workspace is asked of
+// cudnnGetConvolution*WorkspaceSize for that algorithm and math mode (the size the call itself
+// checks against), not taken from the ranking's estimate. Unless allow_tf32 is set, the
+// descriptors ask for FMA math (no TF32 tensor-core rounding) so float results match the CPU to
+// rounding. The workspace comes from the device's allocator for the duration of the call
+// (stream-ordered free, Note [Stream-ordered frees]); if that allocation fails, the call uses the
+// best algorithm of the same ranking that is supported, deterministic and needs no workspace.
+// No algorithm is hard-coded: which ones support NHWC float32 data with NHWC filters differs
+// between cuDNN versions and GPUs, and a hard-coded one may return CUDNN_STATUS_NOT_SUPPORTED.
 
 #include <cudnn.h>
 
@@ -71,6 +78,7 @@ template <typename Perf>
 const Perf* choose(const Perf* perf, int count, bool allow_tf32, bool need_no_workspace) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
+    if (perf[i].determinism != CUDNN_DETERMINISTIC) continue;
     if (perf[i].memory > (need_no_workspace ? 0 : kMaxWorkspaceBytes)) continue;
     if (!allow_tf32 && perf[i].mathType == CUDNN_TENSOR_OP_MATH) continue;
     return &perf[i];
@@ -79,9 +87,17 @@ const Perf* choose(const Perf* perf, int count, bool allow_tf32, bool need_no_wo
 }
 
 [[noreturn]] void no_algorithm(const GpuContext& ctx, const Conv2dShape& s, const char* what) {
-  raise<DeviceError>("cuDNN offers no ", what, " algorithm for ", s.to_string(), " on ",
-                     ctx.device(), " within ", kMaxWorkspaceBytes >> 20,
+  raise<DeviceError>("cuDNN offers no deterministic ", what, " algorithm for ", s.to_string(),
+                     " on ", ctx.device(), " within ", kMaxWorkspaceBytes >> 20,
                      " MiB of workspace and the requested math mode");
+}
+
+[[noreturn]] void no_fallback(const GpuContext& ctx, const Conv2dShape& s, const char* what,
+                              std::size_t workspace) {
+  raise<OutOfMemory>("the ", workspace, "-byte cuDNN workspace of the ", what, " for ",
+                     s.to_string(), " does not fit on ", ctx.device(),
+                     ", and cuDNN ranks no deterministic algorithm without workspace for it; free "
+                     "memory (a smaller batch) or raise the device's memory limit");
 }
 
 // Allocates the workspace, or returns an empty buffer when the device is out of memory (the
@@ -136,16 +152,25 @@ void conv2d_forward(const GpuContext& ctx, const Conv2dShape& s, const float* x,
     const auto* best = choose(perf, count, ctx.allow_tf32(), false);
     if (best == nullptr) no_algorithm(ctx, s, "forward convolution");
     p.fwd = best->algo;
-    p.fwd_workspace = best->memory;
     p.fwd_math = best->mathType;
+    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.fwd_math));
+    TW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(m.cudnn, p.x_desc, p.w_desc,
+                                                           p.conv_desc, p.y_desc, p.fwd,
+                                                           &p.fwd_workspace));
+    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
+      p.fwd0 = zero->algo;
+      p.fwd0_math = zero->mathType;
+      p.have_fwd0 = true;
+    }
     p.have_fwd = true;
   }
   DeviceBuffer w_ohwi(ctx, weight_bytes(s));
   oihw_to_ohwi(ctx, s, w, w_ohwi.as<float>());
   bool ok = true;
   DeviceBuffer ws = try_workspace(ctx, p.fwd_workspace, &ok);
-  const cudnnConvolutionFwdAlgo_t algo = ok ? p.fwd : CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.fwd_math : p.base_math));
+  if (!ok && !p.have_fwd0) no_fallback(ctx, s, "forward convolution", p.fwd_workspace);
+  const cudnnConvolutionFwdAlgo_t algo = ok ? p.fwd : p.fwd0;
+  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.fwd_math : p.fwd0_math));
   TW_CUDNN_CHECK(cudnnConvolutionForward(m.cudnn, &kOne, p.x_desc, x, p.w_desc, w_ohwi.data(),
                                          p.conv_desc, algo, ws.data(), ok ? ws.size() : 0, &kZero,
                                          p.y_desc, y));
@@ -167,16 +192,26 @@ void conv2d_backward_input(const GpuContext& ctx, const Conv2dShape& s, const fl
     const auto* best = choose(perf, count, ctx.allow_tf32(), false);
     if (best == nullptr) no_algorithm(ctx, s, "backward-data convolution");
     p.bwd_data = best->algo;
-    p.bwd_data_workspace = best->memory;
     p.bwd_data_math = best->mathType;
+    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.bwd_data_math));
+    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(m.cudnn, p.w_desc, p.y_desc,
+                                                                p.conv_desc, p.x_desc, p.bwd_data,
+                                                                &p.bwd_data_workspace));
+    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
+      p.bwd_data0 = zero->algo;
+      p.bwd_data0_math = zero->mathType;
+      p.have_bwd_data0 = true;
+    }
     p.have_bwd_data = true;
   }
   DeviceBuffer w_ohwi(ctx, weight_bytes(s));
   oihw_to_ohwi(ctx, s, w, w_ohwi.as<float>());
   bool ok = true;
   DeviceBuffer ws = try_workspace(ctx, p.bwd_data_workspace, &ok);
-  const cudnnConvolutionBwdDataAlgo_t algo = ok ? p.bwd_data : CUDNN_CONVOLUTION_BWD_DATA_ALGO_0;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.bwd_data_math : p.base_math));
+  if (!ok && !p.have_bwd_data0)
+    no_fallback(ctx, s, "backward-data convolution", p.bwd_data_workspace);
+  const cudnnConvolutionBwdDataAlgo_t algo = ok ? p.bwd_data : p.bwd_data0;
+  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.bwd_data_math : p.bwd_data0_math));
   TW_CUDNN_CHECK(cudnnConvolutionBackwardData(m.cudnn, &kOne, p.w_desc, w_ohwi.data(), p.y_desc,
                                               dy, p.conv_desc, algo, ws.data(),
                                               ok ? ws.size() : 0, &kZero, p.x_desc, dx));
@@ -198,16 +233,26 @@ void conv2d_backward_weight(const GpuContext& ctx, const Conv2dShape& s, const f
     const auto* best = choose(perf, count, ctx.allow_tf32(), false);
     if (best == nullptr) no_algorithm(ctx, s, "backward-filter convolution");
     p.bwd_filter = best->algo;
-    p.bwd_filter_workspace = best->memory;
     p.bwd_filter_math = best->mathType;
+    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.bwd_filter_math));
+    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+        m.cudnn, p.x_desc, p.y_desc, p.conv_desc, p.w_desc, p.bwd_filter,
+        &p.bwd_filter_workspace));
+    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
+      p.bwd_filter0 = zero->algo;
+      p.bwd_filter0_math = zero->mathType;
+      p.have_bwd_filter0 = true;
+    }
     p.have_bwd_filter = true;
   }
   DeviceBuffer dw_ohwi(ctx, weight_bytes(s));
   bool ok = true;
   DeviceBuffer ws = try_workspace(ctx, p.bwd_filter_workspace, &ok);
-  const cudnnConvolutionBwdFilterAlgo_t algo =
-      ok ? p.bwd_filter : CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.bwd_filter_math : p.base_math));
+  if (!ok && !p.have_bwd_filter0)
+    no_fallback(ctx, s, "backward-filter convolution", p.bwd_filter_workspace);
+  const cudnnConvolutionBwdFilterAlgo_t algo = ok ? p.bwd_filter : p.bwd_filter0;
+  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc,
+                                             ok ? p.bwd_filter_math : p.bwd_filter0_math));
   TW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(m.cudnn, &kOne, p.x_desc, x, p.y_desc, dy,
                                                 p.conv_desc, algo, ws.data(), ok ? ws.size() : 0,
                                                 &kZero, p.w_desc, dw_ohwi.data()));

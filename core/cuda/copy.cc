@@ -57,6 +57,7 @@ void copy_to_device(const GpuContext& ctx, void* dst, const void* src, std::size
   if (bytes == 0) return;
   GpuContext::Impl& m = ctx.impl();
   auto scope = m.scope();
+  std::lock_guard lock(m.staging_mu);  // the staging buffers are shared by every caller thread
   for (std::size_t off = 0; off < bytes; off += GpuContext::Impl::kStagingBytes) {
     const std::size_t len = std::min(GpuContext::Impl::kStagingBytes, bytes - off);
     const int i = m.next_staging;
@@ -74,6 +75,7 @@ void copy_to_host(const GpuContext& ctx, void* dst, const void* src, std::size_t
   if (bytes == 0) return;
   GpuContext::Impl& m = ctx.impl();
   auto scope = m.scope();
+  std::lock_guard lock(m.staging_mu);  // the staging buffers are shared by every caller thread
   // Two buffers in turn: while the GPU fills one, the host drains the other.
   int pending = -1;
   std::size_t pending_off = 0, pending_len = 0;

@@ -6,8 +6,15 @@
 //   stream, so a copy is ordered after the kernels queued before it on that stream and before the
 //   ones queued after it.
 // - copy_to_device() returns as soon as `src` may be reused: the bytes are staged through the
-//   context's pinned buffers (two buffers, so staging the next piece overlaps the transfer of the
-//   previous one). From pageable memory this is the fastest asynchronous path CUDA offers.
+//   context's pinned buffers (two buffers of 4 MiB, so staging the next piece overlaps the
+//   transfer of the previous one). It does not wait for the copy itself, but before refilling a
+//   staging buffer it waits until the stream has passed that buffer's previous transfer, which
+//   was queued behind everything before it: so a copy may block until work queued before the
+//   previous copy (two copies back for small ones) has finished, and a copy of more than 8 MiB
+//   waits for its own first pieces. For a copy that never blocks, use copy_to_device_async
+//   from a PinnedBuffer.
+// - copy_to_device() and copy_to_host() may be called from several threads on one context (a
+//   CPU tower reading a GPU tensor): the staging buffers are locked for the whole copy.
 // - copy_to_host() returns when the bytes are in `dst` (it waits for the work queued before it).
 // - The *_async variants need pinned host memory (a PinnedBuffer) and return at once; the host
 //   memory must stay alive and untouched until the stream has passed the copy (synchronize() or

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory/device_free_lock.h"
 #include "core/memory/sub_allocators.h"
 
 namespace towerflow {
@@ -57,6 +58,8 @@ class CudaSubAllocator final : public SubAllocator {
   void free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
     DeviceScope scope(ordinal_);
+    // Never while a thread launches an NCCL collective: see device_free_lock.h.
+    std::lock_guard lock(device_free_mutex());
     const cudaError_t err = cudaFree(ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -84,6 +87,7 @@ class PinnedHostSubAllocator final : public SubAllocator {
   }
   void free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
+    std::lock_guard lock(device_free_mutex());  // cudaFreeHost synchronises too
     const cudaError_t err = cudaFreeHost(ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();

@@ -10,6 +10,7 @@
 #include "core/cuda/context_impl.h"
 #include "core/cuda/copy.h"
 #include "core/cuda/ops.h"
+#include "core/cuda/optimizer_kernels.h"
 #include "core/platform/registry.h"
 #include "core/tensor/backend_impl.h"
 
@@ -26,6 +27,36 @@ ContextTable& context_table() {
   static auto* t = new ContextTable;  // never destroyed: backends may outlive static destructors
   return *t;
 }
+
+// A CUDA event recorded on a context's stream, as the backend-neutral QueueEvent.
+class CudaQueueEvent final : public QueueEvent {
+ public:
+  explicit CudaQueueEvent(const gpu::GpuContext& ctx) : ctx_(ctx) {
+    auto scope = ctx.impl().scope();
+    TW_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t status = cudaEventRecord(event_, gpu::stream_of(ctx));
+    if (status != cudaSuccess) {
+      cudaEventDestroy(event_);
+      TW_CUDA_CHECK(status);
+    }
+  }
+  ~CudaQueueEvent() override { cudaEventDestroy(event_); }
+  CudaQueueEvent(const CudaQueueEvent&) = delete;
+  CudaQueueEvent& operator=(const CudaQueueEvent&) = delete;
+
+  void synchronize() const override {
+    auto scope = ctx_.impl().scope();
+    TW_CUDA_CHECK(cudaEventSynchronize(event_));
+  }
+  void make_stream_wait(void* cuda_stream) const override {
+    auto scope = ctx_.impl().scope();
+    TW_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), event_, 0));
+  }
+
+ private:
+  const gpu::GpuContext& ctx_;
+  cudaEvent_t event_ = nullptr;
+};
 
 class GpuBackend final : public Backend {
  public:
@@ -80,6 +111,19 @@ class GpuBackend final : public Backend {
     gpu::copy_between_devices(ctx_, dst, other->ctx_, src, bytes);
   }
   void synchronize() override { ctx_.synchronize(); }
+  std::shared_ptr<const QueueEvent> record_event() override {
+    return std::make_shared<CudaQueueEvent>(ctx_);
+  }
+
+  // ---- fused optimizer updates --------------------------------------------------------------
+  void sgd_update(std::int64_t n, float* params, const float* grads, float* momentum_buf,
+                  const SgdUpdate& update) override {
+    gpu::sgd_update(ctx_, n, params, grads, momentum_buf, update);
+  }
+  void adam_update(std::int64_t n, float* params, const float* grads, float* exp_avg,
+                   float* exp_avg_sq, const AdamUpdate& update) override {
+    gpu::adam_update(ctx_, n, params, grads, exp_avg, exp_avg_sq, update);
+  }
 
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override { gpu::fill(ctx_, n, value, y); }

@@ -53,8 +53,11 @@ void avg_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* 
 void avg_pool_backward(const GpuContext& ctx, const Pool2dShape& s, const float* dy, float* dx);
 
 // ---- batch normalisation (cuDNN, spatial mode) over `rows` rows of `c` channels -------------
-// Same statistics contract as core/cpu/batch_norm.h. cuDNN needs eps >= 1e-5 (CUDNN_BN_MIN_EPSILON;
-// PyTorch's default is exactly that); a smaller eps throws InvalidArgument naming it.
+// Same statistics contract as core/cpu/batch_norm.h, for any rows up to INT_MAX (inputs beyond
+// cuDNN's batch limit of 65535 are described with the same statistics in another shape: Note
+// [Batch norm shapes within cuDNN's limits] in batch_norm.cc). eps must be finite and
+// >= CUDNN_BN_MIN_EPSILON, which is 0 in cuDNN 8 and 9 (Note [cuDNN's minimum epsilon]); a
+// negative or NaN eps throws InvalidArgument naming it, as on the CPU.
 
 // The general forward: y = relu?(bn(x) + residual?) with batch statistics. When running_mean is
 // not null, running statistics are updated by cuDNN in the same pass,

@@ -52,16 +52,7 @@ __global__ void adam_kernel(std::int64_t n, float* p, const float* g, float* m, 
 void sgd_update(const GpuContext& ctx, std::int64_t n, float* params, const float* grads,
                 float* momentum_buf, const SgdStep& step) {
   if (n < 0) raise<InvalidArgument>("sgd_update: element count ", n, " is negative");
-  if (!(step.lr >= 0.0f)) raise<InvalidArgument>("SGD learning rate ", step.lr, " must be >= 0");
-  if (!(step.momentum >= 0.0f))
-    raise<InvalidArgument>("SGD momentum ", step.momentum, " must be >= 0");
-  if (!(step.dampening >= 0.0f && step.dampening <= 1.0f))
-    raise<InvalidArgument>("SGD dampening ", step.dampening, " must be in [0, 1]");
-  if (!(step.weight_decay >= 0.0f))
-    raise<InvalidArgument>("SGD weight_decay ", step.weight_decay, " must be >= 0");
-  if (step.nesterov && (step.momentum <= 0.0f || step.dampening != 0.0f))
-    raise<InvalidArgument>("SGD with nesterov needs momentum > 0 and dampening 0 (got momentum ",
-                           step.momentum, ", dampening ", step.dampening, ")");
+  check_sgd_update(step);
   if (step.momentum != 0.0f && momentum_buf == nullptr)
     raise<InvalidArgument>("SGD with momentum ", step.momentum,
                            " needs a momentum buffer (momentum_buf is null)");
@@ -76,16 +67,7 @@ void adam_update(const GpuContext& ctx, std::int64_t n, float* params, const flo
                  float* exp_avg, float* exp_avg_sq, const AdamStep& step) {
   const char* name = step.decoupled_weight_decay ? "AdamW" : "Adam";
   if (n < 0) raise<InvalidArgument>(name, " update: element count ", n, " is negative");
-  if (!(step.lr >= 0.0f)) raise<InvalidArgument>(name, " learning rate ", step.lr, " must be >= 0");
-  if (!(step.beta1 >= 0.0f && step.beta1 < 1.0f))
-    raise<InvalidArgument>(name, " beta1 ", step.beta1, " must be in [0, 1)");
-  if (!(step.beta2 >= 0.0f && step.beta2 < 1.0f))
-    raise<InvalidArgument>(name, " beta2 ", step.beta2, " must be in [0, 1)");
-  if (!(step.eps > 0.0f)) raise<InvalidArgument>(name, " eps ", step.eps, " must be > 0");
-  if (!(step.weight_decay >= 0.0f))
-    raise<InvalidArgument>(name, " weight_decay ", step.weight_decay, " must be >= 0");
-  if (step.step < 1)
-    raise<InvalidArgument>(name, " step ", step.step, " must be >= 1 (1 for the first update)");
+  check_adam_update(step);
   if (n == 0) return;
   // Bias corrections in double on the host: beta^step underflows gracefully and stays exact
   // enough for any step count.

@@ -8,25 +8,24 @@
 //   it after them with a GpuEvent). grads is read only. Buffers must not overlap.
 // - The state buffers are the caller's (zero-initialised for Adam; SGD's momentum buffer is
 //   written on the first step, whatever it held).
-// - Hyper-parameters are validated on the host: lr < 0, momentum < 0, dampening outside [0, 1],
-//   weight_decay < 0, betas outside [0, 1), eps <= 0, step < 1, nesterov with momentum == 0 or
-//   dampening != 0 throw InvalidArgument naming the value (PyTorch's own rules).
+// - Hyper-parameters are validated on the host by check_sgd_update / check_adam_update
+//   (core/tensor/optimizer_update.h, the rules optim/ applies on the CPU too): lr < 0,
+//   momentum < 0, dampening outside [0, 1], weight_decay < 0, betas outside [0, 1), eps < 0,
+//   step < 1, nesterov with momentum == 0 or dampening != 0 throw InvalidArgument naming the
+//   value (PyTorch's own rules; eps = 0 is allowed, as in PyTorch).
+// - The tensor backend of a GPU device exposes these as Backend::sgd_update / adam_update, which
+//   is how optim/ reaches them.
 // - In a build without CUDA each function raises DeviceError with kNoCudaBuildMessage.
 
 #include <cstdint>
 
 #include "core/cuda/context.h"
+#include "core/tensor/optimizer_update.h"
 
 namespace towerflow::gpu {
 
-struct SgdStep {
-  float lr = 0.01f;
-  float momentum = 0.0f;
-  float dampening = 0.0f;
-  float weight_decay = 0.0f;
-  bool nesterov = false;
-  bool first_step = false;  // PyTorch starts the momentum buffer at the first gradient
-};
+using SgdStep = SgdUpdate;    // core/tensor/optimizer_update.h
+using AdamStep = AdamUpdate;
 
 // d = g + weight_decay * p
 // momentum != 0: buf = first_step ? d : momentum * buf + (1 - dampening) * d
@@ -35,16 +34,6 @@ struct SgdStep {
 // momentum_buf may be null only when momentum == 0.
 void sgd_update(const GpuContext& ctx, std::int64_t n, float* params, const float* grads,
                 float* momentum_buf, const SgdStep& step);
-
-struct AdamStep {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  bool decoupled_weight_decay = false;  // false: Adam (g += wd * p); true: AdamW (p *= 1 - lr * wd)
-  std::int64_t step = 1;                // 1 for the first update (bias corrections use it)
-};
 
 // m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
 // p -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)

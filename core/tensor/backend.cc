@@ -24,6 +24,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::kDropout: return "dropout";
     case OpKind::kSoftmaxXent: return "softmax_cross_entropy";
     case OpKind::kTopK: return "top_k";
+    case OpKind::kOptimizerUpdate: return "optimizer_update";
   }
   return "?";
 }

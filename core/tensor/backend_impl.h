@@ -34,6 +34,8 @@
 #include "core/cpu/pool.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/queue_event.h"
+#include "core/tensor/optimizer_update.h"
 
 namespace towerflow {
 
@@ -51,6 +53,7 @@ enum class OpKind {
   kDropout,         // dropout_*
   kSoftmaxXent,     // softmax_cross_entropy_*
   kTopK,            // top_k_correct
+  kOptimizerUpdate, // sgd_update, adam_update (fused updates over a flat parameter buffer)
 };
 std::string_view to_string(OpKind op);
 
@@ -75,6 +78,11 @@ class Backend {
                                 std::size_t bytes) = 0;
   // Waits for every earlier call (a no-op on the CPU).
   virtual void synchronize() = 0;
+  // A point after every earlier call, for ordering other queues after it without waiting on the
+  // host (core/queue_event.h): a GPU records a CUDA event on its stream. The CPU's calls are
+  // complete when they return, so the default records nothing and returns null ("nothing
+  // pending"). Called from the thread that drives the backend.
+  virtual std::shared_ptr<const QueueEvent> record_event() { return nullptr; }
 
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
   virtual void fill(std::int64_t n, float value, float* y) = 0;
@@ -173,6 +181,22 @@ class Backend {
     no_sync_batch_norm("batch_norm_backward_apply");
   }
 
+  // ---- fused optimizer updates (kOptimizerUpdate) ---------------------------------------------
+  // One pass over n floats of parameters, gradients and state (this device's memory), with the
+  // formulas and validation of core/tensor/optimizer_update.h; queued like any other call, so an
+  // update on the device's own queue is ordered after the backward that wrote the gradients and
+  // before the next forward. momentum_buf may be null only when momentum == 0; Adam's state is
+  // zero-initialised by the caller. The base class has no kernels (supports() is false and these
+  // throw DeviceError): the CPU's updates are optim/'s own host loops, so only GPUs override them.
+  virtual void sgd_update(std::int64_t n, float* params, const float* grads, float* momentum_buf,
+                          const SgdUpdate& update) {
+    no_optimizer_kernel("sgd_update");
+  }
+  virtual void adam_update(std::int64_t n, float* params, const float* grads, float* exp_avg,
+                           float* exp_avg_sq, const AdamUpdate& update) {
+    no_optimizer_kernel("adam_update");
+  }
+
   // ---- matrix product (kGemm); the arguments of core/cpu/gemm.h (row-major) ----------------
   virtual void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
@@ -214,6 +238,10 @@ class Backend {
     raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
                        device(), " (", name(), "); use per-tower batch norm on this device, or "
                        "allow_soft_placement = true to run those layers on /cpu:0");
+  }
+  [[noreturn]] void no_optimizer_kernel(std::string_view method) const {
+    raise<DeviceError>(method, ": no fused optimizer kernel on ", device(), " (", name(),
+                       "); optimizers update parameters of this device kind on the host");
   }
 };
 

@@ -33,8 +33,11 @@ class CpuBackend final : public Backend {
   std::string name() const override {
     return str("CPU (", ctx_.threads(), " threads, Eigen)");
   }
+  // The CPU's optimizer updates are optim/'s host loops (PyTorch's float arithmetic, tested
+  // against its fixtures), not backend kernels.
   bool supports(OpKind op) const override {
-    return std::find(missing_.begin(), missing_.end(), op) == missing_.end();
+    return op != OpKind::kOptimizerUpdate &&
+           std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
   const cpu::CpuContext& context() const { return ctx_; }
 

@@ -8,7 +8,10 @@
 # (test_core_cuda_parity: every GPU kernel against its CPU twin, max errors printed), the no-GPU
 # checks (test_core_cuda), the whole CTest suite, and the GPU benchmarks that exist in the build
 # (towerflow_bench_gpu_ops; towerflow_bench_train on /gpu:0, and on every GPU as towers when
-# there are several).
+# there are several), the NCCL communicator tests (one rank; two ranks with two GPUs), GPU
+# towers against CPU towers (test_tower_trainer_gpu), and cifar10_train for TW_GPU_CHECK_STEPS
+# (300) steps with each reduction on the GPU(s) and on as many CPU towers, loss curves compared
+# by tests/gpu/compare_loss_curves.py (tolerances in its header).
 # The report (markdown) goes to <build-dir>/gpu_report.md and to stdout; the full logs sit next
 # to it. Exit status: 0 when every step passed, 1 otherwise, 2 when there is no GPU to check.
 set -uo pipefail
@@ -64,10 +67,43 @@ step "build" "$build/build.log" cmake --build "$build" -j"$(nproc)"
 
 step "[cuda] parity suite (test_core_cuda_parity)" "$build/parity.log" \
   "$build/bin/test_core_cuda_parity" --durations yes
+step "NCCL communicator, one rank (test_nccl_communicator)" "$build/nccl1.log" \
+  "$build/bin/test_nccl_communicator"
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+if [ "$ngpu" -gt 1 ]; then
+  step "NCCL communicator, two ranks (test_nccl_communicator --two-gpu)" "$build/nccl2.log" \
+    "$build/bin/test_nccl_communicator" --two-gpu
+else
+  echo "| NCCL communicator, two ranks | skipped: needs 2 GPUs, $ngpu found | | |" >>"$report"
+fi
+step "GPU towers vs CPU towers (test_tower_trainer_gpu)" "$build/trainer_gpu.log" \
+  "$build/bin/test_tower_trainer_gpu" --durations yes
 step "CUDA checks without GPU use (test_core_cuda)" "$build/core_cuda.log" \
   "$build/bin/test_core_cuda"
 step "whole CTest suite" "$build/ctest.log" \
   ctest --test-dir "$build" --output-on-failure -j"$(nproc)"
+
+# Training end to end: cifar10_train on the GPU(s) and on as many CPU towers, same data, same
+# initial parameters, each reduction; loss curves compared by compare_loss_curves.py (its
+# tolerances: mean |loss diff| <= 0.05 and <= 0.15 at every logged step, final test loss <= 0.10).
+train_steps=${TW_GPU_CHECK_STEPS:-300}
+ntowers=$(( ngpu > 2 ? 2 : ngpu ))
+gpu_towers=$(seq -s, -f '/gpu:%g' 0 $((ntowers - 1)))
+cpu_towers=$(seq -s, -f '/cpu:%g' 0 $((ntowers - 1)))
+for reduction in all_reduce bucketed:0.05 parameter_device; do
+  tag=${reduction%%:*}
+  common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
+          --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
+          --reduction "$reduction" --save_every 0)
+  step "cifar10_train $reduction on $gpu_towers ($train_steps steps)" "$build/train_gpu_$tag.log" \
+    "$build/bin/cifar10_train" "${common[@]}" --devices "$gpu_towers" \
+    --train_dir "$build/train_gpu_$tag"
+  step "cifar10_train $reduction on $cpu_towers ($train_steps steps)" "$build/train_cpu_$tag.log" \
+    "$build/bin/cifar10_train" "${common[@]}" --devices "$cpu_towers" \
+    --device_count "CPU=$ntowers" --train_dir "$build/train_cpu_$tag"
+  step "loss curves GPU vs CPU, $reduction" "$build/compare_$tag.log" \
+    python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_$tag.log" "$build/train_cpu_$tag.log"
+done
 
 if [ -x "$build/bin/towerflow_bench_gpu_ops" ]; then
   step "GPU op benchmark" "$build/bench_gpu_ops.log" "$build/bin/towerflow_bench_gpu_ops"
@@ -75,7 +111,6 @@ fi
 if [ -x "$build/bin/towerflow_bench_train" ]; then
   step "training benchmark on /gpu:0" "$build/bench_train_gpu.log" \
     "$build/bin/towerflow_bench_train" --model resnet20 --batch 128 --devices /gpu:0 --json
-  ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
   if [ "$ngpu" -gt 1 ]; then
     gpus=$(seq -s, -f '/gpu:%g' 0 $((ngpu - 1)))
     step "training benchmark on $gpus (all_reduce)" "$build/bench_train_gpus.log" \
@@ -90,6 +125,15 @@ fi
   echo '```'
   grep '^\[cuda\]' "$build/parity.log" 2>/dev/null || echo "(no parity output)"
   grep -E 'SKIPPED|test cases|assertions' "$build/parity.log" 2>/dev/null | tail -3
+  echo '```'
+  echo
+  echo "## GPU towers vs CPU towers"
+  echo
+  echo '```'
+  grep '^\[gpu-trainer\]' "$build/trainer_gpu.log" 2>/dev/null || echo "(no trainer output)"
+  for f in "$build"/compare_*.log; do
+    [ -f "$f" ] && echo "$(basename "$f" .log): $(tail -1 "$f")"
+  done
   echo '```'
   for b in bench_gpu_ops bench_train_gpu bench_train_gpus; do
     if [ -f "$build/$b.log" ]; then

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/tensor/optimizer_update.h"
 #include "fixtures.h"
 #include "optim/optim.h"
 
@@ -180,4 +181,23 @@ TEST_CASE("optimizers by name", "[optim]") {
   CHECK(adamw->state().tensors.size() == 2);
   REQUIRE_THROWS_WITH(make_optimizer(ParameterSet::single(p, g), {.name = "rmsprop"}),
                       Catch::Contains("'rmsprop'") && Catch::Contains("adamw"));
+}
+
+// Adam's eps: PyTorch allows 0, and the rule is one for every device (core/tensor/
+// optimizer_update.h, which the GPU kernels apply too), so the CPU and the GPU agree on it.
+TEST_CASE("Adam accepts eps = 0 on every device and refuses a negative eps", "[optim]") {
+  std::vector<float> p = {1.0f, -2.0f, 0.5f}, g = {0.1f, 0.0f, -0.3f};
+  Adam adam(ParameterSet::single(p, g), {.lr = 0.1, .eps = 0.0});
+  adam.step();
+  // m = 0.1 g, v = 0.001 g^2: p -= lr * sign(g), and 0/0 = NaN where g = 0 (as torch.optim.Adam).
+  CHECK(p[0] == Approx(0.9f));
+  CHECK(std::isnan(p[1]));
+  CHECK(p[2] == Approx(0.6f));
+  // The device-side rule is the same function: eps = 0 passes, a negative eps names the value.
+  CHECK_NOTHROW(check_adam_update({.eps = 0.0f}));
+  CHECK_THROWS_WITH(check_adam_update({.eps = -1e-8f}), Catch::Contains("eps") &&
+                                                            Catch::Contains(">= 0"));
+  CHECK_THROWS_WITH(check_adam_update({.beta1 = 1.0f}), Catch::Contains("beta1"));
+  CHECK_THROWS_WITH(check_sgd_update({.momentum = 0.0f, .nesterov = true}),
+                    Catch::Contains("nesterov"));
 }

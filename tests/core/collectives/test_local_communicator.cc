@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -185,4 +186,47 @@ TEST_CASE("make_communicator validates its device list", "[collectives]") {
                       Catch::Contains("-DTOWERFLOW_CUDA=ON"));
   CHECK_FALSE(nccl_can_join({0, 1}));
 #endif
+}
+
+namespace {
+
+// A stand-in for a GPU event: the producing work "finishes" (writes the final values) only when
+// someone waits for the event, so a collective that reads the buffer before waiting sees the
+// unfinished values instead.
+class FinishOnWait final : public QueueEvent {
+ public:
+  FinishOnWait(std::span<float> buffer, float final_value) : buffer_(buffer), value_(final_value) {}
+  void synchronize() const override {
+    ++waits;
+    for (float& x : buffer_) x = value_;
+  }
+  void make_stream_wait(void*) const override { FAIL("a host communicator has no stream"); }
+  mutable std::atomic<int> waits{0};
+
+ private:
+  std::span<float> buffer_;
+  float value_;
+};
+
+}  // namespace
+
+// The ordering contract of Note [Bucketed reduction during backward]: a bucket's all-reduce reads
+// the buffer only after the event recorded when the bucket became ready.
+TEST_CASE("all_reduce_sum_after reads the buffers only after each participant's ready event",
+          "[collectives]") {
+  constexpr int n = 3;
+  LocalCommunicator comm(cpus(n));
+  std::vector<std::vector<float>> bufs(n, std::vector<float>(1000, -1.0f));  // "unfinished"
+  std::vector<std::unique_ptr<FinishOnWait>> events;
+  for (int p = 0; p < n; ++p) events.push_back(std::make_unique<FinishOnWait>(bufs[p], p + 1.0f));
+  auto errors = run_participants(n, [&](int p) {
+    comm.all_reduce_sum_after(p, bufs[p], p == 1 ? nullptr : events[p].get());
+  });
+  for (auto& e : errors) REQUIRE(e == nullptr);
+  // Participant 1 passed no event (nothing pending): its -1s are final. 1 + (-1) + 3 = 3.
+  for (int p = 0; p < n; ++p)
+    for (float x : bufs[p]) REQUIRE(x == 3.0f);
+  CHECK(events[0]->waits == 1);
+  CHECK(events[1]->waits == 0);
+  CHECK(events[2]->waits == 1);
 }

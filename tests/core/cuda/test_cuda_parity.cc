@@ -309,12 +309,67 @@ TEST_CASE("batch norm training, inference, fused variants and backward match the
   expect_close("batch_norm running_mean", download(grmean, c), want_mean, 1e-6, 1e-5);
   expect_close("batch_norm running_var", download(grvar, c), want_var, 1e-6, 1e-5);
 
-  // eps below cuDNN's minimum is refused on the host, naming it.
+  // cuDNN 8 and 9 accept any eps >= 0 (CUDNN_BN_MIN_EPSILON is 0): a small eps runs and matches
+  // the CPU, a negative one is refused on the host, naming it, as the CPU kernel refuses it.
+  {
+    const float small = 1e-7f;
+    gpu::batch_norm_forward_training(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                     gbeta.as<float>(), small, gy.as<float>(), gmean.as<float>(),
+                                     ginv.as<float>());
+    cpu::batch_norm_forward_training(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
+                                     small, y.data(), mean.data(), inv.data());
+    expect_close("batch_norm eps 1e-7 y", download(gy, rows * c), y, 1e-5, 1e-4);
+  }
   REQUIRE_THROWS_AS(gpu::batch_norm_forward_training(ctx, rows, c, gx.as<float>(),
-                                                     ggamma.as<float>(), gbeta.as<float>(), 1e-7f,
+                                                     ggamma.as<float>(), gbeta.as<float>(), -1e-5f,
                                                      gy.as<float>(), gmean.as<float>(),
                                                      ginv.as<float>()),
                     tw::InvalidArgument);
+}
+
+// cuDNN refuses a batch dimension above 65535 (inference) or about 131070 (training); these row
+// counts are beyond both, as evaluating ResNet-20 on 128 images of 32x32 (131072 rows) is. See
+// Note [Batch norm shapes within cuDNN's limits] in core/cuda/batch_norm.cc.
+TEST_CASE("batch norm beyond cuDNN's batch limit matches the CPU (70,000 and 1,000,000 rows)",
+          "[cuda]") {
+  auto& ctx = *the_gpu().ctx;
+  for (const std::int64_t rows : {std::int64_t{70000}, std::int64_t{131072},
+                                  std::int64_t{1000000}, std::int64_t{1000003}}) {
+    const int c = 16;
+    const float eps = 1e-5f;
+    const std::size_t n = std::size_t(rows) * c;
+    INFO("rows " << rows);
+    const auto x = random_vector(n, 41, -2.0f, 3.0f), dy = random_vector(n, 42),
+               gamma = random_vector(c, 43, 0.5f, 1.5f), beta = random_vector(c, 44),
+               rmean = random_vector(c, 45), rvar = random_vector(c, 46, 0.5f, 2.0f);
+    auto gx = upload(x), gdy = upload(dy), ggamma = upload(gamma), gbeta = upload(beta),
+         grmean = upload(rmean), grvar = upload(rvar);
+    auto gy = device_zeros(n), gdx = device_zeros(n), gmean = device_zeros(c),
+         ginv = device_zeros(c), gdg = device_zeros(c), gdb = device_zeros(c);
+    std::vector<float> y(n), dx(n), mean(c), inv(c), dg(c), db(c);
+    gpu::batch_norm_forward_training(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                     gbeta.as<float>(), eps, gy.as<float>(), gmean.as<float>(),
+                                     ginv.as<float>());
+    cpu::batch_norm_forward_training(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
+                                     eps, y.data(), mean.data(), inv.data());
+    expect_close("batch_norm large y", download(gy, n), y, 1e-4, 1e-4);
+    expect_close("batch_norm large mean", download(gmean, c), mean, 1e-5, 1e-4);
+    expect_close("batch_norm large invstd", download(ginv, c), inv, 1e-5, 1e-4);
+    gpu::batch_norm_backward(ctx, rows, c, gx.as<float>(), gdy.as<float>(), ggamma.as<float>(),
+                             gmean.as<float>(), ginv.as<float>(), gdx.as<float>(),
+                             gdg.as<float>(), gdb.as<float>());
+    cpu::batch_norm_backward(the_cpu(), rows, c, x.data(), dy.data(), gamma.data(), mean.data(),
+                             inv.data(), dx.data(), dg.data(), db.data());
+    expect_close("batch_norm large dx", download(gdx, n), dx, 1e-4, 1e-3);
+    expect_close("batch_norm large dgamma", download(gdg, c), dg, 1e-2, 1e-3);
+    expect_close("batch_norm large dbeta", download(gdb, c), db, 1e-2, 1e-3);
+    gpu::batch_norm_forward_inference(ctx, rows, c, gx.as<float>(), ggamma.as<float>(),
+                                      gbeta.as<float>(), grmean.as<float>(), grvar.as<float>(),
+                                      eps, gy.as<float>());
+    cpu::batch_norm_forward_inference(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
+                                      rmean.data(), rvar.data(), eps, y.data());
+    expect_close("batch_norm large inference", download(gy, n), y, 1e-5, 1e-5);
+  }
 }
 
 TEST_CASE("gemm matches the CPU kernel for every transposition", "[cuda]") {
