@@ -94,7 +94,7 @@ for reduction in all_reduce bucketed:0.05 parameter_device; do
   tag=${reduction%%:*}
   common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
           --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
-          --reduction "$reduction" --save_every 0)
+          --reduction "$reduction" --save_every 0 --start_over delete)   # the script's own, rerun each time
   step "cifar10_train $reduction on $gpu_towers ($train_steps steps)" "$build/train_gpu_$tag.log" \
     "$build/bin/cifar10_train" "${common[@]}" --devices "$gpu_towers" \
     --train_dir "$build/train_gpu_$tag"
