@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
 
+#include "core/cpu/isa.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
 #include "data/dataset.h"
@@ -95,6 +97,8 @@ Fields start_fields(const StartInfo& s) {
   f.emplace_back("augmentation", describe_augment(o.augment));
   f.emplace_back("towers", s.trainer.describe());
   for (const auto& d : devices) f.emplace_back("device " + d.str(), device_info(d).description);
+  if (std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); }))
+    f.emplace_back("cpu kernels", cpu::describe_active_isa());
   f.emplace_back("device options", to_string(process_options()));
   const auto& t = s.trainer.options();
   std::vector<int> rows = tower::split_batch(o.batch, devices, t.split, t.remainder);

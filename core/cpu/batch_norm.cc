@@ -16,7 +16,7 @@
 // count, so neither do the results. Sums of squares are taken around a per-channel shift (the
 // first row), which keeps E[x^2] - E[x]^2 accurate when |mean| is large against the spread.
 
-namespace towerflow::cpu {
+namespace towerflow::cpu::TW_ISA {
 
 using detail::kLanes;
 using detail::load8;
@@ -385,4 +385,4 @@ void batch_norm_backward_apply(const CpuContext& ctx, std::int64_t rows, int c, 
   backward_dx(ctx, rows, c, x, y, dy, mean, a, mean_g, b, dx);
 }
 
-}  // namespace towerflow::cpu
+}  // namespace towerflow::cpu::TW_ISA

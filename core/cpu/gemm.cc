@@ -3,9 +3,10 @@
 #include <Eigen/Core>
 #include <algorithm>
 
+#include "core/cpu/kernel_table.h"
 #include "core/error.h"
 
-namespace towerflow::cpu {
+namespace towerflow::cpu::TW_ISA {
 namespace {
 
 using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -102,4 +103,4 @@ void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
   });
 }
 
-}  // namespace towerflow::cpu
+}  // namespace towerflow::cpu::TW_ISA

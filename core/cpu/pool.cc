@@ -14,7 +14,7 @@
 // element is written by one thread in a fixed order and results do not depend on the thread
 // count.
 
-namespace towerflow::cpu {
+namespace towerflow::cpu::TW_ISA {
 
 using detail::kLanes;
 using detail::load8;
@@ -23,42 +23,6 @@ using detail::store8;
 using detail::store8i;
 using detail::Vec8;
 using detail::Vec8i;
-
-std::string Pool2dShape::to_string() const {
-  return str("n=", n, " h=", h, " w=", w, " c=", c, " k=", kh, "x", kw, " stride=", stride_h,
-             "x", stride_w, " pad=", pad_h, "x", pad_w);
-}
-
-void Pool2dShape::validate() const {
-  auto at_least = [&](const char* field, int value, int minimum, const char* fix) {
-    if (value < minimum)
-      raise<InvalidArgument>("pool2d shape {", to_string(), "}: ", field, " = ", value,
-                             " must be at least ", minimum, "; ", fix);
-  };
-  at_least("n", n, 1, "pass the batch size");
-  at_least("h", h, 1, "pass the input height");
-  at_least("w", w, 1, "pass the input width");
-  at_least("c", c, 1, "pass the channels");
-  at_least("kh", kh, 1, "pass the window height");
-  at_least("kw", kw, 1, "pass the window width");
-  at_least("stride_h", stride_h, 1, "strides start at 1 (PyTorch's default stride is the window)");
-  at_least("stride_w", stride_w, 1, "strides start at 1 (PyTorch's default stride is the window)");
-  at_least("pad_h", pad_h, 0, "padding cannot be negative");
-  at_least("pad_w", pad_w, 0, "padding cannot be negative");
-  if (2 * pad_h > kh || 2 * pad_w > kw)
-    raise<InvalidArgument>("pool2d shape {", to_string(), "}: padding ", pad_h, "x", pad_w,
-                           " is more than half the window ", kh, "x", kw,
-                           "; use pad <= k/2 (PyTorch's rule)");
-  if (kh > h + 2 * pad_h || kw > w + 2 * pad_w)
-    raise<InvalidArgument>("pool2d shape {", to_string(), "}: window ", kh, "x", kw,
-                           " is larger than the padded input ", h + 2 * pad_h, "x",
-                           w + 2 * pad_w, "; use a smaller window or more padding");
-  const std::int64_t in = std::int64_t{n} * h * w * c;
-  if (in > std::numeric_limits<std::int32_t>::max() ||
-      std::int64_t{h} * w > std::numeric_limits<std::int32_t>::max())
-    raise<InvalidArgument>("pool2d shape {", to_string(), "}: the input has more than 2^31 ",
-                           "elements; split the batch");
-}
 
 namespace {
 
@@ -199,4 +163,4 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   });
 }
 
-}  // namespace towerflow::cpu
+}  // namespace towerflow::cpu::TW_ISA

@@ -14,7 +14,13 @@
 #include <memory>
 #include <new>
 
-namespace towerflow::cpu::detail {
+// Each instruction set's build of the kernels has a namespace of its own (isa.h), so that the
+// inline functions here, compiled differently for each, never meet.
+#ifndef TW_ISA
+#define TW_ISA generic
+#endif
+
+namespace towerflow::cpu::TW_ISA::detail {
 
 constexpr int kLanes = 8;
 typedef float Vec8 __attribute__((vector_size(32)));
@@ -96,4 +102,4 @@ inline float* scratch(Scratch slot, std::size_t floats) {
 
 inline std::int64_t round_up(std::int64_t v, std::int64_t m) { return (v + m - 1) / m * m; }
 
-}  // namespace towerflow::cpu::detail
+}  // namespace towerflow::cpu::TW_ISA::detail

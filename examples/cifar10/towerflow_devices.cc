@@ -18,6 +18,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/cpu/isa.h"
+
 #include "core/error.h"
 #include "core/platform/logical.h"
 #include "core/platform/options.h"
@@ -50,7 +52,16 @@ nlohmann::ordered_json to_json(const tw::Platform& platform, const tw::ProcessOp
                        {"allow_growth", d.allow_growth},
                        {"intra_op_threads", d.intra_op_threads},
                        {"description", d.description}});
+  nlohmann::ordered_json built = nlohmann::ordered_json::array(), supported = nlohmann::ordered_json::array();
+  for (auto i : tw::cpu::built_isas()) built.push_back(tw::cpu::isa_name(i));
+  for (auto i : tw::cpu::supported_isas()) supported.push_back(tw::cpu::isa_name(i));
   return {{"platform", platform.name()},
+          {"cpu_kernels",
+           {{"isa", tw::cpu::isa_name(tw::cpu::active_isa())},
+            {"why", tw::cpu::describe_active_isa()},
+            {"built", built},
+            {"supported", supported},
+            {"cpu_features", tw::cpu::cpu_features()}}},
           {"options",
            {{"summary", tw::to_string(opts)},
             {"allow_soft_placement", opts.allow_soft_placement.value_or(false)},
@@ -70,6 +81,10 @@ void print_text(const tw::Platform& platform, const tw::ProcessOptions& opts,
     std::cout << "  GPU " << i << ": " << gpus[i].name << ", " << tw::format_byte_size(gpus[i].memory_bytes)
               << (gpus[i].pci_bus_id.empty() ? "" : ", pci bus id " + gpus[i].pci_bus_id)
               << ", compute capability " << gpus[i].compute_capability() << "\n";
+  std::string built;
+  for (auto i : tw::cpu::built_isas()) built += (built.empty() ? "" : ", ") + std::string(tw::cpu::isa_name(i));
+  std::cout << "CPU kernels (this machine): " << tw::cpu::describe_active_isa() << "; built for " << built
+            << "; the CPU has " << tw::cpu::cpu_features() << "\n";
   std::cout << "Options: " << tw::to_string(opts) << "\n";
   std::cout << "Logical devices:\n";
   for (const auto& d : devices) std::cout << "  " << d.device.full_name() << " -> " << d.description << "\n";
