@@ -84,4 +84,32 @@ void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
   kernels().gemm(ctx, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void add(const CpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y) {
+  kernels().add(ctx, n, a, b, y);
+}
+
+void mul(const CpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y) {
+  kernels().mul(ctx, n, a, b, y);
+}
+
+void scale(const CpuContext& ctx, std::int64_t n, float alpha, const float* x, float* y) {
+  kernels().scale(ctx, n, alpha, x, y);
+}
+
+void axpy(const CpuContext& ctx, std::int64_t n, float alpha, const float* x, float* y) {
+  kernels().axpy(ctx, n, alpha, x, y);
+}
+
+void relu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y) {
+  kernels().relu_forward(ctx, n, x, y);
+}
+
+void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const float* dy, float* dx) {
+  kernels().relu_backward(ctx, n, y, dy, dx);
+}
+
+void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y) {
+  kernels().bias_add(ctx, rows, c, x, bias, y);
+}
+
 }  // namespace towerflow::cpu

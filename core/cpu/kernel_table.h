@@ -1,16 +1,17 @@
 #pragma once
 // The CPU kernels of one instruction set, as a table of function pointers (private).
 //
-// conv.cc, pool.cc, batch_norm.cc and gemm.cc are compiled once per instruction set the build
+// conv.cc, pool.cc, batch_norm.cc, gemm.cc and elementwise.cc are compiled once per instruction set the build
 // supports (core/cpu/CMakeLists.txt), each time with that set's -march and TW_ISA naming a
 // namespace of its own (towerflow::cpu::avx2, ...); table.cc then defines that build's table as
 // the C symbol towerflow_cpu_kernels_<isa>. Each build is partially linked into one object whose
 // every other symbol is made local, so the builds share nothing, not even the inline functions
 // and template instantiations (Eigen's, the standard library's) they compile differently. The
-// public functions (conv.h, pool.h, batch_norm.h, gemm.h) call the table isa.h chose.
+// public functions (conv.h, pool.h, batch_norm.h, gemm.h, elementwise.h) call the table isa.h chose.
 
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
+#include "core/cpu/elementwise.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/pool.h"
 
@@ -41,6 +42,13 @@ struct KernelTable {
   decltype(&cpu::batch_norm_backward_reduce) batch_norm_backward_reduce;
   decltype(&cpu::batch_norm_backward_apply) batch_norm_backward_apply;
   decltype(&cpu::gemm) gemm;
+  decltype(&cpu::add) add;
+  decltype(&cpu::mul) mul;
+  decltype(&cpu::scale) scale;
+  decltype(&cpu::axpy) axpy;
+  decltype(&cpu::relu_forward) relu_forward;
+  decltype(&cpu::relu_backward) relu_backward;
+  decltype(&cpu::bias_add) bias_add;
 };
 
 // The table of the instruction set isa.h chose (isa.cc).

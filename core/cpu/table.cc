@@ -5,7 +5,7 @@
 #define TW_CAT(a, b) TW_CAT_(a, b)
 
 namespace towerflow::cpu::TW_ISA {
-// The kernels, defined in this namespace by conv.cc, pool.cc, batch_norm.cc and gemm.cc.
+// The kernels, defined in this namespace by conv.cc, pool.cc, batch_norm.cc, gemm.cc and elementwise.cc.
 decltype(cpu::conv2d_forward) conv2d_forward;
 decltype(cpu::conv2d_backward_input) conv2d_backward_input;
 decltype(cpu::conv2d_backward_weight) conv2d_backward_weight;
@@ -26,6 +26,13 @@ decltype(cpu::batch_norm_forward_apply) batch_norm_forward_apply;
 decltype(cpu::batch_norm_backward_reduce) batch_norm_backward_reduce;
 decltype(cpu::batch_norm_backward_apply) batch_norm_backward_apply;
 decltype(cpu::gemm) gemm;
+decltype(cpu::add) add;
+decltype(cpu::mul) mul;
+decltype(cpu::scale) scale;
+decltype(cpu::axpy) axpy;
+decltype(cpu::relu_forward) relu_forward;
+decltype(cpu::relu_backward) relu_backward;
+decltype(cpu::bias_add) bias_add;
 }  // namespace towerflow::cpu::TW_ISA
 
 extern "C" const towerflow::cpu::KernelTable TW_CAT(towerflow_cpu_kernels_, TW_ISA) = {
@@ -49,4 +56,11 @@ extern "C" const towerflow::cpu::KernelTable TW_CAT(towerflow_cpu_kernels_, TW_I
     &towerflow::cpu::TW_ISA::batch_norm_backward_reduce,
     &towerflow::cpu::TW_ISA::batch_norm_backward_apply,
     &towerflow::cpu::TW_ISA::gemm,
+    &towerflow::cpu::TW_ISA::add,
+    &towerflow::cpu::TW_ISA::mul,
+    &towerflow::cpu::TW_ISA::scale,
+    &towerflow::cpu::TW_ISA::axpy,
+    &towerflow::cpu::TW_ISA::relu_forward,
+    &towerflow::cpu::TW_ISA::relu_backward,
+    &towerflow::cpu::TW_ISA::bias_add,
 };

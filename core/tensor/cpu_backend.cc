@@ -8,6 +8,7 @@
 
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
+#include "core/cpu/elementwise.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/pool.h"
 #include "core/error.h"
@@ -63,42 +64,16 @@ class CpuBackend final : public Backend {
   void fill(std::int64_t n, float value, float* y) override {
     each(n, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, value); });
   }
-  void add(std::int64_t n, const float* a, const float* b, float* y) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(y + s, e - s) = ConstArrayMap(a + s, e - s) + ConstArrayMap(b + s, e - s);
-    });
-  }
-  void mul(std::int64_t n, const float* a, const float* b, float* y) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(y + s, e - s) = ConstArrayMap(a + s, e - s) * ConstArrayMap(b + s, e - s);
-    });
-  }
-  void scale(std::int64_t n, float alpha, const float* x, float* y) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(y + s, e - s) = alpha * ConstArrayMap(x + s, e - s);
-    });
-  }
-  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(y + s, e - s) += alpha * ConstArrayMap(x + s, e - s);
-    });
-  }
-  void relu_forward(std::int64_t n, const float* x, float* y) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(y + s, e - s) = ConstArrayMap(x + s, e - s).max(0.0f);
-    });
-  }
+  void add(std::int64_t n, const float* a, const float* b, float* y) override { cpu::add(ctx_, n, a, b, y); }
+  void mul(std::int64_t n, const float* a, const float* b, float* y) override { cpu::mul(ctx_, n, a, b, y); }
+  void scale(std::int64_t n, float alpha, const float* x, float* y) override { cpu::scale(ctx_, n, alpha, x, y); }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override { cpu::axpy(ctx_, n, alpha, x, y); }
+  void relu_forward(std::int64_t n, const float* x, float* y) override { cpu::relu_forward(ctx_, n, x, y); }
   void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) override {
-    each(n, [&](std::int64_t s, std::int64_t e) {
-      ArrayMap(dx + s, e - s) =
-          (ConstArrayMap(y + s, e - s) > 0.0f).select(ConstArrayMap(dy + s, e - s), 0.0f);
-    });
+    cpu::relu_backward(ctx_, n, y, dy, dx);
   }
   void bias_add(std::int64_t rows, int c, const float* x, const float* bias, float* y) override {
-    const Eigen::Map<const Eigen::ArrayXf> b(bias, c);
-    rows_loop(rows, c, [&](std::int64_t r0, std::int64_t r1) {
-      for (std::int64_t r = r0; r < r1; ++r) ArrayMap(y + r * c, c) = ConstArrayMap(x + r * c, c) + b;
-    });
+    cpu::bias_add(ctx_, rows, c, x, bias, y);
   }
   void sum_rows(std::int64_t rows, int c, const float* x, float* out) override {
     // Per-thread partial sums in double, added in chunk order: deterministic for a thread count.

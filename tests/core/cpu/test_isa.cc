@@ -11,6 +11,7 @@
 
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
+#include "core/cpu/elementwise.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/isa.h"
 #include "core/cpu/pool.h"
@@ -96,6 +97,25 @@ TEST_CASE("every supported instruction set's kernels agree with the lowest one's
       max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
       return y;
     }, 0.0);
+  }
+  {
+    const std::int64_t n = 100003;
+    const auto x = random_vector(static_cast<std::size_t>(n), 11);
+    const auto dy = random_vector(static_cast<std::size_t>(n), 12);
+    across_isas("relu forward and backward, bias_add", [&] {
+      std::vector<float> y(x.size()), dx(x.size()), b(x.size());
+      relu_forward(ctx, n, x.data(), y.data());
+      relu_backward(ctx, n, y.data(), dy.data(), dx.data());
+      bias_add(ctx, n / 7, 7, x.data(), dy.data(), b.data());
+      y.insert(y.end(), dx.begin(), dx.end());
+      y.insert(y.end(), b.begin(), b.end());
+      return y;
+    }, 0.0);
+    across_isas("axpy", [&] {
+      std::vector<float> y = dy;
+      axpy(ctx, n, 0.3f, x.data(), y.data());
+      return y;
+    }, 1e-6);
   }
   for (auto [m, n, k] : {std::tuple{128, 384, 4096}, std::tuple{64, 10, 64}, std::tuple{7, 5, 3}}) {
     const auto a = random_vector(static_cast<std::size_t>(m) * k, 9);

@@ -1,0 +1,22 @@
+#pragma once
+// Elementwise CPU kernels over dense float arrays, on ctx's threads (chunks of at least 16K
+// elements). Outputs may alias inputs elementwise (y == a, dx == dy). Chosen per instruction set
+// like the other kernels (isa.h).
+
+#include <cstdint>
+
+#include "core/cpu/context.h"
+
+namespace towerflow::cpu {
+
+void add(const CpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y);      // y = a + b
+void mul(const CpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y);      // y = a * b
+void scale(const CpuContext& ctx, std::int64_t n, float alpha, const float* x, float* y);      // y = alpha x
+void axpy(const CpuContext& ctx, std::int64_t n, float alpha, const float* x, float* y);       // y += alpha x
+void relu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y);            // y = max(x, 0)
+void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const float* dy,
+                   float* dx);                                                                   // dx = y > 0 ? dy : 0
+// y[r, :] = x[r, :] + bias for rows r of c channels.
+void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y);
+
+}  // namespace towerflow::cpu
