@@ -206,7 +206,10 @@ void Loop::start_new_run(int& removed, fs::path& moved_aside) {
   EarlierRun earlier = earlier_run(*dir_, hooks_);
   if (earlier.empty()) return;
   const std::string found = earlier.describe();
-  switch (o_.start_over) {
+  // Asked to resume, but the earlier run left no checkpoint (it stopped before its first): its
+  // files are kept aside rather than refused or mixed in.
+  const StartOver mode = o_.resume && o_.start_over == StartOver::Refuse ? StartOver::MoveAside : o_.start_over;
+  switch (mode) {
     case StartOver::Refuse:
       throw TrainDirInUse(str("train_dir ", o_.train_dir.string(), " holds an earlier run: ", found,
                               "; nothing was changed. Resume that run, start over (moving its files aside or "

@@ -34,7 +34,8 @@
 // - An earlier run is never lost silently. A new run (no resume, or nothing to resume) in a
 //   train_dir that holds checkpoints or the hooks' files (Hook::files) of an earlier run raises
 //   TrainDirInUse before anything is touched, naming what is there, unless start_over says to
-//   move those files aside (into train_dir/earlier-<UTC time>/) or to delete them. Each run has
+//   move those files aside (into train_dir/earlier-<UTC time>/) or to delete them (with resume
+//   but no checkpoint to resume, they are moved aside unless start_over says more). Each run has
 //   an id (metadata "run_id", kept on resume); rotation (keep_checkpoints) deletes only
 //   checkpoints of the running run.
 // - A checkpoint that cannot be written (a full disk, permissions) raises DataError naming the

@@ -101,10 +101,14 @@ Fields start_fields(const StartInfo& s) {
     f.emplace_back("cpu kernels", cpu::describe_active_isa());
   f.emplace_back("device options", to_string(process_options()));
   const auto& t = s.trainer.options();
-  std::vector<int> rows = tower::split_batch(o.batch, devices, t.split, t.remainder);
   std::string per_tower;
-  for (int r : rows) per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
-  f.emplace_back("batch", str(o.batch, " global (", per_tower, " per tower)",
+  try {
+    for (int r : tower::split_batch(o.batch, devices, t.split, t.remainder))
+      per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
+  } catch (const InvalidArgument& e) {  // the first step will say so; the block shows it too
+    per_tower = str("does not split: ", e.what());
+  }
+  f.emplace_back("batch", str(o.batch, " global (", per_tower, per_tower.starts_with("does not") ? "" : " per tower", ")",
                               t.accumulation_steps > 1 ? str(", in ", t.accumulation_steps, " micro-batches") : ""));
   f.emplace_back("optimizer", str(s.optimizer.name(), ", lr ", s.optimizer.lr()));
   const Plan& p = s.plan;

@@ -80,6 +80,13 @@ Features detect() {
   return f;
 }
 
+// out += ", " + text, with no separator first (written out: GCC 12's -Wrestrict misreads
+// the inlined `"..." + std::string` here).
+void append(std::string& out, const char* separator, const char* text) {
+  if (!out.empty()) out += separator;
+  out += text;
+}
+
 const Features& features() {
   static const Features f = detect();
   return f;
@@ -90,7 +97,7 @@ std::string missing(Isa isa) {
   const Features& f = features();
   std::string out;
   auto need = [&](bool have, const char* name) {
-    if (!have) out += (out.empty() ? "" : ", ") + std::string(name);
+    if (!have) append(out, ", ", name);
   };
   switch (isa) {
     case Isa::Generic:
@@ -153,7 +160,7 @@ Choice choose() {
     std::string names;
     std::optional<Isa> asked;
     for (Isa i : built) {
-      names += (names.empty() ? "" : ", ") + std::string(isa_name(i));
+      append(names, ", ", isa_name(i));
       if (std::strcmp(env, isa_name(i)) == 0) asked = i;
     }
     if (!asked)
@@ -188,7 +195,7 @@ __attribute__((constructor(101))) void check_build_target() {
   const Features& f = features();
   std::string lacking;
   auto need = [&](bool built, bool have, const char* name) {
-    if (built && !have) lacking += (lacking.empty() ? "" : ", ") + std::string(name);
+    if (built && !have) append(lacking, ", ", name);
   };
   need(detail::kBuiltForAvx2, f.avx2 && f.os_avx, "AVX2");
   need(detail::kBuiltForFma, f.fma, "FMA");
@@ -247,7 +254,7 @@ std::string cpu_features() {
   const Features& f = features();
   std::string out;
   auto add = [&](bool have, const char* name) {
-    if (have) out += (out.empty() ? "" : " ") + std::string(name);
+    if (have) append(out, " ", name);
   };
   add(f.sse42, "sse4.2");
   add(f.avx && f.os_avx, "avx");

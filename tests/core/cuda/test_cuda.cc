@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "test_skip.h"
+
 #include <string>
 #include <vector>
 
@@ -79,20 +81,20 @@ TEST_CASE("a GPU context where none can exist is a DeviceError naming the device
 }
 
 TEST_CASE("context_for a device without a GPU backend is an error naming it", "[cuda-nogpu]") {
-  if (!gpu::built_with_cuda()) return;  // the stub's error is tested below
+  if (!gpu::built_with_cuda()) TW_SKIP("a build without CUDA (its stub's errors are tested below)");
   REQUIRE_THROWS_AS(gpu::context_for(tw::Device::gpu(7)), tw::NotFound);
   REQUIRE_THROWS_WITH(gpu::context_for(tw::Device::gpu(7)), Contains("/gpu:7"));
 }
 
 TEST_CASE("a GPU context without an allocator is an InvalidArgument", "[cuda-nogpu]") {
-  if (!gpu::built_with_cuda()) return;  // the stub fails earlier, tested above
+  if (!gpu::built_with_cuda()) TW_SKIP("a build without CUDA (its stub fails earlier, tested above)");
   gpu::GpuContextOptions opts{.device = tw::Device::gpu(0), .ordinal = 0, .allocator = nullptr};
   REQUIRE_THROWS_AS(gpu::GpuContext(opts), tw::InvalidArgument);
   REQUIRE_THROWS_WITH(gpu::GpuContext(opts), Contains("allocator"));
 }
 
 TEST_CASE("the stub backend fails every entry point with the rebuild hint", "[cuda-nogpu]") {
-  if (gpu::built_with_cuda()) return;  // only a build without CUDA has the stub
+  if (gpu::built_with_cuda()) TW_SKIP("a CUDA build has no stub backend");
   const std::string hint(gpu::kNoCudaBuildMessage);
   REQUIRE_THROWS_WITH(gpu::PinnedBuffer(16), Contains(hint));
   REQUIRE_THROWS_AS(gpu::PinnedBuffer(16), tw::DeviceError);
@@ -110,7 +112,7 @@ TEST_CASE("the stub backend fails every entry point with the rebuild hint", "[cu
 
 TEST_CASE("a GPU backend where no GPU exists fails with an error naming the device",
           "[cuda-nogpu]") {
-  if (gpu::cuda_availability().usable()) return;  // with a GPU the parity suite covers it
+  if (gpu::cuda_availability().usable()) TW_SKIP("a GPU is here: the parity suite covers it");
   NoMemory memory;
   // Without CUDA: the stub's rebuild hint. With CUDA but no driver or device: the registry has
   // no /gpu:0 and says so (NotFound), before any CUDA call.

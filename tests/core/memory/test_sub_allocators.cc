@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "test_skip.h"
+
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -51,8 +53,7 @@ TEST_CASE("cudaMalloc and cudaHostAlloc pools, where a GPU exists", "[memory][cu
   try {
     sub = tw::make_cuda_sub_allocator(0);
   } catch (const tw::Error& e) {
-    WARN("skipped: no usable CUDA device (" << e.what() << ")");
-    return;
+    TW_SKIP("no usable CUDA device (" << e.what() << ")");
   }
   CHECK(sub->name() == "cudaMalloc");
   CHECK_THROWS_AS(tw::make_cuda_sub_allocator(4096), tw::InvalidArgument);

@@ -1,6 +1,8 @@
 // This machine's GPUs through the registry. Skips (visibly) where no GPU is visible.
 #include <catch2/catch.hpp>
 
+#include "test_skip.h"
+
 #include "core/platform/registry.h"
 
 namespace tw = towerflow;
@@ -9,8 +11,7 @@ using tw::Device;
 TEST_CASE("GPUs of this machine become logical devices with lazily created allocators", "[platform][cuda]") {
   auto gpus = tw::make_system_platform()->gpus();
   if (gpus.empty()) {
-    WARN("skipped: no GPU visible (" << tw::make_system_platform()->name() << ")");
-    return;
+    TW_SKIP("no GPU visible (" << tw::make_system_platform()->name() << ")");
   }
   tw::reset_devices_for_testing();
   const auto& devices = tw::initialise_devices({.allow_growth = true});

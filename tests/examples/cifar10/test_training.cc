@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include "test_skip.h"
+
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include "examples/cifar10/training.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
+#include "data/image_codec.h"
 #include "io/model_state.h"
 #include "models/models.h"
 #include "optim/optim.h"
@@ -132,8 +135,7 @@ TEST_CASE("the cutout and label_smoothing options reach the training images and 
 TEST_CASE("device choice: two CPU towers by default, explicit lists, and errors", "[cifar10][training][devices]") {
   fresh_devices();
   if (!tw::make_system_platform()->gpus().empty()) {
-    WARN("skipped: this machine has a GPU, so the default towers are the GPUs");
-    return;
+    TW_SKIP("this machine has a GPU, so the default towers are the GPUs");
   }
   const tw::Device cpu0 = tw::Device::cpu(0), cpu1 = tw::Device::cpu(1);
   TrainOptions o;
@@ -276,4 +278,31 @@ TEST_CASE("cifar10_eval evaluates on the data the checkpoint records unless told
   told.builtin_test_size = 32;
   r = run_evaluation(told, {.checkpoint = dir.path.string()}, {}, reporter, {"builtin_test_size"});
   CHECK(r.test_examples == 32);
+}
+
+TEST_CASE("an image folder with a corrupt file: the error names --skip_bad_files, which skips it", "[cifar10][training][data]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TempDir dir;
+  tw::data::Image img{.h = 32, .w = 32, .c = 3, .pixels = std::vector<std::uint8_t>(32 * 32 * 3, 90)};
+  const auto png = tw::data::encode_png(img);
+  for (const char* split : {"train", "test"})
+    for (int cls = 0; cls < 2; ++cls) {
+      const fs::path d = dir.path / "data" / split / ("class" + std::to_string(cls));
+      fs::create_directories(d);
+      for (int i = 0; i < 24; ++i)
+        tw::io::write_file_atomically(d / (std::to_string(i) + ".png"), std::string(png.begin(), png.end()));
+    }
+  const fs::path bad = dir.path / "data" / "train" / "class0" / "7.png";
+  tw::io::write_file_atomically(bad, "not an image");
+  TrainOptions o = tiny_options(dir.path / "run");
+  o.data_dir = (dir.path / "data").string();
+  o.batch_size = 16;
+  o.max_steps = 2;
+  CHECK_THROWS_WITH(run_training(o, {}, reporter), Catch::Contains(bad.string()) && Catch::Contains("--skip_bad_files"));
+  o.skip_bad_files = true;
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 2);
+  CHECK_THAT(out.text(), Catch::Contains("skipped 1 of 48"));
 }
