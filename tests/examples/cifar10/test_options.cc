@@ -175,3 +175,29 @@ TEST_CASE("options round-trip through their JSON form", "[cifar10][options]") {
   CHECK(j["resume"] == false);
   CHECK(j.size() == describe_train_options(o).size());
 }
+
+TEST_CASE("a config file is read as Python's configparser reads it", "[cifar10][options]") {
+  // 'key: value', names in any case, ';' and '#' comment lines, training and device keys mixed.
+  auto c = parse_config("; the tutorial's file\n"
+                        "[Train]\n"
+                        "Batch_Size: 64\n"
+                        "  # an indented comment\n"
+                        "LR = 0.05\n"
+                        "[gpu]\n"
+                        "allow_growth: on\n"
+                        "[DEFAULT]\n"
+                        "epochs: 3\n",
+                        "t.ini");
+  CHECK(c.train.batch_size == 64);
+  CHECK(c.train.lr == 0.05);
+  CHECK(c.train.epochs == 3);
+  CHECK(c.process.allow_growth == true);
+  CHECK(c.train_keys == std::vector<std::string>{"batch_size", "lr", "epochs"});
+  // What configparser refuses stays an error naming the file and line, in any section.
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n[other]\nno delimiter\n", "t.ini"), Catch::Contains("t.ini:4:"));
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n[train]\nepochs = 2\n", "t.ini"),
+                    Catch::Contains("t.ini:3:") && Catch::Contains("section [train] is already given"));
+  // An indented line continues the value above it, as in configparser; the error says so.
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n  epochs = 2\n", "t.ini"),
+                    Catch::Contains("t.ini:2:") && Catch::Contains("continues to line 3"));
+}
