@@ -129,9 +129,34 @@ T parse_number(const Field& f, std::string_view value) {
   return out;
 }
 
+// Whether s is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool is_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : c & (0xFF >> (n + 1));
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b >> 6) != 0x2) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 // The trimmed text; for an option with choices, one of them (InvalidArgument otherwise).
+// Text options are recorded as JSON (checkpoint metadata, --json lines), which holds UTF-8 only:
+// anything else is refused here rather than when the first checkpoint is written.
 std::string parse_choice(const Field& f, std::string_view value) {
   std::string v(trim(value));
+  if (!is_utf8(v))
+    raise<InvalidArgument>("--", f.name, " is not valid UTF-8 text; towerflow records its options as JSON, "
+                           "which holds UTF-8 only (rename the file or folder, or reach it through a "
+                           "symbolic link with a UTF-8 name)");
   if (!f.choices) return v;
   std::string_view rest = f.choices;
   std::string listed;

@@ -201,3 +201,19 @@ TEST_CASE("a config file is read as Python's configparser reads it", "[cifar10][
   CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n  epochs = 2\n", "t.ini"),
                     Catch::Contains("t.ini:2:") && Catch::Contains("continues to line 3"));
 }
+
+TEST_CASE("text options must be UTF-8: they are recorded as JSON (found by fuzz/flag_values)", "[cifar10][options]") {
+  TrainOptions o;
+  // Before: accepted, then nlohmann::json threw type_error 316 when the first checkpoint's
+  // metadata was written.
+  CHECK_THROWS_WITH(set_train_option(o, "data_dir", "/data/caf\xe9"),
+                    Catch::Contains("--data_dir") && Catch::Contains("not valid UTF-8"));
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xc0\xaf"), tw::InvalidArgument);      // overlong '/'
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xed\xa0\x80"), tw::InvalidArgument);  // a surrogate
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xf0\x9f\x98"), tw::InvalidArgument);  // cut short
+  set_train_option(o, "train_dir", "runs/caf\xc3\xa9-\xf0\x9f\x98\x80");
+  CHECK(o.train_dir == "runs/caf\xc3\xa9-\xf0\x9f\x98\x80");
+  CHECK_NOTHROW(to_json(o));
+  CHECK_THROWS_WITH(parse_config("[train]\nmodel = tfcnn\ntrain_dir = \xff\n", "t.ini"),
+                    Catch::Contains("t.ini:3:") && Catch::Contains("not valid UTF-8"));
+}
