@@ -24,6 +24,20 @@ ImageFormat sniff_format(std::span<const std::uint8_t> b) {
 
 namespace {
 
+// Note [Decompression bombs]
+// A 429-byte PNG can claim 30000 x 30000 pixels; decoding it would allocate 2.7 GB (per
+// validation thread), and the folder's first image sets the shape every scratch buffer takes.
+// fuzz/image_folder found it. Like PIL (whose DecompressionBombError starts at twice its
+// MAX_IMAGE_PIXELS), the reader refuses images of more than kMaxImagePixels before allocating.
+bool too_many_pixels(std::uint64_t h, std::uint64_t w) { return h * w > kMaxImagePixels; }
+
+// Plain C, as the JPEG decoder's frame must hold no C++ object (see jpeg_decode).
+void too_many_pixels_message(char* out, std::size_t size, std::uint64_t h, std::uint64_t w) {
+  std::snprintf(out, size, "it is %llux%llu pixels, more than the %llu an image may have (a decompression bomb?); "
+                "shrink it, or remove it", static_cast<unsigned long long>(h), static_cast<unsigned long long>(w),
+                static_cast<unsigned long long>(kMaxImagePixels));
+}
+
 // libjpeg reports errors through a callback that must not return; the default one calls exit().
 // Ours jumps back to the decode call. Warnings ("Premature end of JPEG file", "Corrupt JPEG
 // data") are errors too: libjpeg would otherwise fill the missing part with grey and the loader
@@ -60,6 +74,11 @@ bool jpeg_decode(const std::uint8_t* data, std::size_t size, bool header_only, I
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  if (too_many_pixels(cinfo.image_height, cinfo.image_width)) {  // Note [Decompression bombs]
+    too_many_pixels_message(message, JMSG_LENGTH_MAX, cinfo.image_height, cinfo.image_width);
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
   out->h = static_cast<int>(cinfo.image_height);
   out->w = static_cast<int>(cinfo.image_width);
   out->c = 3;
@@ -84,6 +103,12 @@ Image decode_png(std::span<const std::uint8_t> bytes, const std::string& what, b
   png.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size()))
     raise<DataError>("cannot decode PNG image '", what, "': ", png.message);
+  if (too_many_pixels(png.height, png.width)) {  // Note [Decompression bombs]
+    char message[256];
+    too_many_pixels_message(message, sizeof message, png.height, png.width);
+    png_image_free(&png);
+    raise<DataError>("cannot decode PNG image '", what, "': ", message);
+  }
   Image img{.h = static_cast<int>(png.height), .w = static_cast<int>(png.width), .c = 3, .pixels = {}};
   if (header_only) {
     png_image_free(&png);

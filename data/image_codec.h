@@ -22,6 +22,10 @@ enum class ImageFormat { Unknown, Jpeg, Png };
 // Recognises the format from the file's first bytes (magic numbers), not from its extension.
 ImageFormat sniff_format(std::span<const std::uint8_t> bytes);
 
+// Images of more than this many pixels are refused with DataError before any pixel is allocated
+// (PIL's decompression-bomb limit; see Note [Decompression bombs] in image_codec.cc).
+inline constexpr std::uint64_t kMaxImagePixels = 178'956'970;
+
 Image decode_image(std::span<const std::uint8_t> bytes, const std::string& what);
 // Reads only the header: {h, w, 3}. Throws DataError like decode_image.
 Image decode_header(std::span<const std::uint8_t> bytes, const std::string& what);

@@ -148,7 +148,7 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
   json header;
   try {
     header = json::parse(bytes.begin() + 8, bytes.begin() + static_cast<std::ptrdiff_t>(f.data_start_));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1E400
     bad("the header is not valid JSON (", e.what(), ")");
   }
   if (!header.is_object()) bad("the header is JSON but not an object");

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages towerflow builds with. Idempotent; needs root (or sudo).
+#   scripts/install_deps.sh          what the build needs
+#   scripts/install_deps.sh fuzz     that, and clang with libFuzzer (scripts/fuzz.sh)
 # The CUDA toolkit, cuDNN and NCCL are not Debian packages: where /usr/local/cuda exists the
 # build uses them, and without them it builds the CPU backend only.
 set -euo pipefail
@@ -15,6 +17,10 @@ packages=(
   libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing
   libopenmpi-dev openmpi-bin  # multi-process runs
 )
+if [ "${1:-}" = fuzz ]; then
+  # clang 16, not Debian 12's default 14: libstdc++'s <source_location> needs clang >= 15.
+  packages+=(clang-16 libclang-rt-16-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

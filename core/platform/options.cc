@@ -260,6 +260,15 @@ std::map<int, bool> parse_memory_growth(std::string_view value) {
   return out;
 }
 
+bool is_process_option(std::string_view name) {
+  static const char* const kNames[] = {"visible_device_list", "per_process_gpu_memory_fraction", "rate",
+                                       "allow_growth", "memory_growth", "virtual_devices", "memory_limit",
+                                       "device_count", "allow_soft_placement", "log_device_placement",
+                                       "intra_op_threads", "intra_op_parallelism_threads"};
+  std::string key = lower(trim(name));
+  return std::find(std::begin(kNames), std::end(kNames), key) != std::end(kNames);
+}
+
 void set_process_option(ProcessOptions& opts, std::string_view name, std::string_view value) {
   std::string key = lower(trim(name));
   value = trim(value);
@@ -296,46 +305,33 @@ void set_process_option(ProcessOptions& opts, std::string_view name, std::string
 }
 
 ProcessOptions ProcessOptions::parse_ini(std::string_view text, std::string_view source) {
+  return from_ini_entries(read_ini(text, source).entries, source);
+}
+
+ProcessOptions ProcessOptions::from_ini_entries(const std::vector<IniEntry>& entries, std::string_view source) {
   ProcessOptions opts;
-  std::map<std::string, int> seen;  // canonical option -> line, to reject a key given twice
+  std::map<std::string, int> seen;  // canonical option -> line, to reject an option given twice
   auto canonical = [](const std::string& key) -> std::string {
     if (key == "rate") return "per_process_gpu_memory_fraction";
     if (key == "intra_op_parallelism_threads") return "intra_op_threads";
     return key;
   };
-  bool ours = true;  // keys before any section, and in our sections, are process options
-  int line_no = 0;
-  for (std::string_view line : split(text, '\n')) {
-    ++line_no;
-    line = trim(line);
-    if (line.empty() || line.front() == '#' || line.front() == ';') continue;
-    if (line.front() == '[') {
-      if (line.back() != ']')
-        raise<InvalidArgument>(source, ":", line_no, ": section header '", line,
-                               "' has no closing ']'; write e.g. [gpu]");
-      std::string section = lower(trim(line.substr(1, line.size() - 2)));
-      ours = section == "gpu" || section == "cpu" || section == "devices" || section == "session" ||
-             section == "process";
-      continue;
-    }
+  for (const IniEntry& e : entries) {
+    std::string section = lower(e.section);
+    bool ours = e.section.empty() || section == "gpu" || section == "cpu" || section == "devices" ||
+                section == "session" || section == "process";
+    // configparser gives [DEFAULT]'s keys to every section, ours included; keys that are not
+    // process options belong to the other sections' programs.
+    if (e.section == "DEFAULT") ours = is_process_option(e.key);
     if (!ours) continue;
-    auto eq = line.find('=');
-    if (eq == std::string_view::npos)
-      raise<InvalidArgument>(source, ":", line_no, ": '", line, "' is not 'key = value'; write e.g. allow_growth = true");
-    std::string key = lower(trim(line.substr(0, eq)));
-    std::string_view value = trim(line.substr(eq + 1));
-    // An inline comment starts at " #"; ';' is part of the virtual_devices syntax.
-    if (auto hash = value.find(" #"); hash != std::string_view::npos) value = trim(value.substr(0, hash));
-    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
-      value = value.substr(1, value.size() - 2);
     try {
-      set_process_option(opts, key, value);
-    } catch (const InvalidArgument& e) {
-      raise<InvalidArgument>(source, ":", line_no, ": ", e.what());
+      set_process_option(opts, e.key, ini_option_value(e));
+    } catch (const InvalidArgument& err) {
+      raise_ini_value_error(source, e, err.what());
     }
-    auto [it, fresh] = seen.emplace(canonical(key), line_no);
+    auto [it, fresh] = seen.emplace(canonical(e.key), e.line);
     if (!fresh)
-      raise<InvalidArgument>(source, ":", line_no, ": option ", canonical(key), " is already set on line ",
+      raise<InvalidArgument>(source, ":", e.line, ": option ", canonical(e.key), " is already set on line ",
                              it->second, "; keep one of the two");
   }
   return opts;

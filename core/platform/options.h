@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/platform/ini.h"
 
 namespace CLI {
 class App;
@@ -69,14 +70,20 @@ struct ProcessOptions {
   // evenly over the logical CPU devices (at least one each).
   std::optional<int> intra_op_threads{};
 
-  // Reads an INI file. Keys are the option names above (flag syntax for values) plus
-  // TensorFlow-tutorial aliases: `rate` (per_process_gpu_memory_fraction) and
-  // `intra_op_parallelism_threads`. Keys are read at the top of the file and in the sections
-  // [gpu], [cpu], [devices], [session] and [process]; other sections belong to other programs
-  // and are skipped. An unknown key, a bad value or a key given twice throws InvalidArgument
-  // naming the file, the line and the fix; a missing file throws NotFound.
+  // Reads an INI file as Python's configparser does (core/platform/ini.h: `key = value` or
+  // `key: value`, keys in any case, `#` and `;` comment lines). Keys are the option names above
+  // (flag syntax for values) plus TensorFlow-tutorial aliases: `rate`
+  // (per_process_gpu_memory_fraction) and `intra_op_parallelism_threads`. Keys are read at the
+  // top of the file and in the sections [gpu], [cpu], [devices], [session] and [process] (in any
+  // case); [DEFAULT]'s keys that are option names are read too; other sections belong to other
+  // programs and are skipped (but must still be INI that configparser reads). A line configparser
+  // refuses, an unknown key, a bad value or an option given twice throws InvalidArgument naming
+  // the file, the line and the fix; a missing file throws NotFound.
   static ProcessOptions from_ini(const std::string& path);
   static ProcessOptions parse_ini(std::string_view text, std::string_view source = "<ini>");
+  // The same from entries read_ini returned (a program with its own sections reads the file
+  // once and passes the entries that are not its own).
+  static ProcessOptions from_ini_entries(const std::vector<IniEntry>& entries, std::string_view source);
 
   // This options object with every field set in `overrides` replaced by it (map entries merge
   // key by key, the override's entries winning). Used as file.merged_with(flags).
@@ -92,6 +99,9 @@ struct ProcessOptions {
 // --intra_op_threads N. Bad values raise CLI::ValidationError carrying the message.
 // `opts` must outlive the parse.
 void add_process_option_flags(CLI::App& app, ProcessOptions& opts);
+
+// Whether `name` (in any case) is a process option or one of its INI aliases.
+bool is_process_option(std::string_view name);
 
 // Sets one option from its flag/INI spelling (name without dashes, value as text). Throws
 // InvalidArgument for an unknown name or a bad value. The INI reader and the flags use it.

@@ -119,7 +119,7 @@ std::unique_ptr<Platform> parse_platform_json(std::string_view text, std::string
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number like 1E400
     raise<DataError>(source, ": not valid JSON (", e.what(), ")");
   }
   if (!doc.is_object()) raise<DataError>(source, ": a platform description must be a JSON object, not ", doc.type_name());

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/platform/ini.h"
 
 namespace towerflow::cifar10 {
 namespace {
@@ -128,9 +129,34 @@ T parse_number(const Field& f, std::string_view value) {
   return out;
 }
 
+// Whether s is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool is_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    std::uint32_t cp = n == 1 ? c : c & (0xFF >> (n + 1));
+    for (std::size_t k = 1; k < n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if ((b >> 6) != 0x2) return false;
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    constexpr std::uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += n;
+  }
+  return true;
+}
+
 // The trimmed text; for an option with choices, one of them (InvalidArgument otherwise).
+// Text options are recorded as JSON (checkpoint metadata, --json lines), which holds UTF-8 only:
+// anything else is refused here rather than when the first checkpoint is written.
 std::string parse_choice(const Field& f, std::string_view value) {
   std::string v(trim(value));
+  if (!is_utf8(v))
+    raise<InvalidArgument>("--", f.name, " is not valid UTF-8 text; towerflow records its options as JSON, "
+                           "which holds UTF-8 only (rename the file or folder, or reach it through a "
+                           "symbolic link with a UTF-8 name)");
   if (!f.choices) return v;
   std::string_view rest = f.choices;
   std::string listed;
@@ -192,55 +218,31 @@ std::vector<OptionDoc> describe_train_options(const TrainOptions& opts) {
   return out;
 }
 
+// The file is read once, as Python's configparser reads it (core/platform/ini.h); training keys
+// ([train], and training option names at the top or in [DEFAULT]) are applied here, and every
+// other entry goes to the device options, which read their own sections and skip the rest.
 Config parse_config(std::string_view text, std::string_view source) {
   Config c;
   std::map<std::string, int> seen;
-  std::string device_text;  // the file with training lines blanked, for the device-option parser
-  enum class Section { Top, Train, Other } section = Section::Top;
-  int line_no = 0;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    std::size_t nl = text.find('\n', pos);
-    std::string_view raw = text.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos);
-    pos = nl == std::string_view::npos ? text.size() + 1 : nl + 1;
-    ++line_no;
-    std::string_view line = trim(raw);
-    bool consumed = false;
-    if (!line.empty() && line.front() == '[' && line.back() == ']') {
-      std::string name = lower(trim(line.substr(1, line.size() - 2)));
-      section = name == "train" ? Section::Train : Section::Other;
-      if (name == "gpu" || name == "cpu" || name == "devices" || name == "session" || name == "process")
-        section = Section::Other;
-    } else if (!line.empty() && line.front() != '#' && line.front() != ';' && line.front() != '[' &&
-               section != Section::Other) {
-      auto eq = line.find('=');
-      std::string key = lower(trim(line.substr(0, eq)));
-      if (eq != std::string_view::npos && (section == Section::Train || is_train_option(key))) {
-        std::string_view value = trim(line.substr(eq + 1));
-        if (auto hash = value.find(" #"); hash != std::string_view::npos) value = trim(value.substr(0, hash));
-        if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
-          value = value.substr(1, value.size() - 2);
-        try {
-          set_train_option(c.train, key, value);
-        } catch (const InvalidArgument& e) {
-          raise<InvalidArgument>(source, ":", line_no, ": ", e.what());
-        }
-        auto [it, fresh] = seen.emplace(key, line_no);
-        if (!fresh)
-          raise<InvalidArgument>(source, ":", line_no, ": option ", key, " is already set on line ", it->second,
-                                 "; keep one of the two");
-        c.train_keys.push_back(key);
-        consumed = true;
-      } else if (section == Section::Train) {
-        raise<InvalidArgument>(source, ":", line_no, ": '", line, "' is not 'key = value'; write e.g. batch_size = 128");
-      }
+  std::vector<IniEntry> device_entries;
+  for (const IniEntry& e : read_ini(text, source).entries) {
+    bool shared = e.section.empty() || e.section == "DEFAULT";
+    if (lower(e.section) != "train" && !(shared && is_train_option(e.key))) {
+      device_entries.push_back(e);
+      continue;
     }
-    // Keeping a blank line in place of a consumed one keeps the device parser's line numbers.
-    if (!consumed) device_text.append(raw);
-    device_text.push_back('\n');
+    try {
+      set_train_option(c.train, e.key, ini_option_value(e));
+    } catch (const InvalidArgument& err) {
+      raise_ini_value_error(source, e, err.what());
+    }
+    auto [it, fresh] = seen.emplace(e.key, e.line);
+    if (!fresh)
+      raise<InvalidArgument>(source, ":", e.line, ": option ", e.key, " is already set on line ", it->second,
+                             "; keep one of the two");
+    c.train_keys.push_back(e.key);
   }
-  // Training lines are gone; [train] holds nothing for the device parser, which skips it.
-  c.process = ProcessOptions::parse_ini(device_text, source);
+  c.process = ProcessOptions::from_ini_entries(device_entries, source);
   return c;
 }
 

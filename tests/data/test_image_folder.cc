@@ -105,6 +105,50 @@ TEST_CASE("Corrupt, truncated and foreign files are DataErrors naming the file",
   }
 }
 
+namespace {
+
+// PNG's chunk CRC (ISO 3309 / zlib's crc32), to keep a patched IHDR valid.
+std::uint32_t png_crc(const std::uint8_t* p, std::size_t n) {
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < n; ++i) {
+    c ^= p[i];
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xFFFFFFFFu;
+}
+
+void put_be16(std::uint8_t* p, std::uint32_t v) { p[0] = std::uint8_t(v >> 8), p[1] = std::uint8_t(v); }
+void put_be32(std::uint8_t* p, std::uint32_t v) { put_be16(p, v >> 16), put_be16(p + 2, v); }
+
+}  // namespace
+
+// Found by fuzz/image_folder: a 429-byte PNG claiming 30000 x 30000 pixels made the reader
+// allocate 2.7 GB (Note [Decompression bombs] in data/image_codec.cc).
+TEST_CASE("Images that claim more pixels than kMaxImagePixels are refused before decoding", "[data][codec]") {
+  auto png = encode_png(pattern(4, 4, 3, 1));
+  put_be32(&png[16], 30000);  // IHDR: width, height, then its CRC over type and data
+  put_be32(&png[20], 30000);
+  put_be32(&png[29], png_crc(&png[12], 17));
+  for (bool header_only : {false, true})
+    require_throws_mentioning<DataError>(
+        [&] { header_only ? decode_header(png, "bomb.png") : decode_image(png, "bomb.png"); },
+        {"bomb.png", "30000x30000", "decompression bomb"});
+
+  auto jpeg = encode_jpeg(smooth(8, 8, 1), 90);
+  const std::uint8_t sof0[] = {0xFF, 0xC0};  // baseline start of frame, before any entropy-coded data
+  auto sof = std::search(jpeg.begin(), jpeg.end(), std::begin(sof0), std::end(sof0));
+  REQUIRE(sof != jpeg.end());
+  put_be16(&*(sof + 5), 60000);  // SOF0: marker, length, precision, then height and width
+  put_be16(&*(sof + 7), 60000);
+  for (bool header_only : {false, true})
+    require_throws_mentioning<DataError>(
+        [&] { header_only ? decode_header(jpeg, "bomb.jpg") : decode_image(jpeg, "bomb.jpg"); },
+        {"bomb.jpg", "60000x60000", "decompression bomb"});
+
+  // The limit itself: as many pixels as PIL accepts before DecompressionBombError.
+  CHECK(kMaxImagePixels == 178956970);
+}
+
 TEST_CASE("Bilinear resize: identity, 2x2 averaging when halving, exact on linear ramps", "[data][codec]") {
   const Image img = pattern(6, 8, 3, 4);
   CHECK(resize_bilinear(img, 6, 8).pixels == img.pixels);

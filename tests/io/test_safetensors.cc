@@ -160,6 +160,10 @@ TEST_CASE("corrupt files raise DataError naming the field", "[io][safetensors]")
     h[h.find("\"shape\"")] = '\'';
     CHECK_THAT(error_of(parse(with_header(h, data))), Catch::Contains("not valid JSON"));
   }
+  SECTION("header JSON with a number too large for a double (found by fuzz/safetensors)") {
+    CHECK_THAT(error_of(parse(with_header(R"({"a": {"dtype": "F32", "shape": [1E400], "data_offsets": [0, 0]}})", ""))),
+               Catch::Contains("not valid JSON") && Catch::Contains("number overflow"));
+  }
   SECTION("header JSON that is not an object") {
     CHECK_THAT(error_of(parse(with_header("[1, 2]", ""))), Catch::Contains("not an object"));
   }

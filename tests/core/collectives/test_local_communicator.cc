@@ -71,7 +71,8 @@ TEST_CASE("local all-reduce sums every participant's buffer in a fixed order", "
       LocalCommunicator comm(cpus(n));
       require_no_errors(run_participants(n, [&](int p) { comm.all_reduce_sum(p, bufs[p]); }));
       INFO("n=" << n << " count=" << count);
-      for (int p = 0; p < n; ++p)
+      // count == 0 is skipped: memcmp of an empty vector's data() (null) is undefined.
+      for (int p = 0; p < n && count > 0; ++p)
         REQUIRE(std::memcmp(bufs[p].data(), expect.data(), count * sizeof(float)) == 0);
     }
   }

@@ -38,6 +38,9 @@ TEST_CASE("malformed descriptions name the file and the field", "[platform]") {
   CHECK_THROWS_WITH(tw::parse_platform_json(R"({"cpu": {"cores": 1, "memory_bytes": 1}, "gpu": []})", "m.json"),
                     Contains("unknown field 'gpu'"));
   CHECK_THROWS_WITH(tw::parse_platform_json(R"({"gpus": []})", "m.json"), Contains("lacks 'cpu'"));
+  // Found by fuzz/platform_json: a number too large for a double escaped as nlohmann's out_of_range.
+  CHECK_THROWS_WITH(tw::parse_platform_json(R"({"cpu": {"cores": 1, "memory_bytes": 1717986E384}})", "m.json"),
+                    Contains("m.json: not valid JSON") && Contains("number overflow"));
 }
 
 TEST_CASE("CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES act on a described machine as the driver does", "[platform]") {

@@ -175,3 +175,45 @@ TEST_CASE("options round-trip through their JSON form", "[cifar10][options]") {
   CHECK(j["resume"] == false);
   CHECK(j.size() == describe_train_options(o).size());
 }
+
+TEST_CASE("a config file is read as Python's configparser reads it", "[cifar10][options]") {
+  // 'key: value', names in any case, ';' and '#' comment lines, training and device keys mixed.
+  auto c = parse_config("; the tutorial's file\n"
+                        "[Train]\n"
+                        "Batch_Size: 64\n"
+                        "  # an indented comment\n"
+                        "LR = 0.05\n"
+                        "[gpu]\n"
+                        "allow_growth: on\n"
+                        "[DEFAULT]\n"
+                        "epochs: 3\n",
+                        "t.ini");
+  CHECK(c.train.batch_size == 64);
+  CHECK(c.train.lr == 0.05);
+  CHECK(c.train.epochs == 3);
+  CHECK(c.process.allow_growth == true);
+  CHECK(c.train_keys == std::vector<std::string>{"batch_size", "lr", "epochs"});
+  // What configparser refuses stays an error naming the file and line, in any section.
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n[other]\nno delimiter\n", "t.ini"), Catch::Contains("t.ini:4:"));
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n[train]\nepochs = 2\n", "t.ini"),
+                    Catch::Contains("t.ini:3:") && Catch::Contains("section [train] is already given"));
+  // An indented line continues the value above it, as in configparser; the error says so.
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n  epochs = 2\n", "t.ini"),
+                    Catch::Contains("t.ini:2:") && Catch::Contains("continues to line 3"));
+}
+
+TEST_CASE("text options must be UTF-8: they are recorded as JSON (found by fuzz/flag_values)", "[cifar10][options]") {
+  TrainOptions o;
+  // Before: accepted, then nlohmann::json threw type_error 316 when the first checkpoint's
+  // metadata was written.
+  CHECK_THROWS_WITH(set_train_option(o, "data_dir", "/data/caf\xe9"),
+                    Catch::Contains("--data_dir") && Catch::Contains("not valid UTF-8"));
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xc0\xaf"), tw::InvalidArgument);      // overlong '/'
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xed\xa0\x80"), tw::InvalidArgument);  // a surrogate
+  CHECK_THROWS_AS(set_train_option(o, "train_dir", "run\xf0\x9f\x98"), tw::InvalidArgument);  // cut short
+  set_train_option(o, "train_dir", "runs/caf\xc3\xa9-\xf0\x9f\x98\x80");
+  CHECK(o.train_dir == "runs/caf\xc3\xa9-\xf0\x9f\x98\x80");
+  CHECK_NOTHROW(to_json(o));
+  CHECK_THROWS_WITH(parse_config("[train]\nmodel = tfcnn\ntrain_dir = \xff\n", "t.ini"),
+                    Catch::Contains("t.ini:3:") && Catch::Contains("not valid UTF-8"));
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Sanitizer builds, CPU only, with clang (scripts/sanitizer_env.sh), each in its own build folder:
+#   asan  build-asan/: everything under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer
+#         included), then the whole ctest suite;
+#   tsan  build-tsan/: the tests of every threaded component under ThreadSanitizer: tower workers
+#         and the trainer, sync batch norm, the local communicator, the BFC allocator, the CPU
+#         thread pool, the data loader and image-folder decoding, checkpoints and the run loop.
+# Any report fails the test that caused it. Suppressions, if ever needed, live in
+# scripts/sanitizers/*.supp with the reason for each entry.
+#
+#   scripts/sanitize.sh [asan|tsan|all]     (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+case "$what" in asan | tsan | all) ;; *) echo "usage: $0 [asan|tsan|all]" >&2; exit 2 ;; esac
+scripts/install_deps.sh fuzz
+source scripts/sanitizer_env.sh
+jobs=$(nproc)
+
+if [ "$what" != tsan ]; then
+  start=$(date +%s)
+  tw_configure_asan
+  cmake --build build-asan -j"$jobs"
+  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+  echo "sanitize: asan+ubsan build and whole suite in $(( $(date +%s) - start )) s"
+fi
+
+if [ "$what" != asan ]; then
+  start=$(date +%s)
+  tsan_tests=(test_tower_split test_tower_trainer test_tower_sync_batch_norm test_collectives test_memory
+              test_core test_data test_train)
+  tw_configure_tsan
+  cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
+  regex="^($(IFS='|'; echo "${tsan_tests[*]}")):"
+  ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$regex"
+  echo "sanitize: tsan build and threaded components' tests in $(( $(date +%s) - start )) s"
+fi

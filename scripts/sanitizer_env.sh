@@ -1,0 +1,27 @@
+# Sourced by scripts/sanitize.sh and scripts/fuzz.sh: the compiler, the build configurations and
+# the run-time options of the sanitizer builds.
+#
+# clang 16 (scripts/install_deps.sh fuzz): Debian 12's default clang 14 cannot compile
+# libstdc++'s <source_location>. One clang build, build-asan/ (ASan + UBSan, with libFuzzer's
+# coverage instrumentation), serves both the ASan test run and the fuzz targets, so CI compiles
+# the library once for the two; it costs the tests little. -O1 with line tables: quick to
+# compile, fast enough to run, whole stacks in reports.
+tw_cxx=clang++-16
+tw_configure() {  # build_dir sanitizers [cmake args...]
+  local dir=$1 sanitizers=$2
+  shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$tw_cxx" -DTOWERFLOW_CUDA=OFF \
+    -DTOWERFLOW_SANITIZE="$sanitizers" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" "$@" >/dev/null
+}
+tw_configure_asan() { tw_configure build-asan address,undefined -DTOWERFLOW_FUZZ=ON; }
+tw_configure_tsan() { tw_configure build-tsan thread; }
+
+# Reports with function names and lines: clang-16's runtimes do not find Debian's
+# llvm-symbolizer by themselves.
+tw_symbolizer=$(command -v llvm-symbolizer-16 || command -v llvm-symbolizer-14 || command -v llvm-symbolizer || true)
+tw_supp=$PWD/scripts/sanitizers
+export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1:external_symbolizer_path=$tw_symbolizer"
+export LSAN_OPTIONS="suppressions=$tw_supp/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$tw_supp/ubsan.supp:external_symbolizer_path=$tw_symbolizer"
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$tw_supp/tsan.supp:external_symbolizer_path=$tw_symbolizer"
