@@ -21,34 +21,41 @@
 
 namespace towerflow::cpu {
 
+// Every kernel of the table, once: the table's fields, each build's declarations and its table
+// (table.cc) come from this list, so they cannot disagree.
+#define TW_CPU_KERNELS(X) \
+  X(conv2d_forward) \
+  X(conv2d_backward_input) \
+  X(conv2d_backward_weight) \
+  X(conv2d_forward_bias) \
+  X(conv2d_backward_bias) \
+  X(max_pool_forward) \
+  X(max_pool_backward) \
+  X(avg_pool_forward) \
+  X(avg_pool_backward) \
+  X(batch_norm_forward_training) \
+  X(batch_norm_forward_inference) \
+  X(batch_norm_backward) \
+  X(batch_norm_relu_forward_training) \
+  X(batch_norm_add_relu_forward_training) \
+  X(batch_norm_relu_backward) \
+  X(batch_norm_moments) \
+  X(batch_norm_forward_apply) \
+  X(batch_norm_backward_reduce) \
+  X(batch_norm_backward_apply) \
+  X(gemm) \
+  X(add) \
+  X(mul) \
+  X(scale) \
+  X(axpy) \
+  X(relu_forward) \
+  X(relu_backward) \
+  X(bias_add)
+
 struct KernelTable {
-  decltype(&cpu::conv2d_forward) conv2d_forward;
-  decltype(&cpu::conv2d_backward_input) conv2d_backward_input;
-  decltype(&cpu::conv2d_backward_weight) conv2d_backward_weight;
-  decltype(&cpu::conv2d_forward_bias) conv2d_forward_bias;
-  decltype(&cpu::conv2d_backward_bias) conv2d_backward_bias;
-  decltype(&cpu::max_pool_forward) max_pool_forward;
-  decltype(&cpu::max_pool_backward) max_pool_backward;
-  decltype(&cpu::avg_pool_forward) avg_pool_forward;
-  decltype(&cpu::avg_pool_backward) avg_pool_backward;
-  decltype(&cpu::batch_norm_forward_training) batch_norm_forward_training;
-  decltype(&cpu::batch_norm_forward_inference) batch_norm_forward_inference;
-  decltype(&cpu::batch_norm_backward) batch_norm_backward;
-  decltype(&cpu::batch_norm_relu_forward_training) batch_norm_relu_forward_training;
-  decltype(&cpu::batch_norm_add_relu_forward_training) batch_norm_add_relu_forward_training;
-  decltype(&cpu::batch_norm_relu_backward) batch_norm_relu_backward;
-  decltype(&cpu::batch_norm_moments) batch_norm_moments;
-  decltype(&cpu::batch_norm_forward_apply) batch_norm_forward_apply;
-  decltype(&cpu::batch_norm_backward_reduce) batch_norm_backward_reduce;
-  decltype(&cpu::batch_norm_backward_apply) batch_norm_backward_apply;
-  decltype(&cpu::gemm) gemm;
-  decltype(&cpu::add) add;
-  decltype(&cpu::mul) mul;
-  decltype(&cpu::scale) scale;
-  decltype(&cpu::axpy) axpy;
-  decltype(&cpu::relu_forward) relu_forward;
-  decltype(&cpu::relu_backward) relu_backward;
-  decltype(&cpu::bias_add) bias_add;
+#define TW_KERNEL_FIELD(name) decltype(&cpu::name) name;
+  TW_CPU_KERNELS(TW_KERNEL_FIELD)
+#undef TW_KERNEL_FIELD
 };
 
 // The table of the instruction set isa.h chose (isa.cc).

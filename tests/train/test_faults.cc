@@ -114,7 +114,6 @@ TEST_CASE("a full disk while saving: a clear error, the earlier checkpoints inta
   };
   SECTION("stop (the default)") {
     Setup s;
-    std::vector<std::int64_t> before;
     try {
       fit(s.trainer, s.sgd, s.train, nullptr, o, {&disk});
       FAIL("the run went on with a full disk");

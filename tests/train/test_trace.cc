@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
 #include "core/trace.h"
 #include "io/atomic_file.h"
 #include "models/models.h"
@@ -125,4 +126,17 @@ TEST_CASE("under bucketed reduction the trace shows buckets reduced while backwa
   }
   INFO("bucket spans overlapping a backward span: " << overlapping);
   CHECK(overlapping > 0);
+}
+
+TEST_CASE("trace steps parse as A:B or A, and anything else names the value and the form", "[train][trace]") {
+  TraceOptions o;
+  parse_trace_steps("101:110", o);
+  CHECK(o.first_step == 101);
+  CHECK(o.last_step == 110);
+  parse_trace_steps("7", o);
+  CHECK(o.first_step == 7);
+  CHECK(o.last_step == 7);
+  for (const char* bad : {"", "0:3", "5:4", "a:b", "3:", "1:2:3"})
+    CHECK_THROWS_WITH(parse_trace_steps(bad, o), Catch::Contains(std::string("\"") + bad + "\"") && Catch::Contains("e.g. 101:110"));
+  CHECK_THROWS_AS(Trace({.first_step = 3, .last_step = 2}), tw::InvalidArgument);
 }
