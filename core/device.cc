@@ -81,6 +81,19 @@ Device Device::parse(std::string_view name) {
   return parse_kind_index(name, device_part);
 }
 
+std::optional<int> device_task(std::string_view name) {
+  (void)Device::parse(name);  // the same errors
+  std::optional<int> task;
+  std::string_view rest = name;
+  while (!rest.empty()) {
+    const auto slash = rest.find('/');
+    std::string_view part = rest.substr(0, slash);
+    rest = slash == std::string_view::npos ? std::string_view{} : rest.substr(slash + 1);
+    if (lower(part.substr(0, part.find(':'))) == "task") task = parse_index(name, part.substr(part.find(':') + 1));
+  }
+  return task;
+}
+
 std::string Device::str() const {
   return std::string(is_cpu() ? "/cpu:" : "/gpu:") + std::to_string(index);
 }

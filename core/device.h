@@ -9,6 +9,7 @@
 #include <compare>
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -39,6 +40,11 @@ struct Device {
 };
 
 std::ostream& operator<<(std::ostream& os, const Device& d);  // short form
+
+// The task of a TensorFlow cluster name ("/job:worker/replica:0/task:1/device:GPU:0" -> 1), or
+// nullopt for a name without one. In a job of several processes, task t is the process of rank t
+// (TensorFlow's cluster naming): such a name is a device of that process. Throws as parse().
+std::optional<int> device_task(std::string_view name);
 
 }  // namespace towerflow
 

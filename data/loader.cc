@@ -17,7 +17,7 @@ void validate(const Dataset& dataset, const LoaderOptions& o) {
     raise<InvalidArgument>("rank ", o.rank, " is out of range for world size ", o.world_size, "; use 0..",
                            o.world_size - 1);
   if (o.batch < 1) raise<InvalidArgument>("batch size ", o.batch, " must be at least 1");
-  if (o.batch % o.world_size != 0) {
+  if (!o.shard && o.batch % o.world_size != 0) {
     const int down = o.batch / o.world_size * o.world_size;
     raise<InvalidArgument>("global batch ", o.batch, " cannot be split evenly over ", o.world_size,
                            " ranks; use --batch_size ", down > 0 ? str(down, " or ") : std::string(),
@@ -32,6 +32,12 @@ void validate(const Dataset& dataset, const LoaderOptions& o) {
                            dataset.size(), " or keep the last batch (drop_last = false)");
 }
 
+int shard_rows(const std::vector<std::pair<int, int>>& ranges) {
+  int n = 0;
+  for (auto [b, e] : ranges) n += e - b;
+  return n;
+}
+
 }  // namespace
 
 Loader::Loader(const Dataset& dataset, LoaderOptions options)
@@ -39,7 +45,7 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options)
       options_(std::move(options)),
       shape_(dataset.shape()),
       augmenter_((validate(dataset, options_), options_.augment), shape_),
-      local_batch_(options_.batch / options_.world_size),
+      local_batch_(options_.shard ? shard_rows(options_.shard(options_.batch)) : options_.batch / options_.world_size),
       steps_(options_.drop_last ? dataset.size() / options_.batch
                                 : (dataset.size() + options_.batch - 1) / options_.batch) {
   if (!options_.allocator.allocate) options_.allocator = aligned_host_allocator();
@@ -224,29 +230,45 @@ void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8
   const std::int64_t n = dataset_.size();
   const std::int64_t global_begin = step * options_.batch;
   const auto global_n = static_cast<int>(std::min<std::int64_t>(options_.batch, n - global_begin));
-  // This rank's slice: an even split of the global batch (exact for full batches).
-  const int r = options_.rank, w = options_.world_size;
-  const int begin = static_cast<int>(static_cast<std::int64_t>(global_n) * r / w);
-  const int end = static_cast<int>(static_cast<std::int64_t>(global_n) * (r + 1) / w);
-  batch.n = end - begin;
+  // This rank's rows: the shard function's, or an even split of the global batch (exact for
+  // full batches).
+  std::vector<std::pair<int, int>> ranges;
+  if (options_.shard) {
+    ranges = options_.shard(global_n);
+    for (auto [b, e] : ranges)
+      if (b < 0 || e < b || e > global_n)
+        raise<InvalidArgument>("the loader's shard function gave rows [", b, ", ", e, ") of a global batch of ",
+                               global_n, "; ranges must lie within it");
+    if (shard_rows(ranges) > local_batch_)
+      raise<InvalidArgument>("the loader's shard function gave ", shard_rows(ranges), " rows of a global batch of ",
+                             global_n, ", more than the ", local_batch_, " it gave for a full batch");
+  } else {
+    const int r = options_.rank, w = options_.world_size;
+    ranges.emplace_back(static_cast<int>(static_cast<std::int64_t>(global_n) * r / w),
+                        static_cast<int>(static_cast<std::int64_t>(global_n) * (r + 1) / w));
+  }
+  batch.n = shard_rows(ranges);
   batch.epoch = epoch;
   batch.index_in_epoch = step;
   batch.global_n = global_n;
-  batch.global_offset = begin;
+  batch.global_offset = ranges.empty() ? 0 : ranges.front().first;
   batch.labels.resize(static_cast<std::size_t>(batch.n));
   batch.indices.resize(static_cast<std::size_t>(batch.n));
   const std::size_t stride = shape_.bytes();
-  for (int j = 0; j < batch.n; ++j) {
-    if (cancel_.load(std::memory_order_relaxed)) return;
-    const std::int64_t index = order[static_cast<std::size_t>(global_begin + begin + j)];
-    const std::int32_t label = dataset_.read(index, scratch);
-    if (label < 0 || label >= dataset_.num_classes())
-      raise<DataError>(dataset_.describe(), " item ", index, " has label ", label, ", expected 0..",
-                       dataset_.num_classes() - 1);
-    batch.labels[static_cast<std::size_t>(j)] = label;
-    batch.indices[static_cast<std::size_t>(j)] = index;
-    augmenter_.apply(scratch.data(), batch.images.data() + static_cast<std::size_t>(j) * stride, options_.seed,
-                     epoch, index);
+  int j = 0;  // this rank's row
+  for (auto [first, last] : ranges) {
+    for (int g = first; g < last; ++g, ++j) {
+      if (cancel_.load(std::memory_order_relaxed)) return;
+      const std::int64_t index = order[static_cast<std::size_t>(global_begin + g)];
+      const std::int32_t label = dataset_.read(index, scratch);
+      if (label < 0 || label >= dataset_.num_classes())
+        raise<DataError>(dataset_.describe(), " item ", index, " has label ", label, ", expected 0..",
+                         dataset_.num_classes() - 1);
+      batch.labels[static_cast<std::size_t>(j)] = label;
+      batch.indices[static_cast<std::size_t>(j)] = index;
+      augmenter_.apply(scratch.data(), batch.images.data() + static_cast<std::size_t>(j) * stride, options_.seed,
+                       epoch, index);
+    }
   }
 }
 

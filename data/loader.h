@@ -17,7 +17,10 @@
 // partial global batch is dropped; with keep-last it is split over the ranks as evenly as
 // possible, so a rank may get fewer rows, or none, in that step; every rank makes the same number
 // of steps. Over one epoch the ranks' slices together cover every row of the epoch exactly once
-// (drop_last: those of the full batches).
+// (drop_last: those of the full batches). With a shard function, rank r gets instead the rows
+// shard(global_n) names, [begin, end) ranges of each global batch in order (the tower trainer's
+// tower::Trainer::shard gives each process its towers' rows, weighted splits too); the batch then
+// need not divide by world_size.
 //
 // Determinism. A batch's contents are a pure function of (dataset, options except threads,
 // prefetch and allocator, epoch, step): the same for any number of worker threads.
@@ -42,10 +45,12 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "data/augment.h"
@@ -61,6 +66,8 @@ struct LoaderOptions {
   std::uint64_t seed = 0;
   bool drop_last = true;            // false: keep the final partial batch
   int rank = 0, world_size = 1;     // this process's shard
+  // This rank's rows of a global batch of global_n rows (see above); empty: the even slice.
+  std::function<std::vector<std::pair<int, int>>(int global_n)> shard = {};
   int threads = 2;                  // background workers; 0: produce on the caller's thread
   int prefetch = 4;                 // batches produced ahead of the consumer (the queue bound)
   HostAllocator allocator = {};     // batch buffers; empty: aligned_host_allocator()

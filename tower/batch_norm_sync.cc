@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "core/collectives/communicator.h"
+#include "core/collectives/process_group.h"
 #include "core/error.h"
 
 namespace towerflow::tower {
@@ -16,9 +16,12 @@ namespace towerflow::tower {
 // published, after the second everyone has copied it, so a send buffer may be reused at once.
 
 struct BatchNormSyncGroup::State {
-  explicit State(std::vector<Device> d) : devices(std::move(d)), sends(devices.size()) {}
+  State(std::vector<Device> d, collectives::ProcessGroup* p)
+      : devices(std::move(d)), processes(p), sends(devices.size()) {}
 
   std::vector<Device> devices;
+  collectives::ProcessGroup* processes;  // null: this process's towers only
+  std::vector<double> block, gathered;   // member 0's exchange across processes
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -47,11 +50,15 @@ struct BatchNormSyncGroup::State {
     if (aborted) throw_aborted();
   }
 
+  int processes_size() const { return processes ? processes->size() : 1; }
+  int first_member() const { return processes ? processes->rank() * static_cast<int>(devices.size()) : 0; }
+
   void all_gather(int rank, std::span<const double> send, std::span<double> out) {
     const std::size_t n = devices.size();
-    if (out.size() != n * send.size())
+    const int p = processes_size();
+    if (out.size() != n * static_cast<std::size_t>(p) * send.size())
       raise<InvalidArgument>("synchronised batch norm: member ", rank, " (", devices[rank],
-                             ") has an output of ", out.size(), " values for ", n, " members of ",
+                             ") has an output of ", out.size(), " values for ", n * p, " members of ",
                              send.size());
     std::unique_lock lock(mu);
     if (aborted) throw_aborted();
@@ -67,17 +74,42 @@ struct BatchNormSyncGroup::State {
         raise<InvalidArgument>("synchronised batch norm: member ", i, " (", devices[i], ") sent ",
                                sends[i].size(), " values but member ", rank, " (", devices[rank],
                                ") sent ", send.size(), "; the replicas' layers differ");
-    for (std::size_t i = 0; i < n; ++i)
-      std::copy(sends[i].begin(), sends[i].end(), out.begin() + static_cast<std::ptrdiff_t>(i * send.size()));
+    if (p == 1) {
+      for (std::size_t i = 0; i < n; ++i)
+        std::copy(sends[i].begin(), sends[i].end(), out.begin() + static_cast<std::ptrdiff_t>(i * send.size()));
+      wait(lock);
+      return;
+    }
+    // Across processes: member 0 sends this process's vectors and receives every process's;
+    // the others copy the result once it is there (the next call's first wait keeps it intact
+    // until every member has copied it).
+    if (rank == 0) {
+      block.clear();
+      for (std::size_t i = 0; i < n; ++i) block.insert(block.end(), sends[i].begin(), sends[i].end());
+      gathered.resize(block.size() * static_cast<std::size_t>(p));
+      lock.unlock();
+      try {
+        processes->all_gather(std::as_bytes(std::span<const double>(block)),
+                              std::as_writable_bytes(std::span<double>(gathered)));
+      } catch (const std::exception& e) {
+        lock.lock();
+        if (!aborted) reason = e.what();
+        aborted = true;
+        cv.notify_all();
+        throw;
+      }
+      lock.lock();
+    }
     wait(lock);
+    std::copy(gathered.begin(), gathered.end(), out.begin());
   }
 };
 
 class BatchNormSyncGroup::Member final : public BatchNormSync {
  public:
   Member(State& state, int rank) : state_(state), rank_(rank) {}
-  int size() const override { return static_cast<int>(state_.devices.size()); }
-  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(state_.devices.size()) * state_.processes_size(); }
+  int rank() const override { return state_.first_member() + rank_; }
   void all_gather(std::span<const double> send, std::span<double> out) override {
     state_.all_gather(rank_, send, out);
   }
@@ -87,8 +119,8 @@ class BatchNormSyncGroup::Member final : public BatchNormSync {
   int rank_;
 };
 
-BatchNormSyncGroup::BatchNormSyncGroup(std::vector<Device> devices)
-    : state_(std::make_unique<State>(std::move(devices))) {
+BatchNormSyncGroup::BatchNormSyncGroup(std::vector<Device> devices, collectives::ProcessGroup* processes)
+    : state_(std::make_unique<State>(std::move(devices), processes)) {
   if (state_->devices.empty())
     raise<InvalidArgument>("synchronised batch norm needs at least one device; the list is empty");
   for (int i = 0; i < size(); ++i) members_.push_back(std::make_unique<Member>(*state_, i));

@@ -11,6 +11,12 @@
 // - abort(reason), from any thread: every member blocked in or later entering all_gather throws
 //   collectives::CollectiveAborted("... reason"). reset() clears it once no member is inside.
 // - Results are identical on every member: each copies every member's vector in member order.
+// - Across processes: with a ProcessGroup of P > 1 processes, every process builds a group of its
+//   L towers, the members are numbered rank * L + i (size() is P * L), and member 0 of each
+//   process exchanges its process's vectors with the other processes (ProcessGroup::all_gather),
+//   so statistics span every tower of every process. The group must be used by this exchange
+//   alone (a duplicate()), as it runs while the gradients are reduced. A failure of that exchange
+//   aborts the group locally and raises on member 0.
 
 #include <memory>
 #include <string>
@@ -19,12 +25,16 @@
 #include "core/device.h"
 #include "core/tensor/batch_norm_sync.h"
 
+namespace towerflow::collectives {
+class ProcessGroup;
+}
+
 namespace towerflow::tower {
 
 class BatchNormSyncGroup {
  public:
   // One member per device, member i for devices[i]. Throws InvalidArgument for an empty list.
-  explicit BatchNormSyncGroup(std::vector<Device> devices);
+  explicit BatchNormSyncGroup(std::vector<Device> devices, collectives::ProcessGroup* processes = nullptr);
   ~BatchNormSyncGroup();
   BatchNormSyncGroup(const BatchNormSyncGroup&) = delete;
   BatchNormSyncGroup& operator=(const BatchNormSyncGroup&) = delete;

@@ -1,6 +1,7 @@
 #include "tower/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,6 +13,7 @@
 #include <unordered_map>
 
 #include "core/collectives/communicator.h"
+#include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/nn/layers.h"
@@ -152,10 +154,16 @@ std::span<float> host_span(const Tensor& t) {
 HostBatch HostBatch::of(const data::Batch& b) {
   return {.images = b.valid_images(),
           .labels = std::span<const std::int32_t>(b.labels.data(), static_cast<std::size_t>(b.n)),
-          .n = b.n, .h = b.h, .w = b.w, .c = b.c};
+          .n = b.n, .h = b.h, .w = b.w, .c = b.c, .global_n = b.global_n};
 }
 
 struct Trainer::Impl {
+  // The job's processes; global tower g = rank * towers + i runs on global_devices[g].
+  collectives::ProcessGroup* processes = nullptr;
+  std::unique_ptr<collectives::ProcessGroup> bn_processes;  // the batch-norm exchange's own
+  std::vector<Device> global_devices;
+  int rank = 0, world = 1;
+
   std::vector<std::shared_ptr<nn::Module>> replicas;
   std::unique_ptr<DeviceWorkers> workers;
   std::unique_ptr<collectives::Communicator> comm;  // AllReduce only
@@ -314,14 +322,18 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
                                "for towers on this device");
     }
   }
-  if (const auto* w = std::get_if<WeightedSplit>(&options_.split); w && w->weights.size() != devices_.size())
-    raise<InvalidArgument>("split ", to_string(options_.split), " gives ", w->weights.size(),
-                           " weights for ", devices_.size(), " devices (", device_list(devices_),
-                           "); give one weight per device");
-
   impl_ = std::make_unique<Impl>();
   Impl& im = *impl_;
   const int n = towers();
+  im.processes = options_.processes ? options_.processes : &collectives::world();
+  im.rank = im.processes->rank();
+  im.world = im.processes->size();
+  for (int r = 0; r < im.world; ++r) im.global_devices.insert(im.global_devices.end(), devices_.begin(), devices_.end());
+  if (const auto* w = std::get_if<WeightedSplit>(&options_.split); w && w->weights.size() != im.global_devices.size())
+    raise<InvalidArgument>("split ", to_string(options_.split), " gives ", w->weights.size(), " weights for ",
+                           im.world > 1 ? str(im.global_devices.size(), " towers (", im.world, " processes x ", n, " devices: ")
+                                        : str(n, " devices ("),
+                           device_list(devices_), "); give one weight per ", im.world > 1 ? "tower" : "device");
 
   // Reduction in effect: NCCL cannot join logical devices sharing a physical GPU, and no
   // communicator joins CPUs with GPUs; both fall back to the parameter device.
@@ -331,8 +343,9 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     std::vector<int> ordinals;
     if (all_gpu)
       for (const Device& d : devices_) ordinals.push_back(device_info(d).physical_index);
-    if (!all_cpu && !(all_gpu && collectives::nccl_can_join(ordinals))) {
-      const char* why = !all_gpu ? "the towers mix CPU and GPU devices"
+    if (!all_cpu && (im.world > 1 || !(all_gpu && collectives::nccl_can_join(ordinals)))) {
+      const char* why = !all_gpu      ? "the towers mix CPU and GPU devices"
+                        : im.world > 1 ? "GPUs of several processes reduce through host memory in this version"
                         : std::set<int>(ordinals.begin(), ordinals.end()).size() != ordinals.size()
                             ? "NCCL cannot all-reduce between virtual devices of one physical GPU"
                             : "this build has no NCCL";
@@ -342,6 +355,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     } else {
       im.bucket_bytes = ar->bucket_bytes;
       im.comm = collectives::make_communicator(devices_, collectives::CommunicatorKind::Auto, ordinals);
+      if (im.world > 1) im.comm = collectives::make_hierarchical_communicator(std::move(im.comm), *im.processes);
       im.comm_name = im.comm->name();
     }
   }
@@ -368,8 +382,29 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     if (initial) im.replicas[i]->copy_state_from(*initial);
     else if (i > 0) im.replicas[i]->copy_state_from(*im.replicas[0]);
   });
+  if (im.world > 1) {
+    // One set-up on every rank (before any other collective: a rank set up otherwise could be
+    // waiting in a different one).
+    std::string shapes;
+    std::size_t numel = 0, tensors = 0, buffer_numel = 0;
+    for (auto& [name, t] : im.replicas[0]->named_parameters()) {
+      shapes += str(name, ":", t.numel(), ";");
+      numel += static_cast<std::size_t>(t.numel());
+      ++tensors;
+    }
+    for (const Tensor& t : Impl::buffers_of(*im.replicas[0])) buffer_numel += static_cast<std::size_t>(t.numel());
+    collectives::check_same_on_every_rank(
+        *im.processes, "the trainer's set-up",
+        str("'", n, " devices, ", numel, " parameters in ", tensors, " tensors (layout hash ",
+            std::hash<std::string>{}(shapes), "), ", buffer_numel, " buffer values, reduction ",
+            to_string(reduction_), ", split ", to_string(options_.split), ", ", options_.accumulation_steps,
+            " micro-batches, batch norm ", options_.batch_norm == BatchNormMode::Synchronised ? "sync" : "per_tower",
+            ", label smoothing ", options_.label_smoothing, "'"),
+        "start every rank with the same model, options and number of devices");
+  }
   if (options_.batch_norm == BatchNormMode::Synchronised) {
-    im.bn_sync = std::make_unique<BatchNormSyncGroup>(devices_);
+    if (im.world > 1) im.bn_processes = im.processes->duplicate();
+    im.bn_sync = std::make_unique<BatchNormSyncGroup>(devices_, im.bn_processes.get());
     for (int i = 0; i < n; ++i) {
       int layers = 0;
       im.replicas[i]->apply([&](nn::Module& m) {
@@ -397,6 +432,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
   TW_CHECK(im.numel == static_cast<std::size_t>(r0.flat_parameters().numel()), "flat buffer of ",
            r0.flat_parameters().numel(), " for parameters of ", im.numel);
   for (const Tensor& t : Impl::buffers_of(r0)) im.buffer_numel += static_cast<std::size_t>(t.numel());
+  if (im.world > 1) broadcast_from_rank0();  // rank 0's initial state everywhere
   im.read_buffers(r0, im.buffer_snapshot);
   im.buffer_host.resize(n);
 
@@ -415,10 +451,13 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
 }
 
 std::string Trainer::describe() const {
-  std::string s = str(towers(), towers() == 1 ? " tower on " : " towers on ", device_list(devices_),
-                      "; split ", to_string(options_.split), "; ");
+  std::string s = str(towers(), towers() == 1 ? " tower on " : " towers on ", device_list(devices_));
+  if (impl_->world > 1)
+    s += str(" in each of ", impl_->world, " processes (", global_towers(), " towers; this is rank ", impl_->rank, ")");
+  s += str("; split ", to_string(options_.split), "; ");
   if (impl_->use_pd) {
     s += str("gradients summed on the parameter device ", impl_->pd);
+    if (impl_->world > 1) s += str(", then across processes over ", impl_->processes->name());
   } else {
     if (impl_->bucket_bytes > 0)
       s += str("bucketed all_reduce (", impl_->buckets.size(), " buckets of at most ",
@@ -456,12 +495,60 @@ void Trainer::sync() {
   timings_.sync_seconds += since(t0);
 }
 
+int Trainer::global_towers() const { return static_cast<int>(impl_->global_devices.size()); }
+
+collectives::ProcessGroup& Trainer::processes() const { return *impl_->processes; }
+
+void Trainer::broadcast_from_rank0() {
+  Impl& im = *impl_;
+  if (im.world == 1) return;
+  nn::Module& r0 = *im.replicas[0];
+  std::vector<float> params(im.numel), buffers;
+  r0.flat_parameters().to_host(std::span<float>(params));
+  im.read_buffers(r0, buffers);
+  im.processes->broadcast(std::as_writable_bytes(std::span<float>(params)), 0);
+  im.processes->broadcast(std::as_writable_bytes(std::span<float>(buffers)), 0);
+  im.workers->run([&](int i) {
+    im.replicas[i]->flat_parameters().copy_from_host(std::span<const float>(params));
+    im.write_buffers(*im.replicas[i], buffers);
+  });
+  if (im.use_pd && im.master_params.defined()) im.master_params.copy_(im.replicas[0]->flat_parameters());
+}
+
+std::vector<std::vector<int>> Trainer::split_rows(int global_n) const {
+  const int k = options_.accumulation_steps;
+  const std::vector<int> micro =
+      split_batch(global_n, std::vector<Device>(k, Device::cpu(0)), EvenSplit{}, Remainder::Spread);
+  std::vector<std::vector<int>> rows;
+  for (int m = 0; m < k; ++m) rows.push_back(split_batch(micro[m], impl_->global_devices, options_.split, options_.remainder));
+  return rows;
+}
+
+std::vector<std::pair<int, int>> Trainer::shard(int global_n) const {
+  if (global_n < 1) raise<InvalidArgument>("a global batch of ", global_n, " rows has no shard; give at least one row");
+  const int n = towers();
+  std::vector<std::pair<int, int>> ranges;
+  int base = 0;
+  for (const std::vector<int>& g : split_rows(global_n)) {
+    int begin = base;
+    for (int t = 0; t < impl_->rank * n; ++t) begin += g[static_cast<std::size_t>(t)];
+    int end = begin;
+    for (int i = 0; i < n; ++i) end += g[static_cast<std::size_t>(impl_->rank * n + i)];
+    for (int v : g) base += v;
+    if (end == begin) continue;
+    if (!ranges.empty() && ranges.back().second == begin) ranges.back().second = end;
+    else ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
 void Trainer::broadcast_from_replica0() {
   Impl& im = *impl_;
   im.workers->run([&](int i) {
     if (i > 0) im.replicas[i]->copy_state_from(*im.replicas[0]);
   });
   if (im.use_pd) im.master_params.copy_(im.replicas[0]->flat_parameters());
+  broadcast_from_rank0();
   im.read_buffers(*im.replicas[0], im.buffer_snapshot);
 }
 
@@ -498,42 +585,55 @@ float Trainer::forward_backward(const HostBatch& batch) {
   Impl& im = *impl_;
   const auto step_start = Clock::now();
   const int n = towers();
-  const int B = batch.n;
-  if (B < 1) raise<InvalidArgument>("forward_backward got an empty batch; give at least one row");
+  const int G = global_towers();
   const std::size_t row = static_cast<std::size_t>(batch.h) * batch.w * batch.c;
-  if (batch.images.size() < row * B || batch.labels.size() < static_cast<std::size_t>(B))
-    raise<InvalidArgument>("batch of ", B, " rows of ", batch.h, "x", batch.w, "x", batch.c, " has ",
+  if (batch.n < 0 || batch.images.size() < row * batch.n || batch.labels.size() < static_cast<std::size_t>(batch.n))
+    raise<InvalidArgument>("batch of ", batch.n, " rows of ", batch.h, "x", batch.w, "x", batch.c, " has ",
                            batch.images.size(), " image floats and ", batch.labels.size(),
-                           " labels; it needs ", row * B, " and ", B);
+                           " labels; it needs ", row * batch.n, " and ", batch.n);
+  // The global batch: given, or (one process) this batch, or the sum over the processes.
+  int B = batch.global_n > 0 ? batch.global_n : batch.n;
+  if (batch.global_n <= 0 && im.world > 1) {
+    double rows_everywhere = batch.n;
+    im.processes->all_reduce_sum(std::span<double>(&rows_everywhere, 1));
+    B = static_cast<int>(rows_everywhere);
+  }
+  if (B < 1) raise<InvalidArgument>("forward_backward got an empty batch; give at least one row");
   const int k = options_.accumulation_steps;
   if (B < k)
     raise<InvalidArgument>("batch ", B, " cannot be cut into ", k,
                            " micro-batches (accumulation_steps); use a batch of at least ", k);
 
-  // Rows and offsets: micro-batch m, tower i.
-  const std::vector<int> micro = split_batch(B, std::vector<Device>(k, Device::cpu(0)), EvenSplit{}, Remainder::Spread);
+  // Rows and offsets (into this process's rows): micro-batch m, tower i. This process's rows are
+  // its towers' rows of micro-batch 0, then of micro-batch 1, ... (shard()).
+  const std::vector<std::vector<int>> global_rows = split_rows(B);
   std::vector<std::vector<int>> rows(k), offset(k);
   std::vector<int> total_rows(n, 0);
   int base = 0;
   for (int m = 0; m < k; ++m) {
-    rows[m] = split_batch(micro[m], devices_, options_.split, options_.remainder);
-    int o = base;
     for (int i = 0; i < n; ++i) {
-      offset[m].push_back(o);
-      o += rows[m][i];
+      rows[m].push_back(global_rows[m][static_cast<std::size_t>(im.rank * n + i)]);
+      offset[m].push_back(base);
+      base += rows[m][i];
       total_rows[i] += rows[m][i];
     }
-    base += micro[m];
   }
+  if (base != batch.n)
+    raise<InvalidArgument>(im.world > 1 ? str("process rank ", im.rank, " got ") : std::string("got "), batch.n,
+                           " rows, but the split of the global batch of ", B, " over ", G,
+                           " towers gives this process's towers ", base, "; ",
+                           im.world > 1 ? "load each process's rows with Trainer::shard() (train::fit does)"
+                                        : "give the whole batch");
   if (im.bn_sync) {  // a tower without rows could not take part in the layers' exchanges
     for (int m = 0; m < k; ++m)
-      for (int i = 0; i < n; ++i)
-        if (rows[m][i] == 0)
+      for (int g = 0; g < G; ++g)
+        if (global_rows[m][static_cast<std::size_t>(g)] == 0)
           raise<InvalidArgument>(
-              "batch ", B, (k > 1 ? str(" (micro-batch ", m, " of ", micro[m], " rows)") : ""),
-              " gives tower ", i, " (", devices_[i], ") no rows; synchronised batch norm needs "
+              "batch ", B, (k > 1 ? str(" (micro-batch ", m, ")") : ""), " gives tower ", g, " (",
+              im.global_devices[static_cast<std::size_t>(g)],
+              im.world > 1 ? str(" of rank ", g / n) : std::string(), ") no rows; synchronised batch norm needs "
               "every tower in every ", k > 1 ? "micro-batch" : "step", ": use a batch of at least ",
-              n * k, " (or per-tower batch norm)");
+              G * k, " (or per-tower batch norm)");
   }
 
   im.loss.assign(n, 0.0);
@@ -635,7 +735,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
       im.staging[i].copy_(grads);
     }
     im.reduce_s[i] = since(t1);
-    if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
+    if (im.buffer_numel > 0 && G > 1 && !im.buffers_synced) {
       const trace::Span span("sync", "read batch-norm statistics");
       const auto t2 = Clock::now();
       im.read_buffers(model, im.buffer_host[i]);
@@ -683,6 +783,17 @@ float Trainer::forward_backward(const HostBatch& batch) {
     for (int i = 1; i < n; ++i)
       be.axpy(static_cast<std::int64_t>(im.numel), 1.0f, im.staging[i].data<float>(), im.master_grads.data<float>());
     be.synchronize();
+    if (im.world > 1) {  // then across processes, through host memory
+      const trace::Span cross("reduction", "across processes");
+      if (im.pd.is_cpu()) {
+        im.processes->all_reduce_sum(host_span(im.master_grads));
+      } else {
+        std::vector<float> host(im.numel);
+        im.master_grads.to_host(std::span<float>(host));
+        im.processes->all_reduce_sum(std::span<float>(host));
+        im.master_grads.copy_from_host(std::span<const float>(host));
+      }
+    }
     reduction = *std::max_element(im.reduce_s.begin(), im.reduce_s.end()) + since(t0);
   } else {
     reduction = *std::min_element(im.reduce_s.begin(), im.reduce_s.end());
@@ -692,7 +803,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   // synchronised batch norm every replica computed the same values from the global statistics
   // already (Note [Synchronised batch norm] in core/tensor/ops.cc).
   double sync = *std::max_element(im.sync_s.begin(), im.sync_s.end());
-  if (im.buffer_numel > 0 && n > 1 && !im.buffers_synced) {
+  if (im.buffer_numel > 0 && G > 1 && !im.buffers_synced) {
     const trace::Span span("sync", "average batch-norm statistics");
     const auto t0 = Clock::now();
     std::vector<float>& avg = im.buffer_snapshot;
@@ -702,20 +813,20 @@ float Trainer::forward_backward(const HostBatch& batch) {
       const std::vector<float>& h = im.buffer_host[i];
       for (std::size_t j = 0; j < avg.size(); ++j) avg[j] += w * h[j];
     }
+    im.processes->all_reduce_sum(std::span<float>(avg));  // every process's towers
     im.workers->run([&](int i) { im.write_buffers(*im.replicas[i], avg); });
     sync += since(t0);
   } else if (im.buffer_numel > 0) {
     im.read_buffers(*im.replicas[0], im.buffer_snapshot);
   }
 
-  double loss = 0;
-  std::int64_t correct = 0;
+  std::array<double, 2> sums{};  // loss (already divided by B) and correct rows
   for (int i = 0; i < n; ++i) {
-    loss += im.loss[i];
-    correct += im.correct[i];
+    sums[0] += im.loss[i];
+    sums[1] += static_cast<double>(im.correct[i]);
   }
-  last_ = {.loss = static_cast<float>(loss), .accuracy = static_cast<double>(correct) / B, .rows = B,
-           .split = total_rows};
+  im.processes->all_reduce_sum(std::span<double>(sums));
+  last_ = {.loss = static_cast<float>(sums[0]), .accuracy = sums[1] / B, .rows = B, .split = total_rows};
   if (im.bucket_bytes > 0) {
     std::int64_t early = 0;
     for (auto& t : im.trackers) early += t->ready_during_backward();
@@ -732,16 +843,19 @@ float Trainer::forward_backward(const HostBatch& batch) {
 EvalResult Trainer::evaluate(const HostBatch& batch) {
   Impl& im = *impl_;
   const int n = towers();
-  if (batch.n < 1) raise<InvalidArgument>("evaluate got an empty batch; give at least one row");
+  if (batch.n < 1 && im.world == 1) raise<InvalidArgument>("evaluate got an empty batch; give at least one row");
   const std::size_t row = static_cast<std::size_t>(batch.h) * batch.w * batch.c;
   if (batch.images.size() < row * batch.n || batch.labels.size() < static_cast<std::size_t>(batch.n))
     raise<InvalidArgument>("evaluation batch of ", batch.n, " rows has ", batch.images.size(),
                            " image floats and ", batch.labels.size(), " labels; it needs ",
                            row * batch.n, " and ", batch.n);
   sync();
-  const SplitPolicy policy =
-      std::holds_alternative<WeightedSplit>(options_.split) ? options_.split : SplitPolicy{EvenSplit{}};
-  const std::vector<int> rows = split_batch(batch.n, devices_, policy, Remainder::Spread);
+  // Evaluation rows split over this process's towers: evenly, or by their weights.
+  SplitPolicy policy = EvenSplit{};
+  if (const auto* w = std::get_if<WeightedSplit>(&options_.split))
+    policy = WeightedSplit{{w->weights.begin() + im.rank * n, w->weights.begin() + (im.rank + 1) * n}};
+  const std::vector<int> rows =
+      batch.n > 0 ? split_batch(batch.n, devices_, policy, Remainder::Spread) : std::vector<int>(n, 0);
   std::vector<double> loss(n, 0.0);
   std::vector<std::int64_t> correct(n, 0);
   im.workers->run([&](int i) {
@@ -765,14 +879,18 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
     loss[i] = softmax_cross_entropy(logits, y, {.scale = 1.0f}).item();  // the sum over rows
     correct[i] = top_k_correct(logits, y, 1);
   });
-  EvalResult out;
+  std::array<double, 3> sums{0, 0, static_cast<double>(batch.n)};  // loss sum, correct, rows
   for (int i = 0; i < n; ++i) {
-    out.loss += loss[i];
-    out.correct += correct[i];
+    sums[0] += loss[i];
+    sums[1] += static_cast<double>(correct[i]);
   }
-  out.rows = batch.n;
-  out.loss /= batch.n;
-  out.accuracy = static_cast<double>(out.correct) / batch.n;
+  im.processes->all_reduce_sum(std::span<double>(sums));
+  EvalResult out;
+  out.rows = static_cast<std::int64_t>(sums[2]);
+  out.correct = static_cast<std::int64_t>(sums[1]);
+  if (out.rows == 0) raise<InvalidArgument>("evaluate got an empty batch on every process; give at least one row");
+  out.loss = sums[0] / static_cast<double>(out.rows);
+  out.accuracy = static_cast<double>(out.correct) / static_cast<double>(out.rows);
   return out;
 }
 

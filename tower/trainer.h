@@ -42,6 +42,19 @@
 //   otherwise). A model without nn::BatchNorm2d layers trains as in PerTower (logged). Devices
 //   whose backend has no synchronised batch-norm kernels (GPUs, for now) are refused at
 //   construction (InvalidArgument naming the device and the option), soft placement or not.
+// - Processes: with a ProcessGroup of P > 1 processes (TrainerOptions::processes; by default
+//   collectives::world(), MPI's world under mpirun), every process builds a Trainer over its own
+//   L devices and the job trains P x L towers, numbered rank * L + i ("global towers"). Each
+//   global batch of B rows is split over all of them (EvenSplit, or WeightedSplit with P * L
+//   weights); every process is given only its towers' rows (shard(B): a data::Loader takes them
+//   with LoaderOptions::shard), and HostBatch::global_n says B. The gradients are summed inside
+//   each process and then across processes (collectives::make_hierarchical_communicator), the
+//   loss is scaled by B, synchronised batch norm spans every process's towers, per-tower running
+//   averages are averaged over all towers, and forward_backward returns the loss and accuracy
+//   of the whole global batch on every rank. At construction rank 0's parameters and buffers
+//   are copied to every process, and a set-up that differs between ranks (model, device count,
+//   split, reduction, batch norm, accumulation) raises InvalidArgument on every rank. Between
+//   calls the processes must make the same calls in the same order (they are collectives).
 // - Failure: the first exception in any tower (e.g. OutOfMemory on one device) stops the step:
 //   towers waiting in a collective (the gradient reduction, or a synchronised batch-norm
 //   exchange) are released, every tower stops, and that exception is
@@ -54,6 +67,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device.h"
@@ -64,6 +78,10 @@
 
 namespace towerflow::data {
 struct Batch;
+}
+
+namespace towerflow::collectives {
+class ProcessGroup;
 }
 
 namespace towerflow::tower {
@@ -80,6 +98,8 @@ struct TrainerOptions {
   int accumulation_steps = 1;  // micro-batches per forward_backward, reduced once
   BatchNormMode batch_norm = BatchNormMode::PerTower;
   float label_smoothing = 0.0f;
+  // The job's processes; null: collectives::world() (a world of one unless started by mpirun).
+  collectives::ProcessGroup* processes = nullptr;
 };
 
 // A view of a host batch: NHWC float32 images and int32 labels, n rows.
@@ -87,6 +107,8 @@ struct HostBatch {
   std::span<const float> images;  // n * h * w * c
   std::span<const std::int32_t> labels;
   int n = 0, h = 0, w = 0, c = 0;
+  // Rows of the global batch over every process (0: the sum of every process's n).
+  int global_n = 0;
 
   static HostBatch of(const data::Batch& batch);
 };
@@ -94,8 +116,8 @@ struct HostBatch {
 struct StepMetrics {
   float loss = 0;          // global-batch mean
   double accuracy = 0;     // top-1 over the global batch, in training mode
-  int rows = 0;
-  std::vector<int> split;  // rows per tower (over all micro-batches)
+  int rows = 0;            // the global batch, over every process
+  std::vector<int> split;  // rows per tower of this process (over all micro-batches)
 };
 
 struct EvalResult {
@@ -141,7 +163,8 @@ class Trainer {
   const StepMetrics& last_step() const { return last_; }
 
   // Loss and top-1 accuracy of replica weights on a batch, split across the towers (any size),
-  // in evaluation mode and without autograd.
+  // in evaluation mode and without autograd. Across processes each gives its own rows (any
+  // number, 0 too) and gets the result over every process's rows.
   EvalResult evaluate(const HostBatch& batch);
   EvalResult evaluate(const data::Batch& batch);
 
@@ -161,6 +184,13 @@ class Trainer {
   void sync();
 
   int towers() const { return static_cast<int>(devices_.size()); }
+  // Towers of every process, and the processes.
+  int global_towers() const;
+  collectives::ProcessGroup& processes() const;
+  // The rows of a global batch of `global_n` rows that this process's towers take, as
+  // [begin, end) ranges of the batch in the order forward_backward expects them: one range per
+  // micro-batch (merged when contiguous). In one process: {{0, global_n}}.
+  std::vector<std::pair<int, int>> shard(int global_n) const;
   const std::vector<Device>& devices() const { return devices_; }
   const TrainerOptions& options() const { return options_; }
   // The reduction in effect (after any fallback), and a one-line description of the set-up:
@@ -174,6 +204,9 @@ class Trainer {
  private:
   struct Impl;
   void init(const nn::Module* initial, nn::ModelFactory factory);
+  void broadcast_from_rank0();  // every process's replicas and master copy <- rank 0's replica 0
+  // Rows per micro-batch and global tower of a global batch.
+  std::vector<std::vector<int>> split_rows(int global_n) const;
 
   std::vector<Device> devices_;
   TrainerOptions options_;

@@ -1,6 +1,7 @@
 #include "train/fit.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -9,6 +10,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/trace.h"
@@ -129,7 +131,14 @@ Plan plan(const data::Dataset& train_set, const FitOptions& o) {
 }
 
 tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads) {
-  data::Loader loader(set, {.batch = batch, .shuffle = false, .drop_last = false, .threads = loader_threads});
+  // Each process evaluates an even slice of every batch; the trainer sums the results.
+  const int rank = trainer.processes().rank(), world = trainer.processes().size();
+  auto slice = [rank, world](int n) {
+    return std::vector<std::pair<int, int>>{{static_cast<int>(static_cast<std::int64_t>(n) * rank / world),
+                                             static_cast<int>(static_cast<std::int64_t>(n) * (rank + 1) / world)}};
+  };
+  data::Loader loader(set, {.batch = batch, .shuffle = false, .drop_last = false, .rank = rank,
+                            .world_size = world, .shard = slice, .threads = loader_threads});
   double loss_sum = 0;
   tower::EvalResult total;
   for (const data::Batch& b : loader) {
@@ -181,6 +190,7 @@ class Loop {
   void save(const TrainingPosition& p, bool final = false);
   void prune();
   void evaluate_now(std::int64_t step);
+  void agree_on_stop();
 
   tower::Trainer& trainer_;
   optim::Optimizer& optimizer_;
@@ -198,7 +208,25 @@ class Loop {
   TimeLeft time_left_;
   double optimizer_seconds_ = 0, window_optimizer_ = 0;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation
+  collectives::ProcessGroup& processes_ = trainer_.processes();
+  const bool rank0_ = processes_.rank() == 0;
 };
+
+// Note [Stopping together]: a hook may ask to stop on one rank only (a time limit, a signal, a
+// checkpoint that failed on rank 0): every rank must leave the loop at the same step, or the
+// others would wait in the next step's collectives. So after every step's hooks and at every
+// epoch's end the ranks combine their requests (any rank's request stops all; any rank's "no
+// evaluation" skips it), one all-reduce of two integers.
+void Loop::agree_on_stop() {
+  if (processes_.size() == 1) return;
+  std::array<std::int64_t, 2> asked{stop_.requested ? 1 : 0, stop_.requested && !stop_.evaluate ? 1 : 0};
+  processes_.all_reduce_max(std::span<std::int64_t>(asked));
+  if (asked[0] && !stop_.requested) {
+    stop_.requested = true;
+    stop_.reason = "another rank asked to stop";
+  }
+  if (asked[1]) stop_.evaluate = false;
+}
 
 // A new run in train_dir: nothing of an earlier run may be there, unless start_over says what to
 // do with it (see fit.h).
@@ -305,32 +333,44 @@ FitResult Loop::run() {
   const auto run_start = Clock::now();
   plan_ = plan(train_set_, o_);
   if (o_.schedule) optimizer_.set_schedule(o_.schedule(plan_));
-  data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .seed = o_.seed, .threads = o_.loader_threads});
+  // Each process loads only its towers' rows of every global batch.
+  data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .seed = o_.seed,
+                                   .rank = processes_.rank(), .world_size = processes_.size(),
+                                   .shard = [this](int n) { return trainer_.shard(n); },
+                                   .threads = o_.loader_threads});
 
   // ---- where the run starts -----------------------------------------------------------------
   TrainingPosition pos;
   std::optional<CheckpointInfo> resumed;
   fs::path resumed_from, moved_aside;
   int removed = 0;
+  // Across processes, rank 0 alone looks after train_dir (it writes the checkpoints); every rank
+  // loads the checkpoint rank 0 chose.
   if (!o_.train_dir.empty()) {
-    dir_.emplace(o_.train_dir);
+    if (rank0_) dir_.emplace(o_.train_dir);
     if (o_.resume) {
-      if (auto latest = dir_->latest()) {
-        resumed = load_checkpoint(latest->path, trainer_.model(), optimizer_);
+      std::string chosen;
+      if (rank0_)
+        if (auto latest = dir_->latest()) chosen = latest->path.string();
+      chosen = processes_.broadcast(chosen, 0);
+      if (!chosen.empty()) {
+        resumed = load_checkpoint(chosen, trainer_.model(), optimizer_);
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
-        resumed_from = latest->path;
+        resumed_from = chosen;
         if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
-      } else {
+      } else if (rank0_) {
         log_warning(str("resume: no checkpoint in ", o_.train_dir.string(), "; starting a new run"));
       }
     }
-    if (!resumed) start_new_run(removed, moved_aside);
-    dir_->remove_stale();
+    if (rank0_) {
+      if (!resumed) start_new_run(removed, moved_aside);
+      dir_->remove_stale();
+    }
   } else if (o_.resume) {
     raise<InvalidArgument>("resume needs a train_dir to resume from");
   }
-  if (!resumed) run_id_ = new_run_id();
+  if (!resumed) run_id_ = processes_.broadcast(new_run_id(), 0);
   metadata_ = o_.metadata;
   metadata_["run_id"] = run_id_;
   metadata_["seed"] = std::to_string(o_.seed);
@@ -408,6 +448,7 @@ FitResult Loop::run() {
       window_images += m.rows;
       ++window_steps;
       each([&](Hook& h) { h.on_step(si); });
+      agree_on_stop();
 
       const bool last = step >= plan_.total_steps || stop_.requested;
       if (step % o_.log_every == 0 || last || b.index_in_epoch + 1 == spe) {
@@ -454,10 +495,12 @@ FitResult Loop::run() {
       waiting_since = Clock::now();
     }
     each([&](Hook& h) { h.on_epoch_end(epoch); });
+    agree_on_stop();
     const bool at_end = step >= plan_.total_steps || stop_.requested;
     const bool epoch_done = last_index + 1 == spe;
     const bool skip = stop_.requested && !stop_.evaluate;
     if (!skip && (at_end || (o_.eval_every > 0 && epoch_done && (epoch + 1) % o_.eval_every == 0))) evaluate_now(step);
+    agree_on_stop();  // a hook's request from on_eval
   }
   // A resumed run that had nothing left to do, or one stopped by a hook during an evaluation.
   if (evaluated_at_ != step && (!stop_.requested || stop_.evaluate)) evaluate_now(step);
@@ -480,8 +523,16 @@ FitResult Loop::run() {
 FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
               const data::Dataset* test_set, const FitOptions& options, const std::vector<Hook*>& hooks) {
   try {
-    Loop loop(trainer, optimizer, train_set, test_set, options, hooks);
-    return loop.run();
+    try {
+      Loop loop(trainer, optimizer, train_set, test_set, options, hooks);
+      return loop.run();
+    } catch (const collectives::PeerFailed&) {
+      throw;  // another rank's failure: that rank has told everyone
+    } catch (const std::exception& e) {
+      // Every other rank stops too, naming this one and the cause (Note [Collectives that cannot hang]).
+      trainer.processes().announce_failure(e.what());
+      throw;
+    }
   } catch (const OutOfMemory& e) {
     const auto& devices = trainer.devices();
     bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_gpu(); });

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cpu/isa.h"
+#include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
 #include "data/dataset.h"
@@ -103,7 +104,9 @@ Fields start_fields(const StartInfo& s) {
   const auto& t = s.trainer.options();
   std::string per_tower;
   try {
-    for (int r : tower::split_batch(o.batch, devices, t.split, t.remainder))
+    std::vector<Device> towers;  // of every process
+    for (int r = 0; r < s.trainer.processes().size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
+    for (int r : tower::split_batch(o.batch, towers, t.split, t.remainder))
       per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
   } catch (const InvalidArgument& e) {  // the first step will say so; the block shows it too
     per_tower = str("does not split: ", e.what());

@@ -3,3 +3,4 @@
 #include "core/collectives/communicator.h"        // IWYU pragma: export
 #include "core/collectives/local_communicator.h"  // IWYU pragma: export
 #include "core/collectives/nccl_communicator.h"   // IWYU pragma: export
+#include "core/collectives/process_group.h"       // IWYU pragma: export

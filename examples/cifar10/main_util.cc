@@ -1,8 +1,11 @@
 #include "examples/cifar10/main_util.h"
 
 #include <cstdio>
+#include <cstdlib>
 
+#include "core/collectives/process_group.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace towerflow::cifar10 {
 
@@ -26,9 +29,21 @@ int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
   }
+  // Under mpirun: MPI starts here. Ranks other than 0 log errors only (rank 0 speaks for the
+  // job), and a rank that fails tells the others, which stop too (Note [Collectives that cannot
+  // hang] in core/collectives/mpi_process_group.cc).
+  collectives::ProcessGroup* world = nullptr;
+  try {
+    world = &collectives::world();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  }
+  if (world->rank() > 0 && std::getenv("TOWERFLOW_LOG_LEVEL") == nullptr) set_log_level(LogLevel::Error);
   Reporter reporter({.json = resolved.train.json});
   auto fail = [&](const std::exception& e, int code) {
-    reporter.message(LogLevel::Error, e.what());
+    if (dynamic_cast<const collectives::PeerFailed*>(&e) == nullptr) world->announce_failure(e.what());
+    reporter.message(LogLevel::Error, world->size() > 1 ? str("rank ", world->rank(), ": ", e.what()) : e.what());
     return code;
   };
   try {

@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <thread>
 #include <variant>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/platform/logical.h"
@@ -124,6 +126,11 @@ std::string optimizer_description(const TrainOptions& o) {
 
 std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& process) {
   bool explicit_list = !o.devices.empty() && o.devices != "all";
+  const collectives::ProcessGroup& world = collectives::world();
+  // Processes sharing a host share its cores: unless told otherwise, each takes its share.
+  if (world.local_size() > 1 && !process.intra_op_threads.value_or(0))
+    process.intra_op_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size() /
+                                               (explicit_list ? 1 : 2));
   bool has_gpu = !make_system_platform()->gpus().empty();
   bool cpu_configured = process.device_count.count("CPU") || process.virtual_devices.cpu_memory_limits_mb;
   std::vector<Device> listed;
@@ -135,12 +142,23 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
       while (!n.empty() && n.back() == ' ') n.remove_suffix(1);
       if (n.empty()) continue;
       try {
+        // A name with a task is a device of that process (TensorFlow's cluster naming).
+        if (auto task = device_task(n)) {
+          if (*task >= world.size())
+            raise<InvalidArgument>("'", n, "' names task ", *task, " but the job has ", world.size(),
+                                   world.size() == 1 ? " process (task 0)" : str(" processes (tasks 0..", world.size() - 1, ")"),
+                                   "; start more processes (mpirun -np ", *task + 1, ") or name an existing task");
+          if (*task != world.rank()) continue;
+        }
         listed.push_back(Device::parse(n));
       } catch (const InvalidArgument& e) {
         raise<InvalidArgument>("--devices: ", e.what());
       }
     }
-    if (listed.empty()) raise<InvalidArgument>("--devices \"", o.devices, "\" names no device; write e.g. /cpu:0,/cpu:1 or all");
+    if (listed.empty())
+      raise<InvalidArgument>("--devices \"", o.devices, "\" names no device",
+                             world.size() > 1 ? str(" of task ", world.rank(), " (this process, rank ", world.rank(), ")") : "",
+                             "; write e.g. /cpu:0,/cpu:1 or all");
     // Naming /cpu:3 asks for four logical CPU devices unless the options already say how many.
     int max_cpu = -1;
     for (const auto& d : listed)
@@ -181,14 +199,25 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
 
 FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& reporter,
                        const std::vector<train::Hook*>& extra) {
+  collectives::ProcessGroup& world = collectives::world();
+  // Every rank runs with the same flags (a rank with others would train another model, or
+  // wait in collectives that the others never make).
+  collectives::check_same_on_every_rank(world, "the options", to_json(o),
+                                        "start every rank with the same flags and config file");
   std::vector<Device> devices = choose_devices(o, process);
+  collectives::check_same_on_every_rank(world, "the number of devices per process", std::to_string(devices.size()),
+                                        "give every process the same number of devices (--devices, --num_gpus)");
   auto train_set = open(o, data::Split::Train);
   auto test_set = open(o, data::Split::Test);
   tower::TrainerOptions topts = trainer_options(o);
+  topts.processes = &world;
+  // The towers of every process.
+  std::vector<Device> towers;
+  for (int r = 0; r < world.size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
 
   train::FitOptions fopts;
-  fopts.batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);
-  check_split(o, fopts.batch, devices, topts);
+  fopts.batch = tower::global_batch(o.batch_size, static_cast<int>(towers.size()), topts.split);
+  check_split(o, fopts.batch, towers, topts);
   // The built-in set already varies position, scale and colour, so it gets no crop or flip;
   // cutout, when asked for, applies to every dataset.
   fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
@@ -251,10 +280,13 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   train::MetricsFile metrics(fs::path(o.train_dir) / "metrics.jsonl");
   train::TensorBoard tensorboard(o.logdir.empty() ? fs::path(o.train_dir) : fs::path(o.logdir),
                                  {.histogram_every = o.histogram_every});
-  std::vector<train::Hook*> hooks{&resume_check, &reporter, &metrics};
-  if (o.tensorboard) hooks.push_back(&tensorboard);
+  // Across processes, rank 0 alone reports and writes files.
+  std::vector<train::Hook*> hooks;
+  const bool rank0 = world.rank() == 0;
+  if (rank0) hooks = {&resume_check, &reporter, &metrics};
+  if (rank0 && o.tensorboard) hooks.push_back(&tensorboard);
   std::unique_ptr<train::Trace> timeline;
-  if (!o.trace.empty()) {
+  if (rank0 && !o.trace.empty()) {
     train::TraceOptions t{.path = o.trace};
     try {
       train::parse_trace_steps(o.trace_steps, t);
@@ -269,6 +301,9 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",
                                      train_set->num_classes(), " classes)"));
     train::set_field(f, "optimizer", optimizer_description(o));
+    if (world.size() > 1)
+      train::set_field(f, "processes", str(world.name(), "; ", towers.size(), " towers (", devices.size(),
+                                           " per process)"), "devices");
     if (o.label_smoothing > 0)
       train::set_field(f, "loss", str("cross-entropy with label smoothing ", o.label_smoothing), "optimizer");
   });

@@ -1,0 +1,293 @@
+// The MPI process group (builds with TOWERFLOW_MPI).
+#include <mpi.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <thread>
+
+#include "core/collectives/process_group_impl.h"
+#include "core/error.h"
+
+namespace towerflow::collectives::detail {
+
+namespace {
+
+// Note [Collectives that cannot hang]: MPI's blocking collectives wait forever for a rank that
+// died or stopped calling them. Every collective here is the non-blocking form (MPI_Iallreduce,
+// MPI_Ibcast, ...) completed by a loop of MPI_Test that also (1) looks for a failure note from
+// another rank on a communicator of its own (MPI_Improbe, thread-safe), and (2) gives up after
+// the group's timeout. A rank whose program fails sends every other rank a note with its error
+// (announce_failure) and waits a moment for their acknowledgements, so that each of them raises
+// PeerFailed naming it and the cause, and exits, rather than being killed by the launcher
+// without a word. The loop spins for a few microseconds (a collective usually completes in
+// tens) and then sleeps in growing steps of at most 100 us, so a waiting rank leaves its core to
+// the threads still computing; MPI_Test is also what drives the non-blocking collective.
+
+constexpr int kFailureTag = 7301;
+constexpr int kAckTag = 7302;
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return str("MPI error ", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+// What the world and its duplicates share: the failure channel and what is known of failures.
+struct Shared {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, hosts = 1;
+  MPI_Comm failures = MPI_COMM_NULL;
+  std::mutex mu;
+  std::string failure;  // the first failure heard of, or the timeout that broke the group
+  std::atomic<bool> broken{false};
+  bool announced = false;
+  std::string library;
+
+  [[noreturn]] void raise_broken() {
+    std::lock_guard lock(mu);
+    raise<PeerFailed>(failure);
+  }
+
+  // A failure note from another rank, if one has arrived: records it, acknowledges it, and
+  // raises PeerFailed.
+  void poll_failures() {
+    if (broken.load(std::memory_order_acquire)) raise_broken();
+    int flag = 0;
+    MPI_Message message;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, kFailureTag, failures, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
+    int count = 0;
+    MPI_Get_count(&status, MPI_CHAR, &count);
+    std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
+    MPI_Mrecv(text.data(), count, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+    MPI_Request ack;
+    if (MPI_Isend(nullptr, 0, MPI_CHAR, status.MPI_SOURCE, kAckTag, failures, &ack) == MPI_SUCCESS)
+      MPI_Request_free(&ack);
+    {
+      std::lock_guard lock(mu);
+      if (failure.empty()) failure = str("rank ", status.MPI_SOURCE, " failed: ", text);
+    }
+    broken.store(true, std::memory_order_release);
+    raise_broken();
+  }
+
+  void break_with(std::string why) {
+    {
+      std::lock_guard lock(mu);
+      if (failure.empty()) failure = std::move(why);
+    }
+    broken.store(true, std::memory_order_release);
+    raise_broken();
+  }
+};
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  MpiProcessGroup(MPI_Comm comm, std::shared_ptr<Shared> shared, bool world)
+      : comm_(comm), shared_(std::move(shared)), world_(world) {}
+
+  ~MpiProcessGroup() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (!world_) {
+      MPI_Comm_free(&comm_);
+      return;
+    }
+    // After a failure a collective may still be pending: MPI_Finalize could wait for it forever.
+    if (shared_->broken.load()) return;
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&shared_->failures);
+    MPI_Finalize();
+  }
+
+  int rank() const override { return shared_->rank; }
+  int size() const override { return shared_->size; }
+  int local_rank() const override { return shared_->local_rank; }
+  int local_size() const override { return shared_->local_size; }
+
+  void all_reduce_sum(std::span<float> data) override {
+    all_reduce(data.data(), data.size(), MPI_FLOAT, MPI_SUM, "all-reduce", data.size_bytes());
+  }
+  void all_reduce_sum(std::span<double> data) override {
+    all_reduce(data.data(), data.size(), MPI_DOUBLE, MPI_SUM, "all-reduce", data.size_bytes());
+  }
+  void all_reduce_max(std::span<std::int64_t> data) override {
+    all_reduce(data.data(), data.size(), MPI_INT64_T, MPI_MAX, "all-reduce (max)", data.size_bytes());
+  }
+
+  void broadcast(std::span<std::byte> data, int root) override {
+    if (root < 0 || root >= size())
+      raise<InvalidArgument>("broadcast root ", root, " does not exist; ranks are 0..", size() - 1);
+    start_and_wait("broadcast", data.size_bytes(), [&](MPI_Request* r) {
+      return MPI_Ibcast(data.data(), count(data.size()), MPI_BYTE, root, comm_, r);
+    });
+  }
+
+  void all_gather(std::span<const std::byte> send, std::span<std::byte> out) override {
+    if (out.size() != send.size() * static_cast<std::size_t>(size()))
+      raise<InvalidArgument>("all_gather over ", size(), " processes: the output has ", out.size(),
+                             " bytes for ", send.size(), " from each");
+    start_and_wait("all-gather", out.size_bytes(), [&](MPI_Request* r) {
+      return MPI_Iallgather(send.data(), count(send.size()), MPI_BYTE, out.data(), count(send.size()), MPI_BYTE,
+                            comm_, r);
+    });
+  }
+
+  void barrier() override {
+    start_and_wait("barrier", 0, [&](MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+  }
+
+  std::unique_ptr<ProcessGroup> duplicate() override {
+    MPI_Comm dup = MPI_COMM_NULL;
+    check(MPI_Comm_dup(comm_, &dup), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    auto g = std::make_unique<MpiProcessGroup>(dup, shared_, false);
+    g->set_timeout(timeout());
+    return g;
+  }
+
+  void announce_failure(const std::string& reason) override {
+    Shared& s = *shared_;
+    {
+      std::lock_guard lock(s.mu);
+      // A rank that fails because another did has nothing to add.
+      if (s.announced || !s.failure.empty()) return;
+      s.announced = true;
+    }
+    std::vector<MPI_Request> sends;
+    for (int r = 0; r < s.size; ++r) {
+      if (r == s.rank) continue;
+      MPI_Request q;
+      if (MPI_Isend(reason.data(), count(reason.size()), MPI_CHAR, r, kFailureTag, s.failures, &q) == MPI_SUCCESS)
+        sends.push_back(q);
+    }
+    // Wait (briefly) until every other rank has read the note, so that each can say why it stops
+    // before the launcher, seeing this rank exit with an error, ends the job.
+    int acks = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (acks < s.size - 1 && std::chrono::steady_clock::now() < deadline) {
+      int flag = 0;
+      MPI_Status status;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, kAckTag, s.failures, &flag, &status) == MPI_SUCCESS && flag) {
+        MPI_Recv(nullptr, 0, MPI_CHAR, status.MPI_SOURCE, kAckTag, s.failures, MPI_STATUS_IGNORE);
+        ++acks;
+      } else if (MPI_Iprobe(MPI_ANY_SOURCE, kFailureTag, s.failures, &flag, &status) == MPI_SUCCESS && flag) {
+        // That rank failed too (the same bad option on every rank): it will not acknowledge.
+        int count = 0;
+        MPI_Get_count(&status, MPI_CHAR, &count);
+        std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
+        MPI_Recv(text.data(), count, MPI_CHAR, status.MPI_SOURCE, kFailureTag, s.failures, MPI_STATUS_IGNORE);
+        ++acks;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    for (MPI_Request& q : sends) MPI_Request_free(&q);
+  }
+
+  std::string name() const override {
+    return str("MPI (", shared_->library, "), ", size(), " processes on ", shared_->hosts,
+               shared_->hosts == 1 ? " host" : " hosts");
+  }
+
+ private:
+  static int count(std::size_t n) {
+    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      raise<InvalidArgument>("a collective of ", n, " elements is larger than MPI's int count allows; split it");
+    return static_cast<int>(n);
+  }
+
+  void check(int code, const char* call) {
+    if (code != MPI_SUCCESS)
+      shared_->break_with(str(call, " failed on rank ", rank(), ": ", mpi_error_text(code),
+                              " (another rank may have died)"));
+  }
+
+  void all_reduce(void* data, std::size_t n, MPI_Datatype type, MPI_Op op, const char* what, std::size_t bytes) {
+    start_and_wait(what, bytes, [&](MPI_Request* r) {
+      return MPI_Iallreduce(MPI_IN_PLACE, data, count(n), type, op, comm_, r);
+    });
+  }
+
+  template <typename Start>
+  void start_and_wait(const char* what, std::size_t bytes, Start&& start) {
+    shared_->poll_failures();
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(start(&request), what);
+    wait(request, what, bytes);
+  }
+
+  // Note [Collectives that cannot hang].
+  void wait(MPI_Request& request, const char* what, std::size_t bytes) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto spin_until = start + std::chrono::microseconds(50);
+    auto nap = std::chrono::microseconds(5);
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      shared_->poll_failures();
+      const auto now = Clock::now();
+      if (now - start > timeout())
+        shared_->break_with(str("an MPI ", what, bytes > 0 ? str(" of ", bytes, " bytes") : std::string(),
+                                " did not complete within ", timeout().count() / 1000.0, " s on rank ", rank(),
+                                ": another rank died, hangs or is far behind (raise "
+                                "TOWERFLOW_COLLECTIVE_TIMEOUT, in seconds, if a rank is legitimately that slow)"));
+      if (now > spin_until) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(100));
+      }
+    }
+  }
+
+  MPI_Comm comm_;
+  std::shared_ptr<Shared> shared_;
+  bool world_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_mpi_world() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      raise<DeviceError>("MPI_Init_thread failed; check the MPI installation and the launcher's environment");
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    raise<DeviceError>("this MPI library gives thread level ", provided, ", but towerflow's towers call MPI from "
+                       "several threads and need MPI_THREAD_MULTIPLE; use an MPI built with thread support "
+                       "(Open MPI from Debian has it)");
+  auto shared = std::make_shared<Shared>();
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &shared->rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &shared->size);
+  MPI_Comm local = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, shared->rank, MPI_INFO_NULL, &local);
+  MPI_Comm_rank(local, &shared->local_rank);
+  MPI_Comm_size(local, &shared->local_size);
+  MPI_Comm_free(&local);
+  int first_on_host = shared->local_rank == 0 ? 1 : 0;
+  MPI_Allreduce(&first_on_host, &shared->hosts, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Comm_dup(MPI_COMM_WORLD, &shared->failures);
+  MPI_Comm_set_errhandler(shared->failures, MPI_ERRORS_RETURN);
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int len = 0;
+  MPI_Get_library_version(version, &len);
+  std::string library(version, static_cast<std::size_t>(len));
+  library = library.substr(0, library.find_first_of(",\n"));
+  shared->library = library;
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  return std::make_unique<MpiProcessGroup>(comm, std::move(shared), true);
+}
+
+}  // namespace towerflow::collectives::detail
