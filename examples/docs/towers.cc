@@ -27,6 +27,7 @@ int main() {
   for (const auto& batch : loader) {
     float loss = trainer.forward_backward(batch);   // split, run every tower, reduce
     sgd.step();                                     // every replica, or once on the parameter device
+    std::printf("loss %.3f\n", loss);
   }
   auto eval = trainer.evaluate(test_batch);         // loss and top-1, split over the towers
   // [end]
