@@ -40,28 +40,28 @@ const std::vector<Field>& fields() {
       {"builtin_test_size", &TrainOptions::builtin_test_size, "test images of the built-in dataset", 1, 1e8, "Data"},
       {"cutout", &TrainOptions::cutout, "side in pixels of the square cut out of each training image (0: none; DeVries & Taylor use 16 on CIFAR-10)", 0, 1024, "Data"},
       {"model", &TrainOptions::model, "tfcnn|resnet20|resnet32|resnet44|resnet56|resnet110", 0, 0, "Model"},
-      {"devices", &TrainOptions::devices, "towers: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1", 0, 0, "Model"},
-      {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Model"},
-      {"batch_size", &TrainOptions::batch_size, "global batch, split over the towers", 1, 1 << 24},
-      {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower)"},
-      {"split_remainder", &TrainOptions::split_remainder, "a batch that does not split exactly: error | spread (largest remainders)"},
-      {"accumulation_steps", &TrainOptions::accumulation_steps, "micro-batches per step: the global batch is cut into N parts, their gradients summed before one reduction and update (same result, less memory)", 1, 1 << 16},
-      {"reduction", &TrainOptions::reduction, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)"},
-      {"batch_norm", &TrainOptions::batch_norm, "batch-norm statistics in training: per_tower (each tower's slice) | sync (the whole global batch, exchanged across towers)", 0, 0, "Training", "per_tower|sync"},
-      {"optimizer", &TrainOptions::optimizer, "sgd (with --momentum) | nesterov | adam | adamw"},
-      {"lr", &TrainOptions::lr, "peak learning rate", 0, 1e6},
-      {"momentum", &TrainOptions::momentum, "SGD momentum", 0, 1},
-      {"weight_decay", &TrainOptions::weight_decay, "L2 weight decay (adamw: decoupled)", 0, 1},
-      {"adam_beta1", &TrainOptions::adam_beta1, "Adam's first-moment decay", 0, 0.999999},
-      {"adam_beta2", &TrainOptions::adam_beta2, "Adam's second-moment decay", 0, 0.999999},
-      {"adam_epsilon", &TrainOptions::adam_epsilon, "Adam's epsilon, added to the root of the second moment", 0, 1},
-      {"schedule", &TrainOptions::schedule, "constant | cosine[:MIN_LR] | step:STEP1,STEP2[:GAMMA] | onecycle[:PCT] (steps count optimizer steps)"},
-      {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6},
-      {"label_smoothing", &TrainOptions::label_smoothing, "targets (1 - s) * onehot + s / classes in the training loss", 0, 0.999},
+      {"devices", &TrainOptions::devices, "towers: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1", 0, 0, "Devices"},
+      {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Devices"},
+      {"batch_size", &TrainOptions::batch_size, "global batch, split over the towers", 1, 1 << 24, "Towers"},
+      {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower)", -INFINITY, INFINITY, "Towers"},
+      {"split_remainder", &TrainOptions::split_remainder, "a batch that does not split exactly: error | spread (largest remainders)", -INFINITY, INFINITY, "Towers"},
+      {"accumulation_steps", &TrainOptions::accumulation_steps, "micro-batches per step: the global batch is cut into N parts, their gradients summed before one reduction and update (same result, less memory)", 1, 1 << 16, "Towers"},
+      {"reduction", &TrainOptions::reduction, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)", -INFINITY, INFINITY, "Towers"},
+      {"batch_norm", &TrainOptions::batch_norm, "batch-norm statistics in training: per_tower (each tower's slice) | sync (the whole global batch, exchanged across towers)", 0, 0, "Towers", "per_tower|sync"},
+      {"optimizer", &TrainOptions::optimizer, "sgd (with --momentum) | nesterov | adam | adamw", -INFINITY, INFINITY, "Optimizer"},
+      {"lr", &TrainOptions::lr, "peak learning rate", 0, 1e6, "Optimizer"},
+      {"momentum", &TrainOptions::momentum, "SGD momentum", 0, 1, "Optimizer"},
+      {"weight_decay", &TrainOptions::weight_decay, "L2 weight decay (adamw: decoupled)", 0, 1, "Optimizer"},
+      {"adam_beta1", &TrainOptions::adam_beta1, "Adam's first-moment decay", 0, 0.999999, "Optimizer"},
+      {"adam_beta2", &TrainOptions::adam_beta2, "Adam's second-moment decay", 0, 0.999999, "Optimizer"},
+      {"adam_epsilon", &TrainOptions::adam_epsilon, "Adam's epsilon, added to the root of the second moment", 0, 1, "Optimizer"},
+      {"schedule", &TrainOptions::schedule, "constant | cosine[:MIN_LR] | step:STEP1,STEP2[:GAMMA] | onecycle[:PCT] (steps count optimizer steps)", -INFINITY, INFINITY, "Optimizer"},
+      {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6, "Optimizer"},
+      {"label_smoothing", &TrainOptions::label_smoothing, "targets (1 - s) * onehot + s / classes in the training loss", 0, 0.999, "Optimizer"},
       {"epochs", &TrainOptions::epochs, "epochs to train", 1, 1 << 24},
       {"max_steps", &TrainOptions::max_steps, "stop after this many steps (0: --epochs decides)", 0, 1e15},
       {"eval_every", &TrainOptions::eval_every, "evaluate on the test split every N epochs (0: only at the end)", 0, 1 << 24},
-      {"log_every", &TrainOptions::log_every, "steps between progress lines", 1, 1 << 24},
+      {"log_every", &TrainOptions::log_every, "steps between progress lines", 1, 1 << 24, "Output"},
       {"train_dir", &TrainOptions::train_dir, "checkpoints and metrics.jsonl go here", 0, 0, "Checkpoints"},
       {"save_every", &TrainOptions::save_every, "steps between checkpoints (0: only at the end)", 0, 1e15, "Checkpoints"},
       {"keep_checkpoints", &TrainOptions::keep_checkpoints, "keep the newest N checkpoints (0: all)", 0, 1 << 24, "Checkpoints"},
@@ -194,6 +194,22 @@ std::string value_text(const TrainOptions& opts, const Field& f) {
       f.member);
 }
 
+// --help's layout: a wide first column, and switches shown as "--resume", not CLI11's
+// "--resume{true}" (the value a bare switch takes).
+class HelpFormatter : public CLI::Formatter {
+ public:
+  HelpFormatter() { column_width(44); }
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    std::string name = CLI::Formatter::make_option_name(opt, positional);
+    for (std::size_t open; (open = name.find('{')) != std::string::npos;) {
+      const std::size_t close = name.find('}', open);
+      if (close == std::string::npos) break;
+      name.erase(open, close - open + 1);
+    }
+    return name;
+  }
+};
+
 }  // namespace
 
 void set_train_option(TrainOptions& opts, std::string_view name, std::string_view value) {
@@ -258,7 +274,18 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
   static const TrainOptions defaults{};
   app.add_option("--config", config_, "INI file with any of these options ([train] and device sections); flags win")
       ->check(CLI::ExistingFile);
-  for (const auto& f : fields()) {
+  // --help lists the options by topic, in this order (CLI11 shows groups in the order their first
+  // option was added); the Devices group also takes the process options added below.
+  app.formatter(std::make_shared<HelpFormatter>());
+  static const char* const kGroups[] = {"Data", "Model", "Devices", "Towers", "Optimizer",
+                                        "Training", "Checkpoints", "Output"};
+  std::vector<const Field*> ordered;
+  for (const char* group : kGroups)
+    for (const auto& f : fields())
+      if (std::string_view(f.group) == group) ordered.push_back(&f);
+  TW_CHECK(ordered.size() == fields().size(), "every training option belongs to a --help group");
+  for (const Field* field : ordered) {
+    const Field& f = *field;
     if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
     std::string name = f.name;
     auto record = [this, name](const std::string& value) {
@@ -277,12 +304,14 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
           "--" + name + "{true}",
           [record, &app, name](std::int64_t) { record(app.get_option("--" + name)->as<std::string>()); }, f.help);
       opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+      opt->option_text(std::string("FLAG=") + value_text(defaults, f));
     } else {
       opt = app.add_option_function<std::string>("--" + name, record, f.help);
       // A flag given twice takes its last value, as absl and argparse do, so a wrapper script's
       // flags can be overridden by appending the same flag.
       opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-      opt->default_str(value_text(defaults, f));
+      const std::string default_text = value_text(defaults, f);
+      opt->default_str(default_text.empty() ? "\"\"" : default_text);
       opt->type_name(std::visit(
           [](auto member) -> std::string {
             using T = std::decay_t<decltype(TrainOptions{}.*member)>;
@@ -297,6 +326,25 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
     opt->group(f.group);
   }
   add_process_option_flags(app, process_flags_);
+  // The process options' defaults, as --help shows them (unset options keep TensorFlow's behaviour).
+  static const std::map<std::string, std::string> kDeviceDefaults = {
+      {"visible_device_list", "all"},
+      {"per_process_gpu_memory_fraction", "all but a reserve"},
+      {"allow_growth", "false"},
+      {"memory_growth", "none"},
+      {"virtual_devices", "none"},
+      {"memory_limit", "none"},
+      {"device_count", "CPU=2 without a GPU"},
+      {"allow_soft_placement", "false"},
+      {"log_device_placement", "false"},
+      {"intra_op_threads", "0"},
+  };
+  for (CLI::Option* opt : app.get_options()) {
+    auto it = kDeviceDefaults.find(opt->get_name().substr(opt->get_name().find_first_not_of('-')));
+    if (it == kDeviceDefaults.end() || opt->get_group() != "Devices") continue;
+    if (it->second == "false") opt->option_text("FLAG=false");  // the switches
+    else opt->default_str(it->second);
+  }
 }
 
 Resolved TrainCommandLine::resolve() const {

@@ -16,6 +16,7 @@ namespace tw = towerflow;
 
 int main(int argc, char** argv) {
   const int epochs = argc > 1 ? std::atoi(argv[1]) : 2;
+  // [docs:embed]
   auto devices = tw::logical_devices(tw::ProcessOptions{.device_count = {{"CPU", 2}}});  // /cpu:0, /cpu:1
   tw::data::Builtin train{tw::data::Split::Train, {.train_size = 2048}};
   tw::data::Builtin test{tw::data::Split::Test, {.test_size = 500}};
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
                                {.batch = 64, .epochs = epochs, .schedule = tw::train::schedule("cosine", 0.02),
                                 .train_dir = "embed_run", .save_every = 50, .resume = true},
                                {&progress, &metrics});
+  // [end]
   std::printf("test accuracy %.2f%% after %lld steps; the model is in %s\n", 100 * result.test_acc,
               static_cast<long long>(result.steps), result.last_checkpoint.c_str());
 }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -163,6 +164,65 @@ TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
   CHECK(help.find("128") != std::string::npos);  // batch_size's default
   CHECK(help.find("per_tower|sync") != std::string::npos);  // batch_norm's choices and default
   CHECK(help.find("per_tower|sync=per_tower") != std::string::npos);
+}
+
+TEST_CASE("--help groups the options by topic, each with its default", "[cifar10][options]") {
+  CLI::App app{"cifar10_train"};
+  TrainCommandLine cli;
+  cli.add_to(app);
+  const std::string help = app.help();
+  // The groups, in this order.
+  const std::vector<std::string> groups = {"Data:", "Model:", "Devices:", "Towers:", "Optimizer:",
+                                           "Training:", "Checkpoints:", "Output:"};
+  std::vector<std::size_t> at;
+  for (const auto& g : groups) {
+    INFO(g);
+    std::size_t pos = help.find("\n" + g + "\n");
+    REQUIRE(pos != std::string::npos);
+    at.push_back(pos);
+  }
+  CHECK(std::is_sorted(at.begin(), at.end()));
+  // The group an option is listed under, and the text of its line.
+  auto line_of = [&](const std::string& flag) {
+    std::size_t pos = help.find("  " + flag + " ");
+    REQUIRE(pos != std::string::npos);
+    return help.substr(pos, help.find('\n', pos) - pos);
+  };
+  auto group_of = [&](const std::string& flag) {
+    std::size_t pos = help.find("  " + flag + " ");
+    std::string group;
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      if (at[i] < pos) group = groups[i];
+    return group;
+  };
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"--data_dir", "Data:"},         {"--cutout", "Data:"},           {"--model", "Model:"},
+      {"--devices", "Devices:"},       {"--num_gpus", "Devices:"},      {"--allow_growth", "Devices:"},
+      {"--visible_device_list", "Devices:"}, {"--batch_size", "Towers:"}, {"--split", "Towers:"},
+      {"--reduction", "Towers:"},      {"--batch_norm", "Towers:"},     {"--accumulation_steps", "Towers:"},
+      {"--optimizer", "Optimizer:"},   {"--lr", "Optimizer:"},          {"--schedule", "Optimizer:"},
+      {"--epochs", "Training:"},       {"--max_steps", "Training:"},    {"--seed", "Training:"},
+      {"--train_dir", "Checkpoints:"}, {"--resume", "Checkpoints:"},    {"--save_every", "Checkpoints:"},
+      {"--json", "Output:"},           {"--log_every", "Output:"},      {"--trace", "Output:"}};
+  for (const auto& [flag, group] : expected) {
+    INFO(flag);
+    CHECK(group_of(flag) == group);
+  }
+  // Every training option shows its default ("" for an empty text), the switches too.
+  for (const auto& doc : describe_train_options(TrainOptions{})) {
+    INFO(doc.name);
+    const std::string line = line_of("--" + doc.name);
+    const std::string shown = doc.name == "devices" ? "all" : doc.value.empty() ? "\"\"" : doc.value;
+    CHECK(line.find("=" + shown) != std::string::npos);
+  }
+  CHECK(line_of("--resume").find("FLAG=false") != std::string::npos);
+  CHECK(line_of("--tensorboard").find("FLAG=true") != std::string::npos);
+  CHECK(line_of("--lr").find("=0.05") != std::string::npos);
+  // The device options show theirs.
+  CHECK(line_of("--allow_growth").find("FLAG=false") != std::string::npos);
+  CHECK(line_of("--visible_device_list").find("=all") != std::string::npos);
+  CHECK(line_of("--intra_op_threads").find("=0") != std::string::npos);
+  CHECK(help.find("{true}") == std::string::npos);  // switches read "--resume", as they are typed
 }
 
 TEST_CASE("options round-trip through their JSON form", "[cifar10][options]") {
