@@ -20,6 +20,10 @@
 // CUDA events recorded on every GPU's stream, after synchronising; the images/s then come from
 // the slowest GPU's event time. The check column says whether every loss was finite and the last
 // below the first.
+//
+// Under mpirun (mpirun -np 2 towerflow_bench_train --threads 1 ...) the towers are those of every
+// process (--devices per process), each process gives its towers' rows of the global batch, and
+// rank 0 prints the figures: the same table, for the whole job.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -32,8 +36,10 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/collectives/process_group.h"
 #include "core/cuda/context.h"
 #include "core/error.h"
 #include "core/memory/allocator.h"
@@ -146,8 +152,12 @@ int main(int argc, char** argv) {
 
   try {
     const std::vector<tw::Device> devices = parse_devices(devices_spec);
+    tw::collectives::ProcessGroup& world = tw::collectives::world();
     tw::ProcessOptions opts;
     if (threads > 0) opts.intra_op_threads = threads;
+    else if (world.local_size() > 1)  // processes sharing a host share its cores
+      opts.intra_op_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                              world.local_size() / static_cast<int>(devices.size()));
     int cpus = 0;
     for (const auto& d : devices)
       if (d.is_cpu()) cpus = std::max(cpus, d.index + 1);
@@ -159,7 +169,9 @@ int main(int argc, char** argv) {
     topts.reduction = tw::tower::parse_reduction(reduction_spec);
     topts.remainder = remainder == "spread" ? tw::tower::Remainder::Spread : tw::tower::Remainder::Error;
     tw::tower::Trainer trainer(tw::models::factory(model_name, {.num_classes = classes, .seed = 0}), devices, topts);
-    (void)tw::tower::split_batch(batch, devices, topts.split, topts.remainder);  // names the nearest batch that splits
+    std::vector<tw::Device> towers;  // of every process
+    for (int r = 0; r < world.size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
+    (void)tw::tower::split_batch(batch, towers, topts.split, topts.remainder);  // names the nearest batch that splits
     tw::optim::Sgd sgd(trainer.parameters(), {.lr = lr, .momentum = 0.9, .weight_decay = 5e-4});
     const std::int64_t macs = tw::models::forward_macs_per_image(model_name, classes);
     int used_threads = 0;
@@ -173,7 +185,16 @@ int main(int argc, char** argv) {
     for (auto& v : xs) v = normal(gen);
     std::vector<std::int32_t> ys(static_cast<std::size_t>(batch));
     for (auto& v : ys) v = label(gen);
-    const tw::tower::HostBatch host{.images = xs, .labels = ys, .n = batch, .h = 32, .w = 32, .c = 3};
+    // This process's rows of the global batch (all of it in one process).
+    std::vector<float> my_xs;
+    std::vector<std::int32_t> my_ys;
+    for (auto [b, e] : trainer.shard(batch)) {
+      my_xs.insert(my_xs.end(), xs.begin() + static_cast<std::ptrdiff_t>(b) * 32 * 32 * 3,
+                   xs.begin() + static_cast<std::ptrdiff_t>(e) * 32 * 32 * 3);
+      my_ys.insert(my_ys.end(), ys.begin() + b, ys.begin() + e);
+    }
+    const tw::tower::HostBatch host{.images = my_xs, .labels = my_ys, .n = static_cast<int>(my_ys.size()),
+                                    .h = 32, .w = 32, .c = 3, .global_n = batch};
 
     GpuStepTimer gpu_timer(devices);
     auto step = [&] {
@@ -209,6 +230,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "trace of the %d timed steps written to %s; time per op and kind of work, over every thread:\n%s",
                    steps, trace_path.c_str(), tw::trace::summary_table(tw::trace::collect()).c_str());
     }
+    if (world.rank() != 0) return 0;  // rank 0 reports for the job (the losses are the job's)
     const auto& t = trainer.timings();
     double wall_s = 0;
     for (double m : ms) wall_s += m / 1e3;
@@ -233,6 +255,8 @@ int main(int argc, char** argv) {
     std::printf("# %s\n", trainer.describe().c_str());
     std::printf("%-10s %6s %7s %7s %10s %10s %9s %9s %9s %12s %s\n", "model", "batch", "threads",
                 "devices", "img/s", "ms/step", "min ms", "GFLOP/s", "reduce %", "loss", "check");
+    if (world.size() > 1)
+      std::printf("# %s; devices and threads are per process, %zu towers in all\n", world.name().c_str(), towers.size());
     std::printf("%-10s %6d %7d %7zu %10.1f %10.2f %9.2f %9.1f %9.2f %5.3f->%5.3f %s\n",
                 model_name.c_str(), batch, used_threads, devices.size(), img_s, timed_ms,
                 *std::min_element(gpu_ms.empty() ? ms.begin() : gpu_ms.begin(), gpu_ms.empty() ? ms.end() : gpu_ms.end()),
@@ -255,6 +279,7 @@ int main(int argc, char** argv) {
                           {"threads", used_threads},
                           {"devices", static_cast<int>(devices.size())},
                           {"device_names", names},
+                          {"processes", world.size()},
                           {"reduction", tw::tower::to_string(trainer.reduction())},
                           {"img_per_s", img_s},
                           {"ms_per_step", timed_ms},
