@@ -9,6 +9,12 @@
 // there"); CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER are applied to its GPUs as the driver would.
 // Nothing here opens a device: the listing uses the same resolution as the registry without
 // creating allocators or contexts. Bad options exit with status 1 and the message on stderr.
+//
+// Under mpirun (mpirun -np 4 towerflow_devices) rank 0 prints its own listing and then the job's
+// tower layout: every rank's host, local rank and default replicas, and the global tower
+// numbers the tower trainer gives them (rank * devices per process + i).
+
+#include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -18,6 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "core/collectives/process_group.h"
 #include "core/cpu/isa.h"
 
 #include "core/error.h"
@@ -70,6 +77,35 @@ nlohmann::ordered_json to_json(const tw::Platform& platform, const tw::ProcessOp
           {"logical", logical}};
 }
 
+// The default replicas: the GPUs if there are any, else the CPU devices.
+std::vector<tw::Device> default_replicas(const std::vector<tw::LogicalDevice>& devices) {
+  bool any_gpu = false;
+  for (const auto& d : devices) any_gpu = any_gpu || d.device.is_gpu();
+  std::vector<tw::Device> out;
+  for (const auto& d : devices)
+    if (d.device.is_gpu() == any_gpu) out.push_back(d.device);
+  return out;
+}
+
+// Every rank's host and default replicas, gathered on rank 0 as one JSON object per rank.
+nlohmann::ordered_json job_layout(tw::collectives::ProcessGroup& world, const std::vector<tw::LogicalDevice>& devices) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  nlohmann::ordered_json mine = {{"rank", world.rank()}, {"host", host}, {"local_rank", world.local_rank()}};
+  nlohmann::ordered_json replicas = nlohmann::ordered_json::array();
+  for (const auto& d : default_replicas(devices)) replicas.push_back(d.str());
+  mine["replicas"] = replicas;
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  int tower = 0;
+  for (const std::string& s : world.all_gather(mine.dump())) {
+    auto r = nlohmann::ordered_json::parse(s);
+    r["first_tower"] = tower;
+    tower += static_cast<int>(r["replicas"].size());
+    all.push_back(r);
+  }
+  return all;
+}
+
 void print_text(const tw::Platform& platform, const tw::ProcessOptions& opts,
                 const std::vector<tw::LogicalDevice>& devices) {
   tw::HostDescription host = platform.host();
@@ -89,10 +125,7 @@ void print_text(const tw::Platform& platform, const tw::ProcessOptions& opts,
   std::cout << "Logical devices:\n";
   for (const auto& d : devices) std::cout << "  " << d.device.full_name() << " -> " << d.description << "\n";
   std::string replicas;
-  bool any_gpu = false;
-  for (const auto& d : devices) any_gpu = any_gpu || d.device.is_gpu();
-  for (const auto& d : devices)
-    if (d.device.is_gpu() == any_gpu) replicas += (replicas.empty() ? "" : ", ") + d.device.str();
+  for (const auto& d : default_replicas(devices)) replicas += (replicas.empty() ? "" : ", ") + d.str();
   std::cout << "Default replicas: " << replicas << "\n";
 }
 
@@ -132,10 +165,32 @@ int main(int argc, char** argv) {
                                              tw::apply_cuda_environment(described->gpus(), visible, order), name);
     }
     auto devices = tw::resolve_logical_devices(opts, *platform);
-    if (json)
-      std::cout << to_json(*platform, opts, devices).dump(2) << "\n";
-    else
+    tw::collectives::ProcessGroup& world = tw::collectives::world();
+    nlohmann::ordered_json job;
+    if (world.size() > 1) job = job_layout(world, devices);
+    if (world.rank() != 0) return 0;
+    if (json) {
+      auto out = to_json(*platform, opts, devices);
+      if (world.size() > 1) out["processes"] = {{"group", world.name()}, {"ranks", job}};
+      std::cout << out.dump(2) << "\n";
+    } else {
       print_text(*platform, opts, devices);
+      if (world.size() > 1) {
+        std::cout << "Processes: " << world.name() << "; towers of the job (tower: rank, host, device):\n";
+        std::size_t per_rank = job[0]["replicas"].size();
+        for (const auto& r : job) {
+          int t = r["first_tower"];
+          for (const auto& d : r["replicas"])
+            std::cout << "  tower " << t++ << ": rank " << r["rank"].get<int>() << " (local rank "
+                      << r["local_rank"].get<int>() << ") on " << r["host"].get<std::string>() << ", "
+                      << d.get<std::string>() << "\n";
+          if (r["replicas"].size() != per_rank)
+            std::cout << "  (rank " << r["rank"].get<int>() << " has " << r["replicas"].size()
+                      << " replicas, rank 0 has " << per_rank
+                      << ": the tower trainer needs the same number in every process)\n";
+        }
+      }
+    }
   } catch (const tw::Error& e) {
     std::cerr << "towerflow_devices: " << e.what() << "\n";
     return 1;
