@@ -527,7 +527,7 @@ def report(rec, a, info, limits, versions, argv, elapsed):
             for r in cmp_rows:
                 rows.append([r["model"], r["comparison"], fmt(r["towerflow_img_per_s"]),
                              pct(med(tw_share.get((r["model"], r["comparison"])))),
-                             f"{r['label']} {r['version']}", fmt(r["peer_img_per_s"]),
+                             f"{r['label']} ({r['version']})", fmt(r["peer_img_per_s"]),
                              pct(med(peer_share.get((r["model"], r["comparison"], r["peer"])))),
                              f"**{r['ratio_median']:.2f}x**", f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f}"
                              + ("" if r["trusted"] else " **noisy**"), r["rounds"]])
