@@ -30,6 +30,7 @@ namespace tw = towerflow::cpu;
 
 namespace {
 
+using towerflow::bench::conv_cases;
 using towerflow::bench::random_vector;
 
 // With cpu_clock, the process CPU time divided by the thread count: on a machine shared with
@@ -84,27 +85,6 @@ struct Sampler {
     return worst;
   }
 };
-
-struct ConvCase {
-  std::string model, layer;
-  tw::Conv2dShape s;
-};
-
-std::vector<ConvCase> conv_cases(int b) {
-  using S = tw::Conv2dShape;
-  return {
-      {"resnet20", "conv1 3->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "16->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "16->32 s2 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "32->32 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "32->64 s2 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "64->64 8x8", S{.n = b, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
-      {"resnet20", "proj 1x1 16->32 s2", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
-      {"resnet20", "proj 1x1 32->64 s2", S{.n = b, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
-      {"tfcnn", "conv1 5x5 3->64 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
-      {"tfcnn", "conv2 5x5 64->64 16x16", S{.n = b, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
-  };
-}
 
 // Double-precision conv terms for one output element of each kernel.
 double ref_y(const tw::Conv2dShape& s, const float* x, const float* w, int n, int oh, int ow, int co) {

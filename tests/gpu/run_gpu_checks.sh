@@ -8,7 +8,8 @@
 # (test_core_cuda_parity: every GPU kernel against its CPU twin, max errors printed), the no-GPU
 # checks (test_core_cuda), the whole CTest suite, and the GPU benchmarks that exist in the build
 # (towerflow_bench_gpu_ops; towerflow_bench_train on /gpu:0, and on every GPU as towers when
-# there are several), the NCCL communicator tests (one rank; two ranks with two GPUs), GPU
+# there are several; and the benchmark suite's GPU part, bench/suite.py --gpu-only), the NCCL
+# communicator tests (one rank; two ranks with two GPUs), GPU
 # towers against CPU towers (test_tower_trainer_gpu), and cifar10_train for TW_GPU_CHECK_STEPS
 # (300) steps with each reduction on the GPU(s) and on as many CPU towers, loss curves compared
 # by tests/gpu/compare_loss_curves.py (tolerances in its header).
@@ -117,6 +118,10 @@ if [ -x "$build/bin/towerflow_bench_train" ]; then
       "$build/bin/towerflow_bench_train" --model resnet20 --batch $((128 * ngpu)) --devices "$gpus" --json
   fi
 fi
+# The benchmark suite's GPU part (bench/suite.py --gpu-only): its figures, with the commands that
+# reproduce them, in $build/bench/gpu.{md,jsonl}; the report is appended below.
+step "benchmark suite, GPU part (bench/suite.py --gpu-only)" "$build/bench_suite_gpu.log" \
+  python3 bench/suite.py --build "$build" --gpu-only --out "$build/bench" --name gpu
 
 {
   echo
@@ -145,6 +150,12 @@ fi
       echo '```'
     fi
   done
+  if [ -f "$build/bench/gpu.md" ]; then
+    echo
+    echo "## Benchmark suite, GPU part"
+    echo
+    sed -e '1d' -e 's/^## /### /' "$build/bench/gpu.md"
+  fi
   echo
   if [ $status -eq 0 ]; then echo "**All GPU checks passed.**"; else echo "**Some GPU checks FAILED**: see the logs above."; fi
 } >>"$report"

@@ -1,0 +1,342 @@
+// The machine's limits and the CPU kernels against them, as Google Benchmark micro-benchmarks.
+//
+//   towerflow_bench_kernels [--threads N] [--batch B] [--bandwidth_mib M] [--benchmark_* flags]
+//   towerflow_bench_kernels --benchmark_filter='^peak/' --benchmark_format=json
+//
+// Three families, one name scheme (family/what/detail), so that a filter picks any of them:
+//
+//   peak/fp32_fma/<isa>      an FMA loop per instruction set the CPU can run (baseline: SSE
+//                            multiply + add, avx2: 256-bit FMA, avx512: 512-bit FMA), on 1 and on
+//                            N threads. counters: flop_per_s. See Note [The peak loop].
+//   peak/bf16_dot/avx512bf16 VDPBF16PS (bf16 pairs into fp32), only where the CPU has AVX512-BF16.
+//   mem/copy, mem/triad      STREAM's copy (b = a) and triad (a = b + s*c) over arrays of
+//                            --bandwidth_mib each, split over 1 and N threads. counters:
+//                            byte_per_s (STREAM's count: reads + writes, no write-allocate).
+//   kernel/<model>/<op>/<layer>  every convolution of ResNet-20 and tfcnn (forward, backward
+//                            input, backward weight), ResNet-20's fused batch norm + ReLU
+//                            (forward, backward), tfcnn's max pools (forward, backward) and its
+//                            largest fully-connected layer as GEMMs (forward and both backward
+//                            products), at --batch on a CpuContext of --threads. counters:
+//                            flop_per_s (2 per multiply-add; 0 for memory-bound ops) and
+//                            byte_per_s (compulsory traffic: each operand read or written once).
+//
+// Times are wall clock (UseRealTime). The context reports the instruction set the kernels use.
+// The share of the machine each kernel reaches is computed by bench/suite.py from these rows.
+
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/cpu/batch_norm.h"
+#include "core/cpu/context.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/pool.h"
+
+namespace cpu = towerflow::cpu;
+using towerflow::bench::random_vector;
+
+namespace {
+
+// Note [The peak loop]
+// The peak is what the cores' vector units can retire: kAcc independent accumulators, each
+// updated by acc = acc * a + b, so that the FMA latency (4 cycles on current cores) times the FMA
+// ports (2) is covered and the loop runs at one FMA per port per cycle. Each function is compiled
+// for its own instruction set with a target attribute and called only when the CPU (and the OS,
+// for the wide registers) supports it, so the binary runs on any x86-64 and never assumes the
+// instructions of the machine it was built on. a and b keep the accumulators finite.
+constexpr int kAcc = 12;
+constexpr std::int64_t kPeakIters = 1 << 14;  // per call: ~100 us at 2 FMA ports
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) float peak_sse(std::int64_t iters) {
+  __m128 acc[kAcc];
+  for (int j = 0; j < kAcc; ++j) acc[j] = _mm_set1_ps(0.001f * j);
+  const __m128 a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kAcc; ++j) acc[j] = _mm_add_ps(_mm_mul_ps(acc[j], a), b);
+  __m128 s = acc[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm_add_ps(s, acc[j]);
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) float peak_avx2(std::int64_t iters) {
+  __m256 acc[kAcc];
+  for (int j = 0; j < kAcc; ++j) acc[j] = _mm256_set1_ps(0.001f * j);
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kAcc; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
+  __m256 s = acc[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm256_add_ps(s, acc[j]);
+  return _mm256_cvtss_f32(s);
+}
+
+__attribute__((target("avx512f"))) float peak_avx512(std::int64_t iters) {
+  __m512 acc[kAcc];
+  for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (std::int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
+  __m512 s = acc[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, acc[j]);  // every accumulator stays live
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return lanes[0] + lanes[15];
+}
+
+// VDPBF16PS: per 32-bit lane, two bf16 products added to an fp32 accumulator (4 FLOPs per lane).
+__attribute__((target("avx512f,avx512bf16"))) float peak_avx512bf16(std::int64_t iters) {
+  __m512 acc[kAcc];
+  for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
+  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0 in bf16
+  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3380);  // ~6e-8 in bf16
+  for (std::int64_t i = 0; i < iters; ++i)
+#pragma GCC unroll 12
+    for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
+  __m512 s = acc[0];
+  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, acc[j]);  // every accumulator stays live
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, s);
+  return lanes[0] + lanes[15];
+}
+#endif
+
+struct PeakLoop {
+  std::string name;            // peak/<kind>/<isa>
+  float (*fn)(std::int64_t);
+  double flop_per_iter;        // FLOPs of one iteration over all accumulators
+};
+
+std::vector<PeakLoop> peak_loops() {
+  std::vector<PeakLoop> out;
+#if defined(__x86_64__)
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    switch (isa) {
+      case cpu::Isa::Baseline: out.push_back({"peak/fp32_fma/baseline", peak_sse, kAcc * 4 * 2.0}); break;
+      case cpu::Isa::Avx2: out.push_back({"peak/fp32_fma/avx2", peak_avx2, kAcc * 8 * 2.0}); break;
+      case cpu::Isa::Avx512:
+        out.push_back({"peak/fp32_fma/avx512", peak_avx512, kAcc * 16 * 2.0});
+        // The OS saves the 512-bit state (supported_isas checked XGETBV); the CPU must have BF16.
+        if (__builtin_cpu_supports("avx512bf16"))
+          out.push_back({"peak/bf16_dot/avx512bf16", peak_avx512bf16, kAcc * 16 * 4.0});
+        break;
+      default: break;
+    }
+  }
+#endif
+  return out;
+}
+
+void run_peak(benchmark::State& state, const PeakLoop& loop) {
+  float sink = 0;
+  for (auto _ : state) {
+    sink += loop.fn(kPeakIters);
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["flop_per_s"] =
+      benchmark::Counter(loop.flop_per_iter * kPeakIters * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// STREAM arrays, shared by the threads of one run; each thread takes its own contiguous slice.
+struct StreamArrays {
+  std::vector<float> a, b, c;
+};
+StreamArrays g_stream;
+
+void run_copy(benchmark::State& state) {
+  const std::size_t n = g_stream.a.size(), t = state.thread_index(), nt = state.threads();
+  const std::size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+  float* __restrict a = g_stream.a.data();
+  float* __restrict b = g_stream.b.data();
+  for (auto _ : state) {
+    for (std::size_t i = lo; i < hi; ++i) b[i] = a[i];
+    benchmark::ClobberMemory();
+  }
+  state.counters["byte_per_s"] =
+      benchmark::Counter(2.0 * sizeof(float) * (hi - lo) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void run_triad(benchmark::State& state) {
+  const std::size_t n = g_stream.a.size(), t = state.thread_index(), nt = state.threads();
+  const std::size_t lo = n * t / nt, hi = n * (t + 1) / nt;
+  float* __restrict a = g_stream.a.data();
+  const float* __restrict b = g_stream.b.data();
+  const float* __restrict c = g_stream.c.data();
+  for (auto _ : state) {
+    for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + 3.0f * c[i];
+    benchmark::ClobberMemory();
+  }
+  state.counters["byte_per_s"] =
+      benchmark::Counter(3.0 * sizeof(float) * (hi - lo) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void set_rates(benchmark::State& state, double flop_per_call, double byte_per_call) {
+  const auto it = static_cast<double>(state.iterations());
+  state.counters["flop_per_s"] = benchmark::Counter(flop_per_call * it, benchmark::Counter::kIsRate);
+  state.counters["byte_per_s"] = benchmark::Counter(byte_per_call * it, benchmark::Counter::kIsRate);
+}
+
+template <class Fn>
+void add_kernel(const std::string& name, Fn fn) {
+  benchmark::RegisterBenchmark(name.c_str(), fn)->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+void register_kernels(const cpu::CpuContext& ctx, int batch) {
+  // Convolutions: forward, backward input, backward weight.
+  for (const auto& cc : towerflow::bench::conv_cases(batch)) {
+    const cpu::Conv2dShape s = cc.s;
+    const double flop = 2.0 * static_cast<double>(s.macs());
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
+    const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+    const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+    const double bytes = 4.0 * (nx + ny + nw);
+    const std::string base = "kernel/" + cc.model + "/";
+    add_kernel(base + "conv_fwd/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 1), w = random_vector(nw, 2);
+      std::vector<float> y(ny);
+      for (auto _ : st) cpu::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
+      set_rates(st, flop, bytes);
+    });
+    add_kernel(base + "conv_bwd_input/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto dy = random_vector(ny, 3), w = random_vector(nw, 2);
+      std::vector<float> dx(nx);
+      for (auto _ : st) cpu::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
+      set_rates(st, flop, bytes);
+    });
+    add_kernel(base + "conv_bwd_weight/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 1), dy = random_vector(ny, 3);
+      std::vector<float> dw(nw);
+      for (auto _ : st) cpu::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
+      set_rates(st, flop, bytes);
+    });
+  }
+
+  // Batch norm fused with ReLU, as ResNet-20 uses it, at its three widths.
+  for (auto [hw, c] : {std::pair{32, 16}, std::pair{16, 32}, std::pair{8, 64}}) {
+    const std::int64_t rows = std::int64_t(batch) * hw * hw;
+    const std::string layer = "bn " + std::to_string(c) + "ch " + std::to_string(hw) + "x" + std::to_string(hw);
+    const double bytes = 4.0 * rows * c;
+    // forward: reads x twice (statistics, then normalise), writes y.
+    add_kernel("kernel/resnet20/bn_relu_fwd/" + layer, [&ctx, rows, c, bytes](benchmark::State& st) {
+      const auto x = random_vector(rows * c, 4), gamma = random_vector(c, 6), beta = random_vector(c, 7);
+      std::vector<float> y(x.size()), mean(c), invstd(c);
+      for (auto _ : st)
+        cpu::batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                              y.data(), mean.data(), invstd.data());
+      set_rates(st, 0, 3 * bytes);
+    });
+    // backward: reads x, y, dy twice (reduce, then apply), writes dx.
+    add_kernel("kernel/resnet20/bn_relu_bwd/" + layer, [&ctx, rows, c, bytes](benchmark::State& st) {
+      const auto x = random_vector(rows * c, 4), dy = random_vector(rows * c, 5);
+      const auto gamma = random_vector(c, 6), beta = random_vector(c, 7);
+      std::vector<float> y(x.size()), dx(x.size()), mean(c), invstd(c), dg(c), db(c);
+      cpu::batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                            y.data(), mean.data(), invstd.data());
+      for (auto _ : st)
+        cpu::batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(), mean.data(),
+                                      invstd.data(), dx.data(), dg.data(), db.data(), nullptr);
+      set_rates(st, 0, 7 * bytes);
+    });
+  }
+
+  // tfcnn's max pools (3x3, stride 2, 64 channels).
+  for (int hw : {32, 16}) {
+    const cpu::Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2,
+                             .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    const std::string layer = "maxpool 3x3 s2 " + std::to_string(hw) + "x" + std::to_string(hw);
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c, ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;
+    const double bytes = 4.0 * (nx + 2 * ny);  // x, y and the argmax indices (forward); dy, argmax, dx (backward)
+    add_kernel("kernel/tfcnn/maxpool_fwd/" + layer, [&ctx, s, nx, ny, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 8);
+      std::vector<float> y(ny);
+      std::vector<std::int32_t> arg(ny);
+      for (auto _ : st) cpu::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      set_rates(st, 0, bytes);
+    });
+    add_kernel("kernel/tfcnn/maxpool_bwd/" + layer, [&ctx, s, nx, ny, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 8), dy = random_vector(ny, 9);
+      std::vector<float> y(ny), dx(nx);
+      std::vector<std::int32_t> arg(ny);
+      cpu::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      for (auto _ : st) cpu::max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
+      set_rates(st, 0, bytes);
+    });
+  }
+
+  // tfcnn's fc1 (4096 -> 384) as its three GEMMs: y = x W^T, dx = dy W, dW = dy^T x.
+  struct Gemm {
+    std::string op;
+    bool ta, tb;
+    int m, n, k;
+  };
+  for (const Gemm& g : {Gemm{"gemm_fwd", false, true, batch, 384, 4096},
+                        Gemm{"gemm_bwd_input", false, false, batch, 4096, 384},
+                        Gemm{"gemm_bwd_weight", true, false, 384, 4096, batch}}) {
+    const double flop = 2.0 * g.m * g.n * g.k;
+    const double bytes = 4.0 * (double(g.m) * g.k + double(g.k) * g.n + double(g.m) * g.n);
+    add_kernel("kernel/tfcnn/" + g.op + "/fc1 4096->384", [&ctx, g, flop, bytes](benchmark::State& st) {
+      const auto a = random_vector(std::size_t(g.m) * g.k, 10), b = random_vector(std::size_t(g.k) * g.n, 11);
+      std::vector<float> c(std::size_t(g.m) * g.n);
+      const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+      for (auto _ : st)
+        cpu::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
+      set_rates(st, flop, bytes);
+    });
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);  // takes the --benchmark_* flags, leaves ours
+  CLI::App app{"towerflow kernel micro-benchmarks and the machine's limits (Google Benchmark)"};
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = cores, batch = 128, bandwidth_mib = 256;
+  app.add_option("--threads", threads, "threads of the kernels' CpuContext and of the multi-threaded peak and bandwidth rows")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--batch", batch, "images per kernel call")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--bandwidth_mib", bandwidth_mib, "MiB per STREAM array (three arrays; make them well beyond the last-level cache)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  benchmark::AddCustomContext("towerflow_isa", cpu::describe_active_isa());
+  benchmark::AddCustomContext("towerflow_kernel_threads", std::to_string(threads));
+  benchmark::AddCustomContext("towerflow_batch", std::to_string(batch));
+  benchmark::AddCustomContext("cpu_features", cpu::cpu_features());
+
+  std::vector<int> thread_counts{1};
+  if (threads > 1) thread_counts.push_back(threads);
+  const auto loops = peak_loops();
+  for (const auto& loop : loops)
+    for (int t : thread_counts)
+      benchmark::RegisterBenchmark(loop.name.c_str(), run_peak, loop)->Threads(t)->UseRealTime();
+  if (loops.empty() || loops.back().name.find("bf16") == std::string::npos)
+    benchmark::AddCustomContext("bf16_peak", "skipped: this CPU has no AVX512-BF16");
+
+  const std::size_t n = std::size_t(bandwidth_mib) * 1024 * 1024 / sizeof(float);
+  g_stream.a.assign(n, 1.0f);
+  g_stream.b.assign(n, 2.0f);
+  g_stream.c.assign(n, 0.5f);
+  for (int t : thread_counts) {
+    benchmark::RegisterBenchmark("mem/copy", run_copy)->Threads(t)->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("mem/triad", run_triad)->Threads(t)->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+
+  cpu::CpuContext ctx(threads);
+  register_kernels(ctx, batch);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

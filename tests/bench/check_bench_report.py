@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Checks a report of bench/suite.py: the JSON-lines file parses, holds the rows a run must make,
+and the markdown report's tables are well formed.
+
+    check_bench_report.py STEM [--models tfcnn,resnet20] [--devices 1,2] [--peers skipped|compared]
+
+STEM is the path without .jsonl / .md. Exit status 0 when all is well; otherwise every problem
+is printed.
+"""
+import argparse
+import json
+import re
+import sys
+
+KERNEL_OPS = ["conv_fwd", "conv_bwd_input", "conv_bwd_weight", "bn_relu_fwd", "bn_relu_bwd", "maxpool_fwd",
+              "maxpool_bwd", "gemm_fwd", "gemm_bwd_input", "gemm_bwd_weight"]
+REDUCTIONS = ["all_reduce", "bucketed", "parameter_device"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stem")
+    ap.add_argument("--models", default="tfcnn,resnet20")
+    ap.add_argument("--devices", default="1,2")
+    ap.add_argument("--peers", choices=["skipped", "compared"], default="skipped")
+    a = ap.parse_args()
+    problems = []
+
+    rows = []
+    with open(a.stem + ".jsonl") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                problems.append(f"jsonl line {i}: not JSON ({e})")
+                continue
+            if not isinstance(r, dict) or "section" not in r or not r.get("cpu"):
+                problems.append(f"jsonl line {i}: not an object with a section and a cpu: {line[:80]}")
+                continue
+            if r["section"] not in ("machine", "skip", "error", "gpu_machine") and not (
+                    r.get("command") or r.get("skipped") or r.get("command_towerflow")):
+                problems.append(f"jsonl line {i}: {r['section']} row without the command that reproduces it")
+            rows.append(r)
+    sec = lambda s: [r for r in rows if r["section"] == s]
+
+    m = sec("machine")
+    if len(m) != 1:
+        problems.append(f"{len(m)} machine rows, want 1")
+    else:
+        for k in ("cpu_model", "logical_cpus", "isa_extensions", "memory_gib", "commit", "date"):
+            if k not in m[0]:
+                problems.append(f"machine row lacks {k}")
+    for r in sec("error"):
+        problems.append(f"error row: {r}")
+
+    fp32 = [r for r in sec("peak") if r["kind"] == "fp32_fma" and (r.get("gflop_per_s") or 0) > 0]
+    if not fp32:
+        problems.append("no fp32 FMA peak measured")
+    if not [r for r in sec("peak") if r["kind"] == "bf16_dot"]:
+        problems.append("no bf16 peak row (measured, or skipped with a reason)")
+    for kind in ("copy", "triad"):
+        if not [r for r in sec("bandwidth") if r["kind"] == kind and r["gb_per_s"] > 0]:
+            problems.append(f"no memory {kind} bandwidth")
+
+    for model in ("resnet20", "tfcnn"):
+        for op in KERNEL_OPS:
+            if op.startswith("bn") and model == "tfcnn" or (op.startswith(("maxpool", "gemm")) and model == "resnet20"):
+                continue
+            got = [r for r in sec("kernel") if r["model"] == model and r["op"] == op]
+            if not got:
+                problems.append(f"no kernel row {model} {op}")
+            for r in got:
+                if not (r["ms"] > 0 and r.get("share_of_bound") is not None and r.get("bound") in ("compute", "memory")):
+                    problems.append(f"kernel row without time, bound or share: {r}")
+
+    train = [r for r in sec("train") if not r.get("comparison")]
+    for model in a.models.split(","):
+        for d in (int(x) for x in a.devices.split(",")):
+            for red in (["all_reduce"] if d == 1 else REDUCTIONS):
+                got = [r for r in train if r["model"] == model and r["devices"] == d and r["reduction"].startswith(red)]
+                if not got:
+                    problems.append(f"no training row {model} devices={d} {red}")
+                for r in got:
+                    for k in ("img_per_s", "gflop_per_s", "fwd_macs_per_img", "share_of_fp32_peak", "check"):
+                        if r.get(k) is None:
+                            problems.append(f"training row {model} {d} {red} lacks {k}")
+                    if r.get("check") != "ok":
+                        problems.append(f"training row {model} {d} {red}: check {r.get('check')}")
+
+    for s in ("allreduce", "alloc", "data"):
+        if not sec(s):
+            problems.append(f"no {s} rows")
+    if a.peers == "skipped":
+        if len([r for r in sec("skip") if r["what"].startswith("peer")]) < 2:
+            problems.append("peers neither run nor reported skipped")
+    else:
+        for r in sec("compare"):
+            if not (r["ratio_min"] <= r["ratio_median"] <= r["ratio_max"]):
+                problems.append(f"compare row with the median outside its spread: {r}")
+        if not sec("compare"):
+            problems.append("no comparison rows")
+
+    md = open(a.stem + ".md").read()
+    if not md.startswith("# towerflow benchmarks on ") or m and m[0]["cpu_model"] not in md.splitlines()[0]:
+        problems.append("report does not open with the CPU model")
+    for heading in ("## towerflow against the peers", "## The machine's limits", "## Training (towerflow)",
+                    "## Kernels", "## All-reduce", "## Allocator", "## Data pipeline"):
+        if heading not in md:
+            problems.append(f"report lacks the section '{heading}'")
+    cells = lambda line: len(re.findall(r"(?<!\\)\|", line)) - 1
+    lines = md.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):  # a table's header
+            width = cells(line)
+            j = i + 1
+            if j >= len(lines) or not re.fullmatch(r"\|(---\|)+", lines[j]) or cells(lines[j]) != width:
+                problems.append(f"report line {i + 1}: table header without its separator row")
+            while j < len(lines) and lines[j].startswith("|"):
+                if cells(lines[j]) != width:
+                    problems.append(f"report line {j + 1}: {cells(lines[j])} cells, header has {width}")
+                j += 1
+            if j == i + 2:
+                problems.append(f"report line {i + 1}: empty table")
+    for r in train:
+        if r["command"] not in md:
+            problems.append(f"report lacks the command {r['command']}")
+
+    for p in problems:
+        print("FAIL:", p)
+    print(f"{len(rows)} rows, {len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
