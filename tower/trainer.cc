@@ -343,9 +343,8 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     std::vector<int> ordinals;
     if (all_gpu)
       for (const Device& d : devices_) ordinals.push_back(device_info(d).physical_index);
-    if (!all_cpu && (im.world > 1 || !(all_gpu && collectives::nccl_can_join(ordinals)))) {
-      const char* why = !all_gpu      ? "the towers mix CPU and GPU devices"
-                        : im.world > 1 ? "GPUs of several processes reduce through host memory in this version"
+    if (!all_cpu && !(all_gpu && collectives::nccl_can_join(ordinals))) {
+      const char* why = !all_gpu ? "the towers mix CPU and GPU devices"
                         : std::set<int>(ordinals.begin(), ordinals.end()).size() != ordinals.size()
                             ? "NCCL cannot all-reduce between virtual devices of one physical GPU"
                             : "this build has no NCCL";
@@ -354,8 +353,12 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
       reduction_ = ParameterDevice{devices_.front()};
     } else {
       im.bucket_bytes = ar->bucket_bytes;
-      im.comm = collectives::make_communicator(devices_, collectives::CommunicatorKind::Auto, ordinals);
-      if (im.world > 1) im.comm = collectives::make_hierarchical_communicator(std::move(im.comm), *im.processes);
+      // GPUs: one NCCL communicator over every process's GPUs. CPUs: inside the process, then
+      // across processes (Note [Hierarchical all-reduce] in core/collectives/process_group.cc).
+      im.comm = collectives::make_communicator(devices_, collectives::CommunicatorKind::Auto, ordinals,
+                                               im.world > 1 ? im.processes : nullptr);
+      if (im.world > 1 && all_cpu)
+        im.comm = collectives::make_hierarchical_communicator(std::move(im.comm), *im.processes);
       im.comm_name = im.comm->name();
     }
   }

@@ -9,7 +9,8 @@ namespace towerflow::collectives {
 
 std::unique_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
                                                 CommunicatorKind kind,
-                                                const std::vector<int>& gpu_ordinals) {
+                                                const std::vector<int>& gpu_ordinals,
+                                                ProcessGroup* processes) {
   if (devices.empty())
     raise<InvalidArgument>("a communicator needs at least one device; got an empty device list");
   for (const Device& d : devices)
@@ -24,7 +25,7 @@ std::unique_ptr<Communicator> make_communicator(const std::vector<Device>& devic
                              " is a GPU: use NCCL (CommunicatorKind::Nccl) or a parameter device");
     return std::make_unique<LocalCommunicator>(devices);
   }
-  return std::make_unique<NcclCommunicator>(devices, gpu_ordinals);
+  return std::make_unique<NcclCommunicator>(devices, gpu_ordinals, processes);
 }
 
 }  // namespace towerflow::collectives

@@ -17,8 +17,8 @@
 // hanging. After every participant has left, reset() makes the communicator usable again.
 //
 // Implementations: LocalCommunicator (CPU devices in one process, shared memory), the NCCL
-// communicator (GPUs in one process; CUDA builds only), and, behind this same interface, a future
-// MPI communicator in which the participants of one process are a slice of the world.
+// communicator (GPUs of one process, or of every process of a job; CUDA builds only), and the
+// hierarchical communicator (process_group.h), whose participants are every process's devices.
 
 #include <cstddef>
 #include <memory>
@@ -90,9 +90,14 @@ enum class CommunicatorKind {
 // DeviceError when NCCL is asked for in a build without CUDA ("rebuild with -DTOWERFLOW_CUDA=ON")
 // or for virtual devices that share one physical GPU (NCCL cannot run two ranks on one GPU: use
 // the parameter-device reduction there).
+// With `processes` (more than one), an NCCL communicator spans every process's GPUs (see
+// nccl_communicator.h); the local communicator ignores it (wrap it with
+// make_hierarchical_communicator).
+class ProcessGroup;
 std::unique_ptr<Communicator> make_communicator(const std::vector<Device>& devices,
                                                 CommunicatorKind kind = CommunicatorKind::Auto,
-                                                const std::vector<int>& gpu_ordinals = {});
+                                                const std::vector<int>& gpu_ordinals = {},
+                                                ProcessGroup* processes = nullptr);
 
 // True when NCCL can join these GPUs: a CUDA build and distinct physical ordinals.
 bool nccl_can_join(const std::vector<int>& gpu_ordinals);

@@ -208,6 +208,8 @@ class MpiProcessGroup final : public ProcessGroup {
     call("barrier", 0, [this] { return MPI_Barrier(comm_); });
   }
 
+  void check_peers() override { shared_->poll_failures(); }
+
   std::unique_ptr<ProcessGroup> duplicate() override {
     MPI_Comm dup = MPI_COMM_NULL;
     check(MPI_Comm_dup(comm_, &dup), "MPI_Comm_dup");

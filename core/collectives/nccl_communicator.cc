@@ -24,12 +24,15 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 
+#include "core/collectives/process_group.h"
 #include "core/log.h"
 #include "core/memory/device_free_lock.h"
 
@@ -65,6 +68,7 @@ bool nccl_can_join(const std::vector<int>& gpu_ordinals) {
 struct NcclCommunicator::Impl {
   std::vector<Device> devices;
   std::vector<int> ordinals;
+  ProcessGroup* processes = nullptr;  // null or one process: this process's GPUs only
   std::vector<ncclComm_t> comms;
   std::vector<cudaStream_t> streams;
   std::vector<cudaEvent_t> done;         // per participant, blocking-sync: see the Note
@@ -83,12 +87,58 @@ struct NcclCommunicator::Impl {
   std::uint64_t generation = 0;
 
   int n() const { return static_cast<int>(ordinals.size()); }
+  bool across() const { return processes != nullptr && processes->size() > 1; }
+  int total() const { return across() ? n() * processes->size() : n(); }  // NCCL ranks in all
 
   void init_comms() {
     comms.assign(ordinals.size(), nullptr);
-    nccl_check(ncclCommInitAll(comms.data(), n(), ordinals.data()), "ncclCommInitAll",
-               ordinals.front());
+    if (!across()) {
+      nccl_check(ncclCommInitAll(comms.data(), n(), ordinals.data()), "ncclCommInitAll", ordinals.front());
+    } else {
+      // Across processes: rank 0's unique id, broadcast over the process group; this process's
+      // ranks joined in one NCCL group (NCCL's "one process, several devices" rule).
+      ncclUniqueId id{};
+      if (processes->rank() == 0) nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId", ordinals.front());
+      processes->broadcast(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
+      const int first = processes->rank() * n();
+      ncclResult_t r = ncclGroupStart();
+      for (int p = 0; p < n() && r == ncclSuccess; ++p) {
+        cuda_check(cudaSetDevice(ordinals[p]), "cudaSetDevice", ordinals[p]);
+        r = ncclCommInitRank(&comms[p], total(), id, first + p);
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      nccl_check(r != ncclSuccess ? r : end, "ncclCommInitRank (across processes)", ordinals.front());
+    }
     comms_broken = false;
+  }
+
+  // Waits for participant p's collective across processes: polls the event (sleeping between
+  // polls, as the blocking-sync event does) and the process group, and aborts the NCCL
+  // communicators when another rank has failed or the group's timeout has passed.
+  cudaError_t wait_across(int p) {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    for (;;) {
+      const cudaError_t status = cudaEventQuery(done[p]);
+      if (status != cudaErrorNotReady) return status;
+      try {
+        processes->check_peers();
+        if (Clock::now() - start > processes->timeout())
+          raise<PeerFailed>("an NCCL collective across processes did not complete within ",
+                            processes->timeout().count() / 1000.0, " s on rank ", processes->rank(), " (",
+                            devices[p], "): another rank died, hangs or is far behind");
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard lock(mu);
+          if (reason.empty()) reason = e.what();
+          aborted.store(true, std::memory_order_release);
+        }
+        cv.notify_all();
+        abort_comms();
+        throw;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
   }
 
   [[noreturn]] void throw_aborted() {
@@ -137,7 +187,7 @@ struct NcclCommunicator::Impl {
       }
       cuda_check(cudaEventRecord(done[p], streams[p]), "cudaEventRecord", ordinals[p]);
     }
-    const cudaError_t status = cudaEventSynchronize(done[p]);
+    const cudaError_t status = across() ? wait_across(p) : cudaEventSynchronize(done[p]);
     if (aborted.load(std::memory_order_acquire)) {
       cudaGetLastError();
       throw_aborted();
@@ -166,8 +216,10 @@ struct NcclCommunicator::Impl {
   }
 };
 
-NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int> gpu_ordinals)
+NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int> gpu_ordinals,
+                                   ProcessGroup* processes)
     : devices_(std::move(devices)), impl_(std::make_unique<Impl>()) {
+  impl_->processes = processes;
   if (devices_.empty())
     raise<InvalidArgument>("a communicator needs at least one device; got an empty device list");
   for (const Device& d : devices_)
@@ -258,8 +310,8 @@ NcclCommunicator::~NcclCommunicator() {
 std::string NcclCommunicator::name() const {
   int version = 0;
   ncclGetVersion(&version);
-  return str("NCCL ", version / 10000, ".", (version / 100) % 100, ".", version % 100, " (",
-             devices_.size(), " GPUs)");
+  return str("NCCL ", version / 10000, ".", (version / 100) % 100, ".", version % 100, " (", devices_.size(),
+             impl_->across() ? str(" GPUs in each of ", impl_->processes->size(), " processes)") : std::string(" GPUs)"));
 }
 
 void NcclCommunicator::all_reduce_sum(int p, std::span<float> data) {
@@ -283,8 +335,9 @@ void NcclCommunicator::all_reduce_sum_after(int p, std::span<float> data,
 
 void NcclCommunicator::broadcast(int p, std::span<float> data, int root) {
   impl_->check_participant(p);
-  if (root < 0 || root >= size())
-    raise<InvalidArgument>("broadcast root ", root, " is not a participant; use 0..", size() - 1);
+  const int total = impl_->total();
+  if (root < 0 || root >= total)
+    raise<InvalidArgument>("broadcast root ", root, " is not a participant; use 0..", total - 1);
   const std::vector<Call> calls = impl_->rendezvous(p, {.count = data.size(), .root = root});
   for (int i = 0; i < size(); ++i)
     if (calls[i].count != data.size() || calls[i].root != root)
@@ -300,10 +353,10 @@ void NcclCommunicator::broadcast(int p, std::span<float> data, int root) {
 
 void NcclCommunicator::all_gather(int p, std::span<const float> send, std::span<float> out) {
   impl_->check_participant(p);
-  if (out.size() != send.size() * static_cast<std::size_t>(size()))
-    raise<InvalidArgument>("all_gather: the output holds ", out.size(), " floats but ", size(),
-                           " participants sending ", send.size(), " each need ",
-                           send.size() * static_cast<std::size_t>(size()));
+  const std::size_t total = static_cast<std::size_t>(impl_->total());
+  if (out.size() != send.size() * total)
+    raise<InvalidArgument>("all_gather: the output holds ", out.size(), " floats but ", total,
+                           " participants sending ", send.size(), " each need ", send.size() * total);
   const std::vector<Call> calls = impl_->rendezvous(p, {.count = send.size()});
   for (int i = 0; i < size(); ++i)
     if (calls[i].count != send.size())

@@ -17,6 +17,14 @@
 // CollectiveAborted; reset() (with no participant inside) builds fresh NCCL communicators. The
 // destructor finalizes all ranks in one NCCL group, then destroys them, so it cannot hang on a
 // healthy clique; a broken one is aborted instead.
+// Across processes (a ProcessGroup of P > 1): one NCCL communicator over the GPUs of every
+// process, P x devices ranks, rank `process rank * devices + i` for devices[i]; rank 0 makes the
+// NCCL unique id and broadcasts it over the process group (ncclCommInitRank inside one NCCL
+// group per process). Collectives then span every process's participants (a broadcast's root
+// and an all-gather's output count them all); the host-side count check covers this process's
+// participants only. Waiting for a collective polls the GPU and the process group, so that a
+// failure announced by another rank (or the group's timeout) aborts the NCCL communicators and
+// raises PeerFailed instead of waiting for a peer that will never come.
 
 #include <memory>
 
@@ -27,7 +35,8 @@ namespace towerflow::collectives {
 class NcclCommunicator final : public Communicator {
  public:
   // devices[i] runs on CUDA ordinal gpu_ordinals[i] (empty: devices[i].index).
-  NcclCommunicator(std::vector<Device> devices, std::vector<int> gpu_ordinals = {});
+  NcclCommunicator(std::vector<Device> devices, std::vector<int> gpu_ordinals = {},
+                   ProcessGroup* processes = nullptr);
   ~NcclCommunicator() override;
 
   const std::vector<Device>& devices() const override { return devices_; }

@@ -13,7 +13,7 @@ namespace {
 }
 }  // namespace
 
-NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int>)
+NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int>, ProcessGroup*)
     : devices_(std::move(devices)) {
   no_nccl();
 }

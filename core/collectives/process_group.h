@@ -63,6 +63,9 @@ class ProcessGroup {
   virtual void all_gather(std::span<const std::byte> send, std::span<std::byte> out) = 0;
   virtual void barrier() = 0;
 
+  // Raises PeerFailed if another rank has announced a failure (or the group is broken); for
+  // waits outside the group's own collectives (an NCCL collective across processes).
+  virtual void check_peers() {}
   // A group over the same processes whose collectives do not interleave with this one's.
   virtual std::unique_ptr<ProcessGroup> duplicate() = 0;
   // Tells every other rank that this one failed (see the contract); waits a moment for them to

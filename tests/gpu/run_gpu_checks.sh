@@ -12,7 +12,8 @@
 # communicator tests (one rank; two ranks with two GPUs), GPU
 # towers against CPU towers (test_tower_trainer_gpu), and cifar10_train for TW_GPU_CHECK_STEPS
 # (300) steps with each reduction on the GPU(s) and on as many CPU towers, loss curves compared
-# by tests/gpu/compare_loss_curves.py (tolerances in its header).
+# by tests/gpu/compare_loss_curves.py (tolerances in its header); with two GPUs and mpirun, the
+# same across 2 processes (NCCL over both processes' GPUs) and the GPU stream-ordering cases.
 # The report (markdown) goes to <build-dir>/gpu_report.md and to stdout; the full logs sit next
 # to it. Exit status: 0 when every step passed, 1 otherwise, 2 when there is no GPU to check.
 set -uo pipefail
@@ -105,6 +106,20 @@ for reduction in all_reduce bucketed:0.05 parameter_device; do
   step "loss curves GPU vs CPU, $reduction" "$build/compare_$tag.log" \
     python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_$tag.log" "$build/train_cpu_$tag.log"
 done
+
+# Across processes: 2 processes x 1 GPU (task-named devices give rank 0 GPU 0 and rank 1 GPU 1),
+# one NCCL communicator over both processes' GPUs, against the same run's 2 CPU towers.
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then
+  mpi_env=(env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1)
+  common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
+          --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
+          --reduction all_reduce --save_every 0 --start_over delete)
+  step "mpirun -np 2 cifar10_train, NCCL across processes ($train_steps steps)" "$build/train_gpu_mpi.log" \
+    "${mpi_env[@]}" mpirun -np 2 "$build/bin/cifar10_train" "${common[@]}" \
+    --devices /job:worker/task:0/device:GPU:0,/job:worker/task:1/device:GPU:1 --train_dir "$build/train_gpu_mpi"
+  step "loss curves GPU across processes vs CPU towers" "$build/compare_mpi.log" \
+    python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_mpi.log" "$build/train_cpu_all_reduce.log"
+fi
 
 if [ -x "$build/bin/towerflow_bench_gpu_ops" ]; then
   step "GPU op benchmark" "$build/bench_gpu_ops.log" "$build/bin/towerflow_bench_gpu_ops"

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "core/collectives/nccl_communicator.h"
+#include "core/queue_event.h"
 #include "core/cuda/status.h"
 
 using namespace towerflow;
@@ -129,6 +131,88 @@ TEST_CASE("two NCCL ranks: all-reduce, count mismatch, abort mid-collective, res
   errors = run_participants(2, [&](int p) { comm.all_reduce_sum(p, bufs[p]->span()); });
   for (auto& e : errors) REQUIRE(e == nullptr);
   CHECK(bufs[0]->host()[0] == 6.0f);  // 3 + 3
+}
+
+namespace {
+
+// A CUDA event recorded on a stream of the test's, as a tensor backend's record_event() makes one.
+class TestEvent final : public QueueEvent {
+ public:
+  explicit TestEvent(cudaStream_t stream) {
+    REQUIRE(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming) == cudaSuccess);
+    REQUIRE(cudaEventRecord(event_, stream) == cudaSuccess);
+  }
+  ~TestEvent() override { cudaEventDestroy(event_); }
+  void synchronize() const override { cudaEventSynchronize(event_); }
+  void make_stream_wait(void* stream) const override {
+    REQUIRE(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_, 0) == cudaSuccess);
+  }
+  bool reached() const { return cudaEventQuery(event_) == cudaSuccess; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+void CUDART_CB sleep_300ms(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
+// Pinned host floats: an asynchronous copy from them is queued without the host waiting for the
+// stream (a copy from pageable memory may wait).
+struct PinnedFloats {
+  float* ptr = nullptr;
+  PinnedFloats(std::size_t n, float value) {
+    REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&ptr), n * sizeof(float)) == cudaSuccess);
+    std::fill(ptr, ptr + n, value);
+  }
+  ~PinnedFloats() { cudaFreeHost(ptr); }
+};
+
+}  // namespace
+
+// Note [Bucketed reduction during backward] in tower/trainer.cc: the all-reduce of a bucket must
+// not start before the compute stream has written the bucket. Here the "backward" is 300 ms of
+// work queued on a compute stream, then the gradient written; all_reduce_sum_after must order
+// NCCL's stream after it. A communicator that ignored the event would read the old values (the
+// 2-GPU case sees them in the sum) and return before the compute stream got there (both cases).
+TEST_CASE("an all-reduce after a ready event waits, on the GPU, for the work before the event", "[nccl1]") {
+  NcclCommunicator comm({Device::gpu(0)}, {0});
+  DeviceFloats a(0, 1 << 16, 1.0f);
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(compute, sleep_300ms, nullptr) == cudaSuccess);
+  PinnedFloats written(a.n, 4.0f);
+  REQUIRE(cudaMemcpyAsync(a.ptr, written.ptr, a.n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  TestEvent ready(compute);
+  const auto t0 = std::chrono::steady_clock::now();
+  comm.all_reduce_sum_after(0, a.span(), &ready);
+  CHECK(ready.reached());  // NCCL's stream waited for the compute stream
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(250));
+  CHECK(a.host()[777] == 4.0f);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  cudaStreamDestroy(compute);
+}
+
+TEST_CASE("two NCCL ranks: a bucket written late on one GPU's compute stream is summed as written", "[nccl2]") {
+  NcclCommunicator comm({Device::gpu(0), Device::gpu(1)}, {0, 1});
+  DeviceFloats a(0, 1 << 16, 1.0f), b(1, 1 << 16, 1.0f);
+  REQUIRE(cudaSetDevice(1) == cudaSuccess);
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(compute, sleep_300ms, nullptr) == cudaSuccess);
+  PinnedFloats written(b.n, 5.0f);
+  REQUIRE(cudaMemcpyAsync(b.ptr, written.ptr, b.n * sizeof(float), cudaMemcpyHostToDevice, compute) ==
+          cudaSuccess);
+  TestEvent ready(compute);
+  auto errors = run_participants(2, [&](int p) {
+    comm.all_reduce_sum_after(p, p == 0 ? a.span() : b.span(), p == 0 ? nullptr : &ready);
+  });
+  for (auto& e : errors) REQUIRE(e == nullptr);
+  CHECK(a.host()[4321] == 6.0f);  // 1 + 5: participant 1's bucket as the compute stream wrote it
+  CHECK(b.host()[4321] == 6.0f);
+  cudaSetDevice(1);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  cudaStreamDestroy(compute);
 }
 
 int main(int argc, char** argv) {
