@@ -127,10 +127,6 @@ std::string optimizer_description(const TrainOptions& o) {
 std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& process) {
   bool explicit_list = !o.devices.empty() && o.devices != "all";
   const collectives::ProcessGroup& world = collectives::world();
-  // Processes sharing a host share its cores: unless told otherwise, each takes its share.
-  if (world.local_size() > 1 && !process.intra_op_threads.value_or(0))
-    process.intra_op_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size() /
-                                               (explicit_list ? 1 : 2));
   bool has_gpu = !make_system_platform()->gpus().empty();
   bool cpu_configured = process.device_count.count("CPU") || process.virtual_devices.cpu_memory_limits_mb;
   std::vector<Device> listed;
@@ -171,6 +167,14 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
     process.device_count["CPU"] = 2;
   }
 
+  // Processes sharing a host share its cores: unless told otherwise, each process takes its share,
+  // split over its logical CPU devices.
+  if (world.local_size() > 1 && !process.intra_op_threads.value_or(0)) {
+    int cpu_devices = 1;
+    if (auto it = process.device_count.find("CPU"); it != process.device_count.end()) cpu_devices = std::max(1, it->second);
+    process.intra_op_threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size() / cpu_devices);
+  }
   const auto& all = initialise_devices(process);
   std::vector<Device> gpus, cpus;
   for (const auto& ld : all) (ld.device.is_gpu() ? gpus : cpus).push_back(ld.device);
