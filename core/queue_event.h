@@ -19,6 +19,13 @@ class QueueEvent {
   // Makes `cuda_stream` (a cudaStream_t of any device) wait, on the GPU, until the point has been
   // reached; the host does not block. Throws DeviceError for an event that is not a CUDA event.
   virtual void make_stream_wait(void* cuda_stream) const = 0;
+  // Milliseconds from `earlier` to this point on the device's clock, once both are reached
+  // (waits for this one). Only for events recorded for timing (Backend::record_timing_event) on
+  // the same device; -1 where the implementation cannot time.
+  virtual double milliseconds_since(const QueueEvent& earlier) const {
+    (void)earlier;
+    return -1;
+  }
 };
 
 }  // namespace towerflow

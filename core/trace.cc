@@ -14,17 +14,32 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/queue_event.h"
 
 namespace towerflow::trace {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A span's work on a device queue, timed when the trace is collected.
+struct DeviceSpan {
+  std::string category, name, detail;
+  std::shared_ptr<const QueueEvent> begin, end;
+};
+
 struct Buffer {
   std::mutex mu;
   int id = 0;
   std::string name;
   std::vector<Event> events;
+  // A thread with a device queue (set_thread_device_queue): its marks, the device's track, the
+  // spans waiting to be timed, and the trace's anchor (a mark reached at a known host time).
+  std::function<std::shared_ptr<const QueueEvent>()> mark;
+  std::shared_ptr<Buffer> device_track;
+  std::vector<DeviceSpan> pending;
+  std::shared_ptr<const QueueEvent> anchor;
+  double anchor_us = 0;
+  std::uint64_t anchor_trace = 0;
 };
 
 struct Registry {
@@ -34,23 +49,30 @@ struct Registry {
 };
 
 std::atomic<bool> g_on{false};
+std::atomic<std::uint64_t> g_trace{0};  // which trace (start() counts them): anchors are per trace
 
 Registry& registry() {
   static Registry* r = new Registry;  // never destroyed: threads may end after main
   return *r;
 }
 
+std::shared_ptr<Buffer> new_buffer(std::string name = {}) {
+  auto b = std::make_shared<Buffer>();
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  b->id = static_cast<int>(r.buffers.size());
+  b->name = !name.empty() ? std::move(name) : b->id == 0 ? "main" : str("thread ", b->id);
+  r.buffers.push_back(b);
+  return b;
+}
+
 Buffer& this_thread_buffer() {
-  thread_local std::shared_ptr<Buffer> buffer = [] {
-    auto b = std::make_shared<Buffer>();
-    Registry& r = registry();
-    std::lock_guard lock(r.mu);
-    b->id = static_cast<int>(r.buffers.size());
-    b->name = b->id == 0 ? "main" : str("thread ", b->id);
-    r.buffers.push_back(b);
-    return b;
-  }();
+  thread_local std::shared_ptr<Buffer> buffer = new_buffer();
   return *buffer;
+}
+
+bool device_timed(const char* category) {
+  return std::strcmp(category, "op") == 0 || std::strcmp(category, "grad") == 0;
 }
 
 double now_us() {
@@ -68,9 +90,11 @@ void start() {
     for (auto& b : r.buffers) {
       std::lock_guard bl(b->mu);
       b->events.clear();
+      b->pending.clear();
     }
     r.origin = Clock::now();
   }
+  g_trace.fetch_add(1, std::memory_order_relaxed);
   g_on.store(true, std::memory_order_release);
 }
 
@@ -82,12 +106,39 @@ void set_thread_name(std::string name) {
   b.name = std::move(name);
 }
 
+void time_device_spans(Buffer& b);
+
+void set_thread_device_queue(std::string track, std::function<std::shared_ptr<const QueueEvent>()> mark) {
+  Buffer& b = this_thread_buffer();
+  time_device_spans(b);  // what the queue being replaced has timed stays on its track
+  std::shared_ptr<Buffer> device = mark ? new_buffer(std::move(track)) : nullptr;
+  std::lock_guard lock(b.mu);
+  b.mark = std::move(mark);
+  b.device_track = std::move(device);
+  b.anchor.reset();
+}
+
 Span::Span(const char* category, std::string_view name, std::string_view detail) {
   if (!enabled()) return;
   on_ = true;
   category_ = category;
   name_ = name;
   detail_ = detail;
+  Buffer& b = this_thread_buffer();
+  if (b.mark && device_timed(category)) {
+    const std::uint64_t trace = g_trace.load(std::memory_order_relaxed);
+    if (b.anchor_trace != trace || !b.anchor) {  // the first device span of this trace
+      auto anchor = b.mark();
+      if (anchor) {
+        anchor->synchronize();
+        std::lock_guard lock(b.mu);
+        b.anchor = std::move(anchor);
+        b.anchor_us = now_us();
+        b.anchor_trace = trace;
+      }
+    }
+    if (b.anchor) device_begin_ = b.mark();
+  }
   begin_us_ = now_us();
 }
 
@@ -95,15 +146,48 @@ Span::~Span() {
   if (!on_) return;
   const double end = now_us();
   Buffer& b = this_thread_buffer();
+  std::shared_ptr<const QueueEvent> device_end = device_begin_ ? b.mark() : nullptr;
   std::lock_guard lock(b.mu);
+  if (device_end)
+    b.pending.push_back({category_, name_, detail_, std::move(device_begin_), std::move(device_end)});
   b.events.push_back({category_, std::move(name_), std::move(detail_), begin_us_, end - begin_us_, b.id});
+}
+
+// The device spans of a thread, timed on the device's clock and placed on the host timeline from
+// the trace's anchor, as events of the device's track. Waits for the device to reach them.
+void time_device_spans(Buffer& b) {
+  std::vector<DeviceSpan> pending;
+  std::shared_ptr<const QueueEvent> anchor;
+  std::shared_ptr<Buffer> track;
+  double anchor_us = 0;
+  {
+    std::lock_guard lock(b.mu);
+    pending.swap(b.pending);
+    anchor = b.anchor;
+    anchor_us = b.anchor_us;
+    track = b.device_track;
+  }
+  if (pending.empty() || !anchor || !track) return;
+  std::vector<Event> timed;
+  for (const DeviceSpan& d : pending) {
+    const double to_begin = d.begin->milliseconds_since(*anchor), length = d.end->milliseconds_since(*d.begin);
+    if (to_begin < 0 || length < 0) continue;  // a queue that cannot time
+    timed.push_back({"device " + d.category, d.name, d.detail, anchor_us + 1000 * to_begin, 1000 * length, track->id});
+  }
+  std::lock_guard lock(track->mu);
+  track->events.insert(track->events.end(), timed.begin(), timed.end());
 }
 
 std::vector<Event> collect() {
   Registry& r = registry();
-  std::lock_guard lock(r.mu);
+  std::vector<std::shared_ptr<Buffer>> buffers;
+  {
+    std::lock_guard lock(r.mu);
+    buffers = r.buffers;
+  }
+  for (auto& b : buffers) time_device_spans(*b);
   std::vector<Event> out;
-  for (auto& b : r.buffers) {
+  for (auto& b : buffers) {
     std::lock_guard bl(b->mu);
     out.insert(out.end(), b->events.begin(), b->events.end());
   }

@@ -17,12 +17,25 @@
 // - Times are microseconds since start(), from the steady clock.
 // - start() clears what an earlier trace recorded. collect() / write_chrome_trace() after stop().
 // - Thread-safety: any thread may open spans; start/stop/collect from one controlling thread.
+// - Device time: a thread that drives a device with a queue of its own (a GPU's stream) installs
+//   the device's timing marks (set_thread_device_queue; tower::DeviceWorkers does for GPU towers).
+//   Then each "op" and "grad" span of that thread also records a timing mark on the device queue
+//   where it begins and where it ends, and collect() turns each pair into an event on the
+//   device's own track ("/gpu:0 stream"): when the device ran that work and for how long, placed
+//   on the host timeline through an anchor mark the first such span of a trace waits for. These
+//   cost two marks per span (CUDA event records) while tracing, nothing otherwise.
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
+
+namespace towerflow {
+class QueueEvent;
+}
 
 namespace towerflow::trace {
 
@@ -32,6 +45,11 @@ void stop();
 
 // Names the calling thread's track ("tower 0 (/cpu:0)", "loader 1", "main").
 void set_thread_name(std::string name);
+
+// Installs the calling thread's device queue (see the contract): `mark` records a timing mark
+// after the work queued so far (Backend::record_timing_event), `track` names the device's track.
+// An empty `mark` removes it.
+void set_thread_device_queue(std::string track, std::function<std::shared_ptr<const QueueEvent>()> mark);
 
 // A complete event ("ph": "X") on the calling thread: category (forward, backward, reduction,
 // optimizer, data, copy, step, layer, ...), name, and an optional detail shown as args.detail.
@@ -47,6 +65,7 @@ class Span {
   const char* category_ = nullptr;
   std::string name_, detail_;
   double begin_us_ = 0;
+  std::shared_ptr<const QueueEvent> device_begin_;  // on a thread with a device queue
 };
 
 struct Event {

@@ -105,7 +105,9 @@ std::string serialize_safetensors(std::span<const TensorView> tensors, const Met
                        {"data_offsets", {offset, offset + t->data.size()}}};
     offset += t->data.size();
   }
-  std::string text = header.dump();
+  // Metadata is the caller's text (paths, class names): bytes that are not UTF-8 become U+FFFD
+  // rather than an exception that would lose the checkpoint.
+  std::string text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   text.append((8 - text.size() % 8) % 8, ' ');
 
   std::string out;

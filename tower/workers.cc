@@ -6,6 +6,7 @@
 
 #include "core/collectives/communicator.h"
 #include "core/error.h"
+#include "core/tensor/backend_impl.h"
 #include "core/trace.h"
 
 namespace towerflow::tower {
@@ -29,6 +30,15 @@ struct DeviceWorkers::Impl {
       if (bind) bind(device);
     } catch (...) {
       bind_error = std::current_exception();
+    }
+    // A GPU's kernels run on its stream: the trace times them there too (core/trace.h). A device
+    // that cannot be used says so when the tower first uses it, not here.
+    if (device.is_gpu()) {
+      try {
+        Backend& be = backend_for(device);
+        trace::set_thread_device_queue(str(device.str(), " stream"), [&be] { return be.record_timing_event(); });
+      } catch (const Error&) {
+      }
     }
     std::uint64_t seen = 0;
     for (;;) {

@@ -21,6 +21,10 @@ namespace {
 
 using nlohmann::ordered_json;
 
+// One JSON line. Names and paths come from the user's files and may not be UTF-8: such bytes
+// become U+FFFD instead of an exception in the middle of a run.
+std::string text_of(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
+
 // Short numbers in JSON: 0.4321 rather than 0.43210000000000004.
 double round_to(double x, int digits) {
   if (!std::isfinite(x)) return x;
@@ -63,8 +67,8 @@ ordered_json json_of(const EvalRecord& r) {
 
 }  // namespace
 
-std::string to_json(const TrainRecord& r) { return json_of(r).dump(); }
-std::string to_json(const EvalRecord& r) { return json_of(r).dump(); }
+std::string to_json(const TrainRecord& r) { return text_of(json_of(r)); }
+std::string to_json(const EvalRecord& r) { return text_of(json_of(r)); }
 
 void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after) {
   for (auto& [k, v] : fields)
@@ -195,7 +199,7 @@ void Reporter::block(const std::string& event, const std::string& title, const F
     ordered_json j;
     j["event"] = event;
     for (const auto& [k, v] : fields) j[k] = v;
-    write_locked(j.dump());
+    write_locked(text_of(j));
     return;
   }
   write_locked(title);
@@ -245,7 +249,7 @@ void Reporter::on_end(const FitResult& r) {
   if (r.stopped_early) f.emplace_back("stopped early", r.stop_reason);
   if (!devices_.empty()) f.emplace_back("peak memory", peak_text);
   if (!r.last_checkpoint.empty()) f.emplace_back("checkpoint", r.last_checkpoint.string());
-  summary(f, j.dump());
+  summary(f, text_of(j));
 }
 
 void Reporter::train(const TrainRecord& r) {
@@ -253,7 +257,7 @@ void Reporter::train(const TrainRecord& r) {
   std::lock_guard lock(mu_);
   if (options_.json) {
     j["eta_s"] = round_to(r.eta_s, 1);
-    write_locked(j.dump());
+    write_locked(text_of(j));
     return;
   }
   char line[256];
@@ -276,7 +280,7 @@ void Reporter::eval(const EvalRecord& r) {
   std::lock_guard lock(mu_);
   if (options_.json) {
     j["eval_s"] = round_to(r.seconds, 2);
-    write_locked(j.dump());
+    write_locked(text_of(j));
     return;
   }
   char line[256];
@@ -298,7 +302,7 @@ void Reporter::message(LogLevel level, std::string_view text) {
     j["event"] = level >= LogLevel::Error ? "error" : "log";
     j["level"] = level_name(level);
     j["message"] = std::string(text);
-    write_locked(j.dump());
+    write_locked(text_of(j));
     return;
   }
   clear_live_locked();
@@ -318,7 +322,7 @@ void Reporter::summary(const Fields& fields, const std::string& json_object) {
     ordered_json out;
     out["event"] = "summary";
     for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value();
-    write_locked(out.dump());
+    write_locked(text_of(out));
     return;
   }
   block("summary", "summary", fields);

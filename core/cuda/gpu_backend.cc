@@ -31,9 +31,9 @@ ContextTable& context_table() {
 // A CUDA event recorded on a context's stream, as the backend-neutral QueueEvent.
 class CudaQueueEvent final : public QueueEvent {
  public:
-  explicit CudaQueueEvent(const gpu::GpuContext& ctx) : ctx_(ctx) {
+  explicit CudaQueueEvent(const gpu::GpuContext& ctx, bool timing = false) : ctx_(ctx) {
     auto scope = ctx.impl().scope();
-    TW_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    TW_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
     const cudaError_t status = cudaEventRecord(event_, gpu::stream_of(ctx));
     if (status != cudaSuccess) {
       cudaEventDestroy(event_);
@@ -51,6 +51,19 @@ class CudaQueueEvent final : public QueueEvent {
   void make_stream_wait(void* cuda_stream) const override {
     auto scope = ctx_.impl().scope();
     TW_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda_stream), event_, 0));
+  }
+  double milliseconds_since(const QueueEvent& earlier) const override {
+    const auto* e = dynamic_cast<const CudaQueueEvent*>(&earlier);
+    if (e == nullptr) return -1;
+    auto scope = ctx_.impl().scope();
+    TW_CUDA_CHECK(cudaEventSynchronize(event_));
+    float ms = 0;
+    // cudaErrorInvalidResourceHandle: one of the two was recorded without timing.
+    if (cudaEventElapsedTime(&ms, e->event_, event_) != cudaSuccess) {
+      cudaGetLastError();
+      return -1;
+    }
+    return ms;
   }
 
  private:
@@ -113,6 +126,9 @@ class GpuBackend final : public Backend {
   void synchronize() override { ctx_.synchronize(); }
   std::shared_ptr<const QueueEvent> record_event() override {
     return std::make_shared<CudaQueueEvent>(ctx_);
+  }
+  std::shared_ptr<const QueueEvent> record_timing_event() override {
+    return std::make_shared<CudaQueueEvent>(ctx_, /*timing=*/true);
   }
 
   // ---- fused optimizer updates --------------------------------------------------------------

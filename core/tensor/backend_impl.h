@@ -83,6 +83,9 @@ class Backend {
   // complete when they return, so the default records nothing and returns null ("nothing
   // pending"). Called from the thread that drives the backend.
   virtual std::shared_ptr<const QueueEvent> record_event() { return nullptr; }
+  // The same, for timing (QueueEvent::milliseconds_since): the trace's device spans use it. Null
+  // where the backend has no queue to time (the CPU: its spans' host times are its times).
+  virtual std::shared_ptr<const QueueEvent> record_timing_event() { return nullptr; }
 
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
   virtual void fill(std::int64_t n, float value, float* y) = 0;

@@ -164,7 +164,11 @@ def main():
         url, md5 = sums["cifar100" if "--cifar100" in cmd else "cifar10"]
         env.update(TOWERFLOW_CIFAR_URL=url, TOWERFLOW_CIFAR_MD5=md5)
         t0 = time.time()
-        r = subprocess.run(["bash", "-c", run], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+        run_env = dict(env)
+        if "ASAN_OPTIONS" in run_env and re.match(r"^(mpirun|mpiexec)\b", run):
+            # Open MPI's unloaded components leak unattributably (tests/tower/CMakeLists.txt).
+            run_env["ASAN_OPTIONS"] += ":detect_leaks=0"
+        r = subprocess.run(["bash", "-c", run], cwd=work, env=run_env, capture_output=True, text=True, timeout=300)
         ran += 1
         status = "ok  " if r.returncode == 0 else "FAIL"
         print(f"{status} {where} ({time.time() - t0:.1f} s, exit {r.returncode}): {run}")

@@ -119,6 +119,16 @@ TEST_CASE("write then read round-trips every dtype, shapes and metadata", "[io][
   for (const auto& e : f.entries()) CHECK(e.begin % dtype_size(e.dtype) == 0);
 }
 
+TEST_CASE("metadata that is not UTF-8 (a Latin-1 path) is written with U+FFFD, not refused", "[io][safetensors]") {
+  TempDir dir;
+  std::vector<float> a{1.0f};
+  std::vector<TensorView> t{{"a", DType::F32, {1}, bytes_of(a)}};
+  save_safetensors(dir / "x.safetensors", t, {{"data_dir", "/data/caf\xe9"}});
+  auto f = SafetensorsFile::load(dir / "x.safetensors");
+  CHECK(f.metadata().at("data_dir") == "/data/caf\xef\xbf\xbd");
+  CHECK(values<float>(f, "a") == a);
+}
+
 TEST_CASE("bad tensors to write are refused with their name", "[io][safetensors]") {
   std::vector<float> v(5);
   std::vector<TensorView> wrong_size{{"w", DType::F32, {2, 3}, bytes_of(v)}};

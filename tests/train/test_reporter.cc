@@ -155,3 +155,17 @@ TEST_CASE("evaluations left: every eval_every epochs and one at the end", "[trai
   CHECK(evals_left(0, 5, 0) == 1);      // only at the end
   CHECK(evals_left(3, 3, 0) == 0);
 }
+
+TEST_CASE("json mode writes names and paths that are not UTF-8 with U+FFFD instead of failing",
+          "[train][reporter]") {
+  Captured out;
+  {
+    Reporter r({.json = true, .out = out.file});
+    r.block("start", "towerflow", {{"train data", "image folder /data/caf\xe9 (10 classes)"}});
+    tw::log_warning("class folder 'r\xe9sum\xe9' has no image");
+  }
+  auto lines = out.lines();
+  REQUIRE(lines.size() == 2);
+  CHECK(nlohmann::json::parse(lines[0])["train data"] == "image folder /data/caf\xef\xbf\xbd (10 classes)");
+  CHECK(nlohmann::json::parse(lines[1])["message"] == "class folder 'r\xef\xbf\xbdsum\xef\xbf\xbd' has no image");
+}

@@ -4,11 +4,14 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/queue_event.h"
 #include "core/trace.h"
 #include "io/atomic_file.h"
 #include "models/models.h"
@@ -139,4 +142,82 @@ TEST_CASE("trace steps parse as A:B or A, and anything else names the value and 
   for (const char* bad : {"", "0:3", "5:4", "a:b", "3:", "1:2:3"})
     CHECK_THROWS_WITH(parse_trace_steps(bad, o), Catch::Contains(std::string("\"") + bad + "\"") && Catch::Contains("e.g. 101:110"));
   CHECK_THROWS_AS(Trace({.first_step = 3, .last_step = 2}), tw::InvalidArgument);
+}
+
+namespace {
+
+// A device queue whose clock is the host's: a mark is the moment it was recorded, so the device
+// spans must come out where the host spans are, with their durations.
+class FakeMark final : public tw::QueueEvent {
+ public:
+  explicit FakeMark(std::chrono::steady_clock::time_point t) : t_(t) {}
+  void synchronize() const override {}
+  void make_stream_wait(void*) const override {}
+  double milliseconds_since(const tw::QueueEvent& earlier) const override {
+    const auto* e = dynamic_cast<const FakeMark*>(&earlier);
+    return e ? std::chrono::duration<double, std::milli>(t_ - e->t_).count() : -1;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t_;
+};
+
+}  // namespace
+
+TEST_CASE("a thread with a device queue gets its op and grad spans timed on the device's track", "[trace]") {
+  namespace trace = tw::trace;
+  int marks = 0;  // checked on the test's thread: Catch2's assertions are not for others
+  std::thread worker([&marks] {
+    trace::set_thread_name("fake tower");
+    trace::set_thread_device_queue("/gpu:9 stream", [&marks] {
+      ++marks;
+      return std::make_shared<FakeMark>(std::chrono::steady_clock::now());
+    });
+    trace::start();
+    {
+      trace::Span forward("phase", "forward");  // not an op: host only
+      {
+        trace::Span op("op", "Conv2D", "conv1");
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      }
+      trace::Span grad("grad", "Conv2D");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    trace::stop();
+    trace::set_thread_device_queue({}, {});
+  });
+  worker.join();
+  CHECK(marks == 5);  // the anchor, then a begin and an end for each of the two spans
+  const auto events = trace::collect();
+  const auto tracks = trace::threads();
+  auto track_of = [&](const std::string& name) {
+    for (const auto& t : tracks)
+      if (t.name == name) return t.id;
+    return -1;
+  };
+  const int device = track_of("/gpu:9 stream"), host = track_of("fake tower");
+  REQUIRE(device >= 0);
+  REQUIRE(host >= 0);
+  std::map<std::string, trace::Event> on_device, on_host;
+  for (const auto& e : events) {
+    if (e.thread == device) on_device[e.category + " " + e.name] = e;
+    if (e.thread == host) on_host[e.category + " " + e.name] = e;
+  }
+  REQUIRE(on_device.size() == 2);  // the op and the grad span, not the phase
+  const auto& op = on_device.at("device op Conv2D");
+  const auto& grad = on_device.at("device grad Conv2D");
+  CHECK(op.detail == "conv1");
+  // Device durations are the marks' differences; placed on the host timeline through the anchor,
+  // so they follow the host spans (within the marks' own cost).
+  CHECK(op.duration_us == Approx(on_host.at("op Conv2D").duration_us).margin(500));
+  CHECK(op.duration_us >= 2900);
+  CHECK(grad.duration_us >= 1900);
+  CHECK(op.begin_us == Approx(on_host.at("op Conv2D").begin_us).margin(500));
+  CHECK(grad.begin_us >= op.begin_us + op.duration_us - 1);
+  // The JSON has the device's track with its name.
+  const auto j = nlohmann::json::parse(trace::chrome_trace_json(events, tracks));
+  bool named = false;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "/gpu:9 stream") named = true;
+  CHECK(named);
 }
