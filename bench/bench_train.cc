@@ -126,7 +126,8 @@ class GpuStepTimer {
 
 int main(int argc, char** argv) {
   CLI::App app{"towerflow training throughput on one or more devices (synthetic data)"};
-  std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce", remainder = "error";
+  std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce", remainder = "error",
+              precision = "fp32";
   int batch = 128, threads = 0, steps = 20, warmup = 5, classes = 10;
   float lr = 0.01f;
   bool json = false;
@@ -144,6 +145,8 @@ int main(int argc, char** argv) {
   app.add_option("--split_remainder", remainder, "error | spread: a batch the devices do not divide is an error, or spread by largest remainders")
       ->check(CLI::IsMember({"error", "spread"}))->capture_default_str();
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--precision", precision, "fp32 | bf16: convolutions and matrix products on bf16 operands, fp32 accumulation")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
   std::string trace_path;
   app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "
@@ -168,6 +171,7 @@ int main(int argc, char** argv) {
     tw::tower::TrainerOptions topts;
     topts.reduction = tw::tower::parse_reduction(reduction_spec);
     topts.remainder = remainder == "spread" ? tw::tower::Remainder::Spread : tw::tower::Remainder::Error;
+    topts.precision = tw::parse_precision(precision);
     tw::tower::Trainer trainer(tw::models::factory(model_name, {.num_classes = classes, .seed = 0}), devices, topts);
     std::vector<tw::Device> towers;  // of every process
     for (int r = 0; r < world.size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
@@ -280,6 +284,7 @@ int main(int argc, char** argv) {
                           {"devices", static_cast<int>(devices.size())},
                           {"device_names", names},
                           {"processes", world.size()},
+                          {"precision", precision},
                           {"reduction", tw::tower::to_string(trainer.reduction())},
                           {"img_per_s", img_s},
                           {"ms_per_step", timed_ms},

@@ -402,7 +402,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
             std::hash<std::string>{}(shapes), "), ", buffer_numel, " buffer values, reduction ",
             to_string(reduction_), ", split ", to_string(options_.split), ", ", options_.accumulation_steps,
             " micro-batches, batch norm ", options_.batch_norm == BatchNormMode::Synchronised ? "sync" : "per_tower",
-            ", label smoothing ", options_.label_smoothing, "'"),
+            ", label smoothing ", options_.label_smoothing, ", precision ", to_string(options_.precision), "'"),
         "start every rank with the same model, options and number of devices");
   }
   if (options_.batch_norm == BatchNormMode::Synchronised) {
@@ -471,6 +471,8 @@ std::string Trainer::describe() const {
       s += str("all_reduce over ", impl_->comm_name);
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
+  if (options_.precision == Precision::Bf16)
+    s += "; bf16 convolutions and matrix products (fp32 accumulation; emulated: operands rounded to bf16 for fp32 kernels, slower than fp32)";
   if (impl_->buffers_synced)
     s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");
   else if (impl_->bn_sync)
@@ -648,6 +650,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   std::atomic<bool> stop{false};              // set by the first tower that fails
 
   auto tower = [&](int i) {
+    const PrecisionScope precision(options_.precision);
     nn::Module& model = *im.replicas[i];
     const Device& dev = devices_[i];
     if (im.use_pd) {  // the parameter device's values are the truth
@@ -865,6 +868,7 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
     if (rows[i] == 0) return;
     int o = 0;
     for (int j = 0; j < i; ++j) o += rows[j];
+    const PrecisionScope precision(options_.precision);
     nn::Module& model = *im.replicas[i];
     const bool was_training = model.is_training();
     model.eval();

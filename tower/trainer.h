@@ -72,6 +72,7 @@
 
 #include "core/device.h"
 #include "core/nn/module.h"
+#include "core/tensor/precision.h"
 #include "optim/parameters.h"
 #include "tower/reduction.h"
 #include "tower/split.h"
@@ -98,6 +99,9 @@ struct TrainerOptions {
   int accumulation_steps = 1;  // micro-batches per forward_backward, reduced once
   BatchNormMode batch_norm = BatchNormMode::PerTower;
   float label_smoothing = 0.0f;
+  // Convolutions and matrix products of every tower in bf16 with fp32 accumulation, the rest
+  // in fp32 (core/tensor/precision.h); evaluation too.
+  Precision precision = Precision::Fp32;
   // The job's processes; null: collectives::world() (a world of one unless started by mpirun).
   collectives::ProcessGroup* processes = nullptr;
 };

@@ -87,6 +87,14 @@ class Backend {
   // where the backend has no queue to time (the CPU: its spans' host times are its times).
   virtual std::shared_ptr<const QueueEvent> record_timing_event() { return nullptr; }
 
+  // y = x rounded to bfloat16, as float32 (core/tensor/precision.h); in place allowed. The
+  // default says the backend has no such kernel.
+  virtual void round_to_bf16(std::int64_t n, const float* x, float* y) {
+    (void)n, (void)x, (void)y;
+    raise<DeviceError>("bf16 precision: no bf16 rounding kernel on ", device(), " (", name(),
+                       "); train this device in fp32 (--precision fp32)");
+  }
+
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
   virtual void fill(std::int64_t n, float value, float* y) = 0;
   virtual void add(std::int64_t n, const float* a, const float* b, float* y) = 0;

@@ -1,4 +1,5 @@
 #include "core/tensor/cpu_backend.h"
+#include "core/tensor/precision.h"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -59,6 +60,12 @@ class CpuBackend final : public Backend {
     else src_backend.copy_to_host(dst, src, bytes);  // our memory is host memory
   }
   void synchronize() override {}
+
+  void round_to_bf16(std::int64_t n, const float* x, float* y) override {
+    each(n, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) y[i] = towerflow::round_to_bf16(x[i]);
+    });
+  }
 
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override {

@@ -1,4 +1,5 @@
 #include "core/tensor/ops.h"
+#include "core/tensor/precision.h"
 
 #include <cmath>
 #include <mutex>
@@ -111,6 +112,16 @@ float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(), t.dtype()); }
 
+// An operand of a convolution or matrix product under the thread's precision (precision.h): under
+// bf16 a copy rounded to bfloat16 on its device (not part of the graph: the gradient passes the
+// rounding unchanged), under fp32 the tensor itself.
+Tensor operand(const Tensor& t, bool bf16) {
+  if (!bf16 || !t.defined()) return t;
+  Tensor r = Tensor::empty(t.shape(), t.device());
+  backend_for(t.device()).round_to_bf16(t.numel(), t.data<float>(), r.data<float>());
+  return r;
+}
+
 }  // namespace
 
 // ---- convolution ------------------------------------------------------------------------------
@@ -146,18 +157,22 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
                       .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
                       .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
-  backend_for(d).conv2d_forward(s, x.data<float>(), w.data<float>(), fptr(bias), y.data<float>());
+  const bool bf16 = current_precision() == Precision::Bf16;
+  const Tensor xo = operand(x, bf16), wo = operand(w, bf16);
+  backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
-    record(y, std::string(kOp), {x, w, bias}, [s, x, w, bias](const Tensor& g) {
+    record(y, std::string(kOp), {x, w, bias},
+           [s, xo, wo, bias, bf16, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
+      const Tensor go = operand(g, bf16);
       Tensor dx, dw, db;
-      if (x.requires_grad()) {
-        dx = empty_like(x);
-        be.conv2d_backward_input(s, g.data<float>(), w.data<float>(), dx.data<float>());
+      if (need_dx) {
+        dx = empty_like(xo);
+        be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
       }
-      if (w.requires_grad()) {
-        dw = empty_like(w);
-        be.conv2d_backward_weight(s, x.data<float>(), g.data<float>(), dw.data<float>());
+      if (need_dw) {
+        dw = empty_like(wo);
+        be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
       }
       if (bias.defined() && bias.requires_grad()) {
         db = empty_like(bias);
@@ -222,21 +237,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
             out = static_cast<int>(w.dim(0));
   Tensor y = Tensor::empty({n, out}, d);
   Backend& be = backend_for(d);
-  be.gemm(false, true, n, out, in, 1.0f, x.data<float>(), in, w.data<float>(), in, 0.0f,
+  const bool bf16 = current_precision() == Precision::Bf16;
+  const Tensor xo = operand(x, bf16), wo = operand(w, bf16);
+  be.gemm(false, true, n, out, in, 1.0f, xo.data<float>(), in, wo.data<float>(), in, 0.0f,
           y.data<float>(), out);
   if (bias.defined()) be.bias_add(n, out, y.data<float>(), bias.data<float>(), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
-    record(y, std::string(kOp), {x, w, bias}, [n, in, out, x, w, bias](const Tensor& g) {
+    record(y, std::string(kOp), {x, w, bias},
+           [n, in, out, xo, wo, bias, bf16, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
+      const Tensor go = operand(g, bf16);
       Tensor dx, dw, db;
-      if (x.requires_grad()) {  // dx = g w
-        dx = empty_like(x);
-        be.gemm(false, false, n, in, out, 1.0f, g.data<float>(), out, w.data<float>(), in, 0.0f,
+      if (need_dx) {  // dx = g w
+        dx = empty_like(xo);
+        be.gemm(false, false, n, in, out, 1.0f, go.data<float>(), out, wo.data<float>(), in, 0.0f,
                 dx.data<float>(), in);
       }
-      if (w.requires_grad()) {  // dw = g^T x
-        dw = empty_like(w);
-        be.gemm(true, false, out, in, n, 1.0f, g.data<float>(), out, x.data<float>(), in, 0.0f,
+      if (need_dw) {  // dw = g^T x
+        dw = empty_like(wo);
+        be.gemm(true, false, out, in, n, 1.0f, go.data<float>(), out, xo.data<float>(), in, 0.0f,
                 dw.data<float>(), in);
       }
       if (bias.defined() && bias.requires_grad()) {
@@ -265,20 +284,24 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int m = static_cast<int>(a.dim(0)), k = static_cast<int>(a.dim(1)),
             n = static_cast<int>(b.dim(1));
   Tensor y = Tensor::empty({m, n}, d);
-  backend_for(d).gemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
+  const bool bf16 = current_precision() == Precision::Bf16;
+  const Tensor ao = operand(a, bf16), bo = operand(b, bf16);
+  backend_for(d).gemm(false, false, m, n, k, 1.0f, ao.data<float>(), k, bo.data<float>(), n, 0.0f,
                       y.data<float>(), n);
   if (needs_grad({&a, &b})) {
-    record(y, std::string(kOp), {a, b}, [m, n, k, a, b](const Tensor& g) {
+    record(y, std::string(kOp), {a, b},
+           [m, n, k, ao, bo, bf16, need_da = a.requires_grad(), need_db = b.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
+      const Tensor go = operand(g, bf16);
       Tensor da, db;
-      if (a.requires_grad()) {  // da = g b^T
-        da = empty_like(a);
-        be.gemm(false, true, m, k, n, 1.0f, g.data<float>(), n, b.data<float>(), n, 0.0f,
+      if (need_da) {  // da = g b^T
+        da = empty_like(ao);
+        be.gemm(false, true, m, k, n, 1.0f, go.data<float>(), n, bo.data<float>(), n, 0.0f,
                 da.data<float>(), k);
       }
-      if (b.requires_grad()) {  // db = a^T g
-        db = empty_like(b);
-        be.gemm(true, false, k, n, m, 1.0f, a.data<float>(), k, g.data<float>(), n, 0.0f,
+      if (need_db) {  // db = a^T g
+        db = empty_like(bo);
+        be.gemm(true, false, k, n, m, 1.0f, ao.data<float>(), k, go.data<float>(), n, 0.0f,
                 db.data<float>(), n);
       }
       return std::vector<Tensor>{da, db};

@@ -57,6 +57,7 @@ tower::TrainerOptions trainer_options(const TrainOptions& o) {
   t.split = tower::parse_split(o.split);
   t.batch_norm = o.batch_norm == "sync" ? tower::BatchNormMode::Synchronised : tower::BatchNormMode::PerTower;
   t.label_smoothing = static_cast<float>(o.label_smoothing);
+  t.precision = parse_precision(o.precision);
   t.accumulation_steps = o.accumulation_steps;
   if (o.split_remainder == "spread") t.remainder = tower::Remainder::Spread;
   else if (o.split_remainder != "error")
@@ -88,7 +89,7 @@ void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) 
   nlohmann::json cur = nlohmann::json::parse(to_json(now));
   for (const char* key : {"model", "batch_size", "seed", "epochs", "max_steps", "lr", "schedule", "optimizer",
                           "momentum", "weight_decay", "warmup_epochs", "split", "batch_norm", "dataset", "data_dir",
-                          "cutout", "label_smoothing"}) {
+                          "cutout", "label_smoothing", "precision"}) {
     if (then.contains(key) && then[key] != cur[key])
       log_warning(str("--resume: ", key, " was ", then[key].dump(), " in the interrupted run and is ", cur[key].dump(),
                       " now; the run continues with the new value and will not reproduce the uninterrupted one"));

@@ -1,0 +1,154 @@
+// bf16 precision (core/tensor/precision.h): the rounding, and convolutions and matrix products
+// against float32 on the same bf16-rounded operands (the same arithmetic: tight) and on the
+// float32 operands (the difference bf16 rounding implies).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/error.h"
+#include "core/tensor/ops.h"
+#include "core/tensor/precision.h"
+
+using namespace towerflow;
+
+namespace {
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+float from_bits(std::uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+std::vector<float> randn(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> v(n);
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+std::vector<float> rounded(const std::vector<float>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = round_to_bf16(v[i]);
+  return out;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double scale = 0, err = 0;
+  for (float x : b) scale = std::max(scale, std::abs(double(x)));
+  for (std::size_t i = 0; i < a.size(); ++i) err = std::max(err, std::abs(double(a[i]) - b[i]));
+  return scale > 0 ? err / scale : err;
+}
+
+struct Result {
+  std::vector<float> y, dx, dw;
+};
+
+// y = op(x, w); loss = sum(y * r) with fixed r; the gradients of x and w.
+template <typename Op>
+Result run(Op op, const std::vector<float>& x, Shape xs, const std::vector<float>& w, Shape ws, Precision p) {
+  const PrecisionScope scope(p);
+  Tensor xt = Tensor::from_host(x, xs, Device::cpu(0)).set_requires_grad(true);
+  Tensor wt = Tensor::from_host(w, ws, Device::cpu(0)).set_requires_grad(true);
+  Tensor y = op(xt, wt);
+  const auto r = randn(static_cast<std::size_t>(y.numel()), 99);
+  Tensor loss = sum(mul(y, Tensor::from_host(r, y.shape(), Device::cpu(0))));
+  loss.backward();
+  return {y.to_host(), xt.grad().to_host(), wt.grad().to_host()};
+}
+
+}  // namespace
+
+TEST_CASE("bf16 rounding: nearest, ties to even, NaN and infinity kept", "[precision]") {
+  CHECK(round_to_bf16(1.0f) == 1.0f);
+  CHECK(round_to_bf16(-2.5f) == -2.5f);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even one, 1.
+  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8)) == 1.0f);
+  // 1 + 3 * 2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: the even one is 1 + 2^-6.
+  CHECK(round_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)) == 1.0f + std::ldexp(1.0f, -6));
+  CHECK(round_to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20)) == 1.0f + std::ldexp(1.0f, -7));
+  CHECK((bits_of(round_to_bf16(3.14159265f)) & 0xffffu) == 0);
+  CHECK(round_to_bf16(3.14159265f) == from_bits(0x40490000u));  // 3.140625, the nearest bf16
+  CHECK(std::isnan(round_to_bf16(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(std::isnan(round_to_bf16(from_bits(0x7f800001u))));  // a NaN whose payload is in the low bits
+  CHECK(round_to_bf16(std::numeric_limits<float>::infinity()) == std::numeric_limits<float>::infinity());
+  CHECK(round_to_bf16(-std::numeric_limits<float>::infinity()) == -std::numeric_limits<float>::infinity());
+  CHECK(round_to_bf16(std::numeric_limits<float>::max()) == std::numeric_limits<float>::infinity());
+  CHECK(round_to_bf16(-0.0f) == 0.0f);
+  CHECK(std::signbit(round_to_bf16(-0.0f)));
+}
+
+TEST_CASE("precision scopes nest per thread and parse with a clear error", "[precision]") {
+  CHECK(current_precision() == Precision::Fp32);
+  {
+    const PrecisionScope a(Precision::Bf16);
+    CHECK(current_precision() == Precision::Bf16);
+    {
+      const PrecisionScope b(Precision::Fp32);
+      CHECK(current_precision() == Precision::Fp32);
+    }
+    CHECK(current_precision() == Precision::Bf16);
+  }
+  CHECK(current_precision() == Precision::Fp32);
+  CHECK(parse_precision("bf16") == Precision::Bf16);
+  CHECK(to_string(Precision::Bf16) == "bf16");
+  CHECK_THROWS_WITH(parse_precision("fp16"), Catch::Contains("'fp16'") && Catch::Contains("fp32 or bf16"));
+}
+
+TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded operands, forward and backward",
+          "[precision]") {
+  struct Case {
+    const char* name;
+    Shape xs, ws;
+    std::function<Tensor(const Tensor&, const Tensor&)> op;
+  };
+  const Tensor none;
+  // ResNet-20's and tfcnn's layer shapes (small batches) and odd ones.
+  const std::vector<Case> cases = {
+      {"conv 3x3 16->16 (ResNet-20)", {2, 8, 8, 16}, {16, 16, 3, 3},
+       [&](const Tensor& x, const Tensor& w) { return conv2d(x, w, none, {.stride = 1, .padding = 1}); }},
+      {"conv 3x3 16->32 stride 2 (ResNet-20)", {2, 8, 8, 16}, {32, 16, 3, 3},
+       [&](const Tensor& x, const Tensor& w) { return conv2d(x, w, none, {.stride = 2, .padding = 1}); }},
+      {"conv 5x5 3->64 (tfcnn)", {2, 12, 12, 3}, {64, 3, 5, 5},
+       [&](const Tensor& x, const Tensor& w) { return conv2d(x, w, none, {.stride = 1, .padding = 2}); }},
+      {"conv 3x3 odd 5->7 on 7x9", {3, 7, 9, 5}, {7, 5, 3, 3},
+       [&](const Tensor& x, const Tensor& w) { return conv2d(x, w, none, {.stride = 1, .padding = 0}); }},
+      {"linear 64->10 (ResNet-20's fc)", {5, 64}, {10, 64},
+       [&](const Tensor& x, const Tensor& w) { return linear(x, w, none); }},
+      {"linear 384->192 (tfcnn)", {4, 384}, {192, 384},
+       [&](const Tensor& x, const Tensor& w) { return linear(x, w, none); }},
+      {"matmul 13x17 by 17x11", {13, 17}, {17, 11}, [&](const Tensor& a, const Tensor& b) { return matmul(a, b); }},
+  };
+  for (const Case& c : cases) {
+    const auto x = randn(static_cast<std::size_t>(shape_numel(c.xs)), 1);
+    const auto w = randn(static_cast<std::size_t>(shape_numel(c.ws)), 2);
+    const Result bf16 = run(c.op, x, c.xs, w, c.ws, Precision::Bf16);
+    const Result same_arithmetic = run(c.op, rounded(x), c.xs, rounded(w), c.ws, Precision::Fp32);
+    const Result fp32 = run(c.op, x, c.xs, w, c.ws, Precision::Fp32);
+    INFO(c.name);
+    // Forward: exactly the fp32 kernel on rounded operands.
+    CHECK(max_rel(bf16.y, same_arithmetic.y) == 0);
+    // Backward rounds the incoming gradient too, so against fp32 backward on rounded operands
+    // the difference is that of one rounding of the gradient.
+    CHECK(max_rel(bf16.dx, same_arithmetic.dx) < 1e-2);
+    CHECK(max_rel(bf16.dw, same_arithmetic.dw) < 1e-2);
+    // Against fp32 operands: bf16 keeps 8 significant bits, a relative error of at most 2^-9 per
+    // operand; sums of many products stay within a few times that of the largest value.
+    const double ey = max_rel(bf16.y, fp32.y), edx = max_rel(bf16.dx, fp32.dx), edw = max_rel(bf16.dw, fp32.dw);
+    INFO("max relative difference to fp32: y " << ey << ", dx " << edx << ", dw " << edw);
+    CHECK(ey < 1.5e-2);
+    CHECK(edx < 1.5e-2);
+    CHECK(edw < 1.5e-2);
+    CHECK(ey > 0);  // the rounding did happen
+  }
+}
