@@ -57,9 +57,9 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options)
     b.h = shape_.h;
     b.w = shape_.w;
     b.c = shape_.c;
-    b.images = FloatBuffer(static_cast<std::size_t>(local_batch_) * shape_.bytes(), options_.allocator);
-    b.labels.reserve(local_batch_);
-    b.indices.reserve(local_batch_);
+    b.images = FloatBuffer(static_cast<std::size_t>(capacity()) * shape_.bytes(), options_.allocator);
+    b.labels.reserve(capacity());
+    b.indices.reserve(capacity());
     pool_.push_back(std::move(b));
     free_.push_back(i);
   }
@@ -239,9 +239,9 @@ void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8
       if (b < 0 || e < b || e > global_n)
         raise<InvalidArgument>("the loader's shard function gave rows [", b, ", ", e, ") of a global batch of ",
                                global_n, "; ranges must lie within it");
-    if (shard_rows(ranges) > local_batch_)
+    if (shard_rows(ranges) > global_n)
       raise<InvalidArgument>("the loader's shard function gave ", shard_rows(ranges), " rows of a global batch of ",
-                             global_n, ", more than the ", local_batch_, " it gave for a full batch");
+                             global_n, "; ranges must not overlap");
   } else {
     const int r = options_.rank, w = options_.world_size;
     ranges.emplace_back(static_cast<int>(static_cast<std::int64_t>(global_n) * r / w),

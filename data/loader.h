@@ -139,6 +139,9 @@ class Loader {
   ImageShape shape_;
   Augmenter augmenter_;
   int local_batch_;
+  // Rows a batch buffer holds: the rank's rows of a full batch, or with a shard function, whose
+  // share of a partial batch may be larger, the whole global batch.
+  int capacity() const { return options_.shard ? options_.batch : local_batch_; }
   std::int64_t steps_;
   std::int64_t next_epoch_ = 0, next_start_step_ = 0;
 

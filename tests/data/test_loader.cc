@@ -321,3 +321,27 @@ TEST_CASE("Batch buffers can come from a core/memory Allocator or SubAllocator",
   from_sub.allocator = host_allocator_from(*sub);
   CHECK(reference(from_sub) == expected);
 }
+
+TEST_CASE("A shard function picks this rank's rows, in ranges, even more of a partial batch than of a full one",
+          "[data][loader]") {
+  const Indexed data(20);
+  // Rows 0 and 6 of a full batch of 16; all 4 rows of the final partial batch.
+  auto shard = [](int n) {
+    return n == 16 ? std::vector<std::pair<int, int>>{{0, 1}, {6, 7}} : std::vector<std::pair<int, int>>{{0, n}};
+  };
+  Loader loader(data, {.batch = 16, .shuffle = false, .drop_last = false, .rank = 1, .world_size = 3,
+                       .shard = shard, .threads = 0});
+  Loader whole(data, {.batch = 16, .shuffle = false, .drop_last = false, .threads = 0});
+  const auto mine = run_epoch(loader), all = run_epoch(whole);
+  REQUIRE(mine.size() == 2);
+  CHECK(mine[0].n == 2);
+  CHECK(mine[0].global_n == 16);
+  CHECK(mine[0].indices == std::vector<std::int64_t>{all[0].indices[0], all[0].indices[6]});
+  CHECK(mine[1].n == 4);  // twice the rows this rank takes of a full batch
+  CHECK(mine[1].indices == all[1].indices);
+  // The batch need not divide by world_size when a shard function says who takes what (16 / 3).
+  // A range outside the batch is refused, naming it.
+  Loader bad(data, {.batch = 16, .drop_last = true, .rank = 0, .world_size = 2,
+                    .shard = [](int n) { return std::vector<std::pair<int, int>>{{n - 1, n + 1}}; }, .threads = 0});
+  CHECK_THROWS_WITH(run_epoch(bad), Catch::Contains("rows [15, 17) of a global batch of 16"));
+}
