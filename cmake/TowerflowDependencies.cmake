@@ -89,6 +89,20 @@ if(NOT _tw_cuda STREQUAL "OFF")
   endif()
 endif()
 
+# ---- oneDNN (bf16 CPU kernels; without it bf16 runs emulated) ------------------------------------
+set(TW_HAVE_ONEDNN OFF)
+string(TOUPPER "${TOWERFLOW_ONEDNN}" _tw_onednn)
+if(NOT _tw_onednn STREQUAL "OFF")
+  find_package(dnnl 2 CONFIG QUIET)
+  find_package(OpenMP COMPONENTS CXX QUIET)
+  if(dnnl_FOUND AND OpenMP_CXX_FOUND)
+    set(TW_HAVE_ONEDNN ON)
+  elseif(_tw_onednn STREQUAL "ON")
+    message(FATAL_ERROR "TOWERFLOW_ONEDNN=ON but oneDNN (or OpenMP) was not found. Install it with: "
+                        "sudo apt-get install libdnnl-dev, or configure with -DTOWERFLOW_ONEDNN=OFF.")
+  endif()
+endif()
+
 # ---- MPI -------------------------------------------------------------------------------------
 set(TW_HAVE_MPI OFF)
 string(TOUPPER "${TOWERFLOW_MPI}" _tw_mpi)

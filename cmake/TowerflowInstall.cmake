@@ -79,6 +79,7 @@ endforeach()
 # The package: its dependencies are found again on the user's side (the archives link them).
 set(TW_CONFIG_HAVE_CUDA ${TW_HAVE_CUDA})
 set(TW_CONFIG_HAVE_MPI ${TW_HAVE_MPI})
+set(TW_CONFIG_HAVE_ONEDNN ${TW_HAVE_ONEDNN})
 file(WRITE ${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in [=[
 # towerflow's CMake package. Usage:
 #   find_package(towerflow REQUIRED)
@@ -86,7 +87,7 @@ file(WRITE ${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in [=[
 # towerflow::towerflow brings every archive of the library, its include directory and its
 # dependencies (found here again: Eigen, nlohmann-json, CLI11, libjpeg, libpng, protobuf, Boost's
 # headers, threads, and the
-# CUDA toolkit / MPI when the library was built with them).
+# CUDA toolkit / MPI / oneDNN when the library was built with them).
 @PACKAGE_INIT@
 
 include(CMakeFindDependencyMacro)
@@ -100,11 +101,16 @@ find_dependency(Protobuf)
 find_dependency(Boost)
 set(towerflow_HAVE_CUDA @TW_CONFIG_HAVE_CUDA@)
 set(towerflow_HAVE_MPI @TW_CONFIG_HAVE_MPI@)
+set(towerflow_HAVE_ONEDNN @TW_CONFIG_HAVE_ONEDNN@)
 if(towerflow_HAVE_CUDA)
   find_dependency(CUDAToolkit)
 endif()
 if(towerflow_HAVE_MPI)
   find_dependency(MPI COMPONENTS CXX)
+endif()
+if(towerflow_HAVE_ONEDNN)
+  find_dependency(dnnl CONFIG)
+  find_dependency(OpenMP COMPONENTS CXX)
 endif()
 
 include("${CMAKE_CURRENT_LIST_DIR}/towerflowTargets.cmake")

@@ -16,6 +16,7 @@ packages=(
   libprotobuf-dev protobuf-compiler  # TensorBoard event files (Event and Summary messages)
   libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing
   libopenmpi-dev openmpi-bin  # multi-process runs
+  libdnnl-dev            # oneDNN: bf16 CPU kernels (AVX512-BF16, AMX)
 )
 if [ "${1:-}" = fuzz ]; then
   # clang 16, not Debian 12's default 14: libstdc++'s <source_location> needs clang >= 15.

@@ -472,7 +472,8 @@ std::string Trainer::describe() const {
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
   if (options_.precision == Precision::Bf16)
-    s += "; bf16 convolutions and matrix products (fp32 accumulation; emulated: operands rounded to bf16 for fp32 kernels, slower than fp32)";
+    s += "; bf16 convolutions and matrix products (fp32 accumulation; " +
+         backend_for(devices_.front()).describe_bf16() + ")";
   if (impl_->buffers_synced)
     s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");
   else if (impl_->bn_sync)

@@ -101,7 +101,9 @@ class GpuBackend final : public Backend {
   std::string name() const override { return name_; }
   // Synchronised batch norm's phase kernels are not written for the GPU yet (the base class
   // throws); without them ops.cc soft-places those layers on /cpu:0 or names the option.
-  bool supports(OpKind op) const override { return op != OpKind::kBatchNormSync; }
+  bool supports(OpKind op) const override {
+    return op != OpKind::kBatchNormSync && op != OpKind::kBf16Products;
+  }
 
   // ---- memory ------------------------------------------------------------------------------
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {

@@ -25,6 +25,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::kSoftmaxXent: return "softmax_cross_entropy";
     case OpKind::kTopK: return "top_k";
     case OpKind::kOptimizerUpdate: return "optimizer_update";
+    case OpKind::kBf16Products: return "bf16_products";
   }
   return "?";
 }

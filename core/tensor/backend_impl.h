@@ -54,6 +54,7 @@ enum class OpKind {
   kSoftmaxXent,     // softmax_cross_entropy_*
   kTopK,            // top_k_correct
   kOptimizerUpdate, // sgd_update, adam_update (fused updates over a flat parameter buffer)
+  kBf16Products,    // conv2d_*_bf16, gemm_bf16 (kernels that read bf16 operands themselves)
 };
 std::string_view to_string(OpKind op);
 
@@ -93,6 +94,33 @@ class Backend {
     (void)n, (void)x, (void)y;
     raise<DeviceError>("bf16 precision: no bf16 rounding kernel on ", device(), " (", name(),
                        "); train this device in fp32 (--precision fp32)");
+  }
+
+  // What bf16 precision runs on here, for the start-up block: "emulated (...)" by default.
+  virtual std::string describe_bf16() const {
+    return "emulated: operands rounded to bf16 for the fp32 kernels, slower than fp32";
+  }
+
+  // ---- bf16 products (kBf16Products) -----------------------------------------------------------
+  // The convolutions below and gemm (alpha 1, beta 0) reading their float32 operands as bfloat16
+  // (rounded to nearest even inside the kernel) and accumulating in float32 (core/cpu/bf16.h).
+  // Under bf16 precision ops.cc calls these where supports(kBf16Products); elsewhere it rounds the
+  // operands itself (round_to_bf16) for the float32 kernels. The base class has none.
+  virtual void conv2d_forward_bf16(const cpu::Conv2dShape& s, const float* x, const float* w,
+                                   const float* bias_or_null, float* y) {
+    no_bf16_products("conv2d_forward_bf16");
+  }
+  virtual void conv2d_backward_input_bf16(const cpu::Conv2dShape& s, const float* dy,
+                                          const float* w, float* dx) {
+    no_bf16_products("conv2d_backward_input_bf16");
+  }
+  virtual void conv2d_backward_weight_bf16(const cpu::Conv2dShape& s, const float* x,
+                                           const float* dy, float* dw) {
+    no_bf16_products("conv2d_backward_weight_bf16");
+  }
+  virtual void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
+                         const float* b, int ldb, float* c, int ldc) {
+    no_bf16_products("gemm_bf16");
   }
 
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
@@ -249,6 +277,10 @@ class Backend {
     raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
                        device(), " (", name(), "); use per-tower batch norm on this device, or "
                        "allow_soft_placement = true to run those layers on /cpu:0");
+  }
+  [[noreturn]] void no_bf16_products(std::string_view method) const {
+    raise<DeviceError>(method, ": no kernel that reads bf16 operands on ", device(), " (", name(),
+                       "); bf16 precision rounds the operands for the fp32 kernels here");
   }
   [[noreturn]] void no_optimizer_kernel(std::string_view method) const {
     raise<DeviceError>(method, ": no fused optimizer kernel on ", device(), " (", name(),

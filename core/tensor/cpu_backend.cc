@@ -10,6 +10,7 @@
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/elementwise.h"
+#include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/pool.h"
 #include "core/error.h"
@@ -38,9 +39,12 @@ class CpuBackend final : public Backend {
   // The CPU's optimizer updates are optim/'s host loops (PyTorch's float arithmetic, tested
   // against its fixtures), not backend kernels.
   bool supports(OpKind op) const override {
+    if (op == OpKind::kBf16Products && cpu::active_bf16_kernels() != cpu::Bf16Kernels::OneDnn)
+      return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
     return op != OpKind::kOptimizerUpdate &&
            std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
+  std::string describe_bf16() const override { return cpu::describe_bf16_kernels(); }
   const cpu::CpuContext& context() const { return ctx_; }
 
   // ---- memory ----------------------------------------------------------------------------
@@ -135,6 +139,22 @@ class CpuBackend final : public Backend {
   void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
                               float* dw) override {
     cpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
+  }
+  void conv2d_forward_bf16(const cpu::Conv2dShape& s, const float* x, const float* w,
+                           const float* bias, float* y) override {
+    cpu::conv2d_forward_bf16(ctx_, s, x, w, bias, y);
+  }
+  void conv2d_backward_input_bf16(const cpu::Conv2dShape& s, const float* dy, const float* w,
+                                  float* dx) override {
+    cpu::conv2d_backward_input_bf16(ctx_, s, dy, w, dx);
+  }
+  void conv2d_backward_weight_bf16(const cpu::Conv2dShape& s, const float* x, const float* dy,
+                                   float* dw) override {
+    cpu::conv2d_backward_weight_bf16(ctx_, s, x, dy, dw);
+  }
+  void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
+                 const float* b, int ldb, float* c, int ldc) override {
+    cpu::gemm_bf16(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   }
   void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {
     cpu::conv2d_backward_bias(ctx_, s, dy, db);

@@ -112,14 +112,34 @@ float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(), t.dtype()); }
 
-// An operand of a convolution or matrix product under the thread's precision (precision.h): under
-// bf16 a copy rounded to bfloat16 on its device (not part of the graph: the gradient passes the
-// rounding unchanged), under fp32 the tensor itself.
-Tensor operand(const Tensor& t, bool bf16) {
-  if (!bf16 || !t.defined()) return t;
+// How convolutions and matrix products on device d multiply under the thread's precision
+// (precision.h): in fp32; in bf16 by kernels that read bf16 themselves (the backend's *_bf16,
+// core/cpu/bf16.h); or in bf16 by rounding the operands here for the fp32 kernels.
+enum class Products { Fp32, Bf16Kernels, Bf16Rounded };
+
+Products products_on(const Device& d) {
+  if (current_precision() != Precision::Bf16) return Products::Fp32;
+  return backend_for(d).supports(OpKind::kBf16Products) ? Products::Bf16Kernels
+                                                        : Products::Bf16Rounded;
+}
+
+// An operand of a convolution or matrix product: with Bf16Rounded a copy rounded to bfloat16 on
+// its device (not part of the graph: the gradient passes the rounding unchanged; the copy is what
+// backward keeps), otherwise the tensor itself.
+Tensor operand(const Tensor& t, Products p) {
+  if (p != Products::Bf16Rounded || !t.defined()) return t;
   Tensor r = Tensor::empty(t.shape(), t.device());
   backend_for(t.device()).round_to_bf16(t.numel(), t.data<float>(), r.data<float>());
   return r;
+}
+
+// c = op(a) op(b) (row-major, gemm.h's arguments with alpha 1 and beta 0) as p multiplies.
+void product(Backend& be, Products p, bool trans_a, bool trans_b, int m, int n, int k,
+             const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  if (p == Products::Bf16Kernels)
+    be.gemm_bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  else
+    be.gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
 }
 
 }  // namespace
@@ -157,22 +177,32 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
                       .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
                       .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
-  const bool bf16 = current_precision() == Precision::Bf16;
-  const Tensor xo = operand(x, bf16), wo = operand(w, bf16);
-  backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
+  const Products p = products_on(d);
+  const Tensor xo = operand(x, p), wo = operand(w, p);
+  if (p == Products::Bf16Kernels)
+    backend_for(d).conv2d_forward_bf16(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
+  else
+    backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
     record(y, std::string(kOp), {x, w, bias},
-           [s, xo, wo, bias, bf16, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
+           [s, xo, wo, bias, p, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
-      const Tensor go = operand(g, bf16);
+      const Tensor go = operand(g, p);
+      const bool bf16_kernels = p == Products::Bf16Kernels;
       Tensor dx, dw, db;
       if (need_dx) {
         dx = empty_like(xo);
-        be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
+        if (bf16_kernels)
+          be.conv2d_backward_input_bf16(s, go.data<float>(), wo.data<float>(), dx.data<float>());
+        else
+          be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
       }
       if (need_dw) {
         dw = empty_like(wo);
-        be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
+        if (bf16_kernels)
+          be.conv2d_backward_weight_bf16(s, xo.data<float>(), go.data<float>(), dw.data<float>());
+        else
+          be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
       }
       if (bias.defined() && bias.requires_grad()) {
         db = empty_like(bias);
@@ -237,25 +267,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
             out = static_cast<int>(w.dim(0));
   Tensor y = Tensor::empty({n, out}, d);
   Backend& be = backend_for(d);
-  const bool bf16 = current_precision() == Precision::Bf16;
-  const Tensor xo = operand(x, bf16), wo = operand(w, bf16);
-  be.gemm(false, true, n, out, in, 1.0f, xo.data<float>(), in, wo.data<float>(), in, 0.0f,
+  const Products p = products_on(d);
+  const Tensor xo = operand(x, p), wo = operand(w, p);
+  product(be, p, false, true, n, out, in, xo.data<float>(), in, wo.data<float>(), in,
           y.data<float>(), out);
   if (bias.defined()) be.bias_add(n, out, y.data<float>(), bias.data<float>(), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
     record(y, std::string(kOp), {x, w, bias},
-           [n, in, out, xo, wo, bias, bf16, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
+           [n, in, out, xo, wo, bias, p, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
-      const Tensor go = operand(g, bf16);
+      const Tensor go = operand(g, p);
       Tensor dx, dw, db;
       if (need_dx) {  // dx = g w
         dx = empty_like(xo);
-        be.gemm(false, false, n, in, out, 1.0f, go.data<float>(), out, wo.data<float>(), in, 0.0f,
+        product(be, p, false, false, n, in, out, go.data<float>(), out, wo.data<float>(), in,
                 dx.data<float>(), in);
       }
       if (need_dw) {  // dw = g^T x
         dw = empty_like(wo);
-        be.gemm(true, false, out, in, n, 1.0f, go.data<float>(), out, xo.data<float>(), in, 0.0f,
+        product(be, p, true, false, out, in, n, go.data<float>(), out, xo.data<float>(), in,
                 dw.data<float>(), in);
       }
       if (bias.defined() && bias.requires_grad()) {
@@ -284,24 +314,24 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int m = static_cast<int>(a.dim(0)), k = static_cast<int>(a.dim(1)),
             n = static_cast<int>(b.dim(1));
   Tensor y = Tensor::empty({m, n}, d);
-  const bool bf16 = current_precision() == Precision::Bf16;
-  const Tensor ao = operand(a, bf16), bo = operand(b, bf16);
-  backend_for(d).gemm(false, false, m, n, k, 1.0f, ao.data<float>(), k, bo.data<float>(), n, 0.0f,
-                      y.data<float>(), n);
+  const Products p = products_on(d);
+  const Tensor ao = operand(a, p), bo = operand(b, p);
+  product(backend_for(d), p, false, false, m, n, k, ao.data<float>(), k, bo.data<float>(), n,
+          y.data<float>(), n);
   if (needs_grad({&a, &b})) {
     record(y, std::string(kOp), {a, b},
-           [m, n, k, ao, bo, bf16, need_da = a.requires_grad(), need_db = b.requires_grad()](const Tensor& g) {
+           [m, n, k, ao, bo, p, need_da = a.requires_grad(), need_db = b.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
-      const Tensor go = operand(g, bf16);
+      const Tensor go = operand(g, p);
       Tensor da, db;
       if (need_da) {  // da = g b^T
         da = empty_like(ao);
-        be.gemm(false, true, m, k, n, 1.0f, go.data<float>(), n, bo.data<float>(), n, 0.0f,
+        product(be, p, false, true, m, k, n, go.data<float>(), n, bo.data<float>(), n,
                 da.data<float>(), k);
       }
       if (need_db) {  // db = a^T g
         db = empty_like(bo);
-        be.gemm(true, false, k, n, m, 1.0f, ao.data<float>(), k, go.data<float>(), n, 0.0f,
+        product(be, p, true, false, k, n, m, ao.data<float>(), k, go.data<float>(), n,
                 db.data<float>(), n);
       }
       return std::vector<Tensor>{da, db};

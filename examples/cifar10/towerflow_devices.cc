@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/collectives/process_group.h"
+#include "core/cpu/bf16.h"
 #include "core/cpu/isa.h"
 
 #include "core/error.h"
@@ -69,6 +70,10 @@ nlohmann::ordered_json to_json(const tw::Platform& platform, const tw::ProcessOp
             {"built", built},
             {"supported", supported},
             {"cpu_features", tw::cpu::cpu_features()}}},
+          {"bf16_kernels",
+           {{"kernels", tw::cpu::bf16_kernels_name(tw::cpu::active_bf16_kernels())},
+            {"onednn_isa", tw::cpu::onednn_isa()},
+            {"why", tw::cpu::describe_bf16_kernels()}}},
           {"options",
            {{"summary", tw::to_string(opts)},
             {"allow_soft_placement", opts.allow_soft_placement.value_or(false)},
@@ -121,6 +126,7 @@ void print_text(const tw::Platform& platform, const tw::ProcessOptions& opts,
   for (auto i : tw::cpu::built_isas()) built += (built.empty() ? "" : ", ") + std::string(tw::cpu::isa_name(i));
   std::cout << "CPU kernels (this machine): " << tw::cpu::describe_active_isa() << "; built for " << built
             << "; the CPU has " << tw::cpu::cpu_features() << "\n";
+  std::cout << "bf16 kernels (this machine): " << tw::cpu::describe_bf16_kernels() << "\n";
   std::cout << "Options: " << tw::to_string(opts) << "\n";
   std::cout << "Logical devices:\n";
   for (const auto& d : devices) std::cout << "  " << d.device.full_name() << " -> " << d.description << "\n";

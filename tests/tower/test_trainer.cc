@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "core/cpu/bf16.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
 #include "core/tensor/ops.h"
@@ -311,20 +312,37 @@ TEST_CASE("bad set-ups and batches are refused with the value and the fix", "[to
 TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, different bits", "[tower][bf16]") {
   const int B = 24, K = 20;
   const Data data = make_data(B * K, 12);
-  std::vector<float> fp32_losses, bf16_losses;
+  std::vector<float> fp32_losses;
   const auto fp32 = train(2, {}, data, B, K, &fp32_losses);
-  const auto bf16 = train(2, {.precision = Precision::Bf16}, data, B, K, &bf16_losses);
-  double worst = 0;
-  for (int s = 0; s < K; ++s) worst = std::max(worst, std::abs(double(bf16_losses[s]) - fp32_losses[s]));
-  INFO("largest loss difference over " << K << " steps: " << worst << "; first loss " << fp32_losses[0]
-                                        << ", last " << fp32_losses[K - 1]);
-  CHECK(worst < 0.02);
-  CHECK(fp32_losses[K - 1] < fp32_losses[0]);  // it learns
-  CHECK(bf16_losses[K - 1] < bf16_losses[0]);
-  // Measured on this set-up: losses within 0.004 of fp32's at every step, parameters 4.4% apart
-  // (relative to the largest) after 20 steps of SGD with momentum.
-  CHECK(max_rel_diff(bf16, fp32) > 0);  // bf16 did round something
-  CHECK(max_rel_diff(bf16, fp32) < 0.1);
-  Trainer t(mlp_factory(7), cpus(2), {.precision = Precision::Bf16});
-  CHECK_THAT(t.describe(), Catch::Contains("bf16"));
+  // Every bf16 path this CPU runs: emulated, and oneDNN's kernels where it has JIT bf16 kernels.
+  std::vector<cpu::Bf16Kernels> paths{cpu::Bf16Kernels::Emulated};
+  try {
+    cpu::force_bf16_kernels_for_testing(cpu::Bf16Kernels::OneDnn);
+    paths.push_back(cpu::Bf16Kernels::OneDnn);
+  } catch (const DeviceError& e) {
+    WARN("oneDNN's bf16 kernels are not tested here: " << e.what());
+  }
+  struct Automatic {
+    ~Automatic() { cpu::force_bf16_kernels_for_testing(std::nullopt); }
+  } automatic;
+  for (const cpu::Bf16Kernels path : paths) {
+    cpu::force_bf16_kernels_for_testing(path);
+    INFO("bf16 kernels: " << cpu::describe_bf16_kernels());
+    std::vector<float> bf16_losses;
+    const auto bf16 = train(2, {.precision = Precision::Bf16}, data, B, K, &bf16_losses);
+    double worst = 0;
+    for (int s = 0; s < K; ++s) worst = std::max(worst, std::abs(double(bf16_losses[s]) - fp32_losses[s]));
+    INFO("largest loss difference over " << K << " steps: " << worst << "; first loss " << fp32_losses[0]
+                                          << ", last " << fp32_losses[K - 1]);
+    CHECK(worst < 0.02);
+    CHECK(fp32_losses[K - 1] < fp32_losses[0]);  // it learns
+    CHECK(bf16_losses[K - 1] < bf16_losses[0]);
+    // Measured on this set-up: losses within 0.004 of fp32's at every step, parameters 4.4% apart
+    // (relative to the largest) after 20 steps of SGD with momentum, on either path.
+    CHECK(max_rel_diff(bf16, fp32) > 0);  // bf16 did round something
+    CHECK(max_rel_diff(bf16, fp32) < 0.1);
+    Trainer t(mlp_factory(7), cpus(2), {.precision = Precision::Bf16});
+    CHECK_THAT(t.describe(), Catch::Contains(path == cpu::Bf16Kernels::OneDnn ? "bf16 convolutions and matrix products (fp32 accumulation; oneDNN"
+                                                                              : "bf16 convolutions and matrix products (fp32 accumulation; emulated"));
+  }
 }

@@ -1,0 +1,180 @@
+#include "core/cpu/bf16.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "core/cpu/gemm.h"
+#include "core/cpu/onednn_impl.h"
+#include "core/error.h"
+
+// Note [bf16 kernels]
+// Where the CPU multiplies bf16 in hardware (AVX512-BF16's vdpbf16ps, AMX tiles), oneDNN's JIT
+// kernels read bf16 operands at twice (AVX512-BF16) or many times (AMX) the fp32 rate, so they are
+// the automatic choice there. Without those instructions there are two ways to get bf16 products
+// with fp32 accumulation: oneDNN's JIT kernels emulate the bf16 instructions with AVX-512 integer
+// shuffles, or our fp32 kernels run on operands rounded to bf16 (the emulated path). Measured on a
+// 2-core Intel Xeon @ 2.80GHz (Ice Lake-SP, AVX-512 without BF16), one thread, ResNet-20's layer
+// shapes at batch 64: oneDNN's bf16 convolutions ran at 17-41 GFLOP/s against 36-153 for oneDNN's
+// fp32 ones (2-4x slower), while the emulated path costs one rounding pass over each operand
+// (ResNet-20 trains at 0.79x fp32: docs/tensors-and-models.md). So the emulated path is the
+// automatic choice without bf16 instructions, and TOWERFLOW_BF16_KERNELS=onednn can still ask for
+// oneDNN's kernels there (so that they are tested on every AVX-512 machine).
+
+namespace towerflow::cpu {
+namespace {
+
+std::mutex g_mu;
+std::optional<Bf16Kernels> g_forced;
+
+struct Choice {
+  Bf16Kernels kernels;
+  std::string why;
+};
+
+void require_onednn(std::string_view asked_by) {
+  if (!onednn::built())
+    raise<DeviceError>(asked_by, " asks for oneDNN's bf16 kernels, but this build has no oneDNN; "
+                       "install libdnnl-dev and rebuild (-DTOWERFLOW_ONEDNN=ON), or use emulated");
+  if (!onednn::jit_bf16())
+    raise<DeviceError>(asked_by, " asks for oneDNN's bf16 kernels, but oneDNN has only reference "
+                       "bf16 kernels for this CPU (its instruction set: ", onednn::isa(),
+                       "; bf16 needs AVX-512); use emulated or auto");
+}
+
+Choice choose() {
+  if (const char* env = std::getenv("TOWERFLOW_BF16_KERNELS"); env && *env) {
+    const std::string_view v(env);
+    if (v == "emulated") return {Bf16Kernels::Emulated, "TOWERFLOW_BF16_KERNELS=emulated"};
+    if (v == "onednn") {
+      require_onednn("TOWERFLOW_BF16_KERNELS=onednn");
+      return {Bf16Kernels::OneDnn, "TOWERFLOW_BF16_KERNELS=onednn"};
+    }
+    if (v != "auto")
+      raise<InvalidArgument>("TOWERFLOW_BF16_KERNELS='", v,
+                             "' is not a choice; use auto, onednn or emulated (or unset it)");
+  }
+  if (onednn::built() && onednn::native_bf16()) return {Bf16Kernels::OneDnn, "the best this CPU has"};
+  return {Bf16Kernels::Emulated, onednn::built() ? "this CPU has no AVX512-BF16 or AMX"
+                                                 : "this build has no oneDNN"};
+}
+
+const Choice& choice_locked() {
+  static const Choice c = choose();
+  return c;
+}
+
+// ---- the emulated path: the fp32 kernels on rounded copies ---------------------------------
+
+float round_bf16(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {
+    if (bits & 0x007fffffu) bits = (bits & 0xffff0000u) | 0x00400000u;  // NaN stays NaN
+  } else {
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
+    bits &= 0xffff0000u;
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
+
+// x rounded into one of this thread's two scratch buffers.
+const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int slot) {
+  thread_local std::vector<float> scratch[2];
+  std::vector<float>& buf = scratch[slot];
+  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
+  float* out = buf.data();
+  ctx.parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i) out[i] = round_bf16(x[i]);
+  });
+  return out;
+}
+
+std::int64_t x_size(const Conv2dShape& s) { return std::int64_t(s.n) * s.h * s.w * s.c_in; }
+std::int64_t w_size(const Conv2dShape& s) { return std::int64_t(s.c_out) * s.c_in * s.kh * s.kw; }
+std::int64_t y_size(const Conv2dShape& s) {
+  return std::int64_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+}
+
+bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
+
+}  // namespace
+
+const char* bf16_kernels_name(Bf16Kernels k) {
+  return k == Bf16Kernels::OneDnn ? "onednn" : "emulated";
+}
+
+Bf16Kernels active_bf16_kernels() {
+  std::lock_guard lock(g_mu);
+  return g_forced ? *g_forced : choice_locked().kernels;
+}
+
+std::string onednn_isa() { return onednn::built() ? onednn::isa() : ""; }
+
+std::string describe_bf16_kernels() {
+  std::lock_guard lock(g_mu);
+  const Choice& c = choice_locked();
+  const Bf16Kernels k = g_forced ? *g_forced : c.kernels;
+  const std::string why = g_forced ? std::string("chosen by a test") : c.why;
+  if (k == Bf16Kernels::Emulated)
+    return "emulated (" + why + "): operands rounded to bf16 for the fp32 kernels, slower than fp32";
+  const std::string isa = onednn::isa();
+  const std::string how = isa == "avx512_core_amx"    ? "AMX tiles"
+                          : onednn::native_bf16()     ? "AVX512-BF16 vdpbf16ps"
+                                                      : "bf16 emulated inside oneDNN, slower than fp32";
+  return "oneDNN " + onednn::version() + ", " + isa + " (" + how + "; " + why + ")";
+}
+
+void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k) {
+  if (k == Bf16Kernels::OneDnn) require_onednn("a test");
+  std::lock_guard lock(g_mu);
+  g_forced = k;
+}
+
+void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                         const float* w, const float* bias_or_null, float* y) {
+  s.validate();
+  if (use_onednn() && onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y)) return;
+  const float* xr = rounded(ctx, x, x_size(s), 0);
+  const float* wr = rounded(ctx, w, w_size(s), 1);
+  conv2d_forward_bias(ctx, s, xr, wr, bias_or_null, y);
+}
+
+void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                const float* w, float* dx) {
+  s.validate();
+  if (use_onednn() && onednn::conv2d_backward_input(ctx, s, dy, w, dx)) return;
+  const float* dyr = rounded(ctx, dy, y_size(s), 0);
+  const float* wr = rounded(ctx, w, w_size(s), 1);
+  conv2d_backward_input(ctx, s, dyr, wr, dx);
+}
+
+void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                 const float* dy, float* dw) {
+  s.validate();
+  if (use_onednn() && onednn::conv2d_backward_weight(ctx, s, x, dy, dw)) return;
+  const float* xr = rounded(ctx, x, x_size(s), 0);
+  const float* dyr = rounded(ctx, dy, y_size(s), 1);
+  conv2d_backward_weight(ctx, s, xr, dyr, dw);
+}
+
+void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+               const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  // Empty and invalid problems: gemm's own rules and messages.
+  if (m <= 0 || n <= 0 || k <= 0 || lda < (trans_a ? m : k) || ldb < (trans_b ? k : n) || ldc < n) {
+    gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    return;
+  }
+  if (use_onednn() && onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)) return;
+  // op(a) and op(b) as stored: [m, k] or [k, m] rows of lda; [k, n] or [n, k] rows of ldb.
+  const std::int64_t a_n = std::int64_t(trans_a ? k : m) * lda, b_n = std::int64_t(trans_b ? n : k) * ldb;
+  const float* ar = rounded(ctx, a, a_n - (lda - (trans_a ? m : k)), 0);
+  const float* br = rounded(ctx, b, b_n - (ldb - (trans_b ? k : n)), 1);
+  gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, ar, lda, br, ldb, 0.0f, c, ldc);
+}
+
+}  // namespace towerflow::cpu

@@ -1,0 +1,60 @@
+#pragma once
+// bf16 convolutions and GEMM on the CPU: fp32 operands in memory, read as bfloat16 (rounded to
+// nearest, ties to even, inside the call), products accumulated in fp32, fp32 outputs. So each
+// kernel equals its fp32 twin (conv.h, gemm.h) on bf16-rounded operands, up to the order of the
+// fp32 sums.
+//
+// Which kernels: chosen once, at the first call, from what the CPU has (Note [bf16 kernels]):
+//   onednn    oneDNN's JIT kernels: AMX tiles on CPUs with AMX (Intel Sapphire Rapids and later),
+//             vdpbf16ps on CPUs with AVX512-BF16 (Intel Cooper Lake, AMD Zen 4 and later).
+//             oneDNN picks among them at run time, and requests the AMX permission from Linux.
+//   emulated  the fp32 kernels on rounded copies of the operands: on every CPU, slower than fp32.
+// TOWERFLOW_BF16_KERNELS=auto|onednn|emulated overrides the choice (auto by default): onednn on a
+// CPU without bf16 instructions runs oneDNN's emulation of them (AVX-512 CPUs only; measured
+// slower than the emulated path, Note [bf16 kernels]); emulated runs emulated anywhere. oneDNN's
+// own ONEDNN_MAX_CPU_ISA (e.g. AVX512_CORE_BF16 on an AMX CPU) lowers the instructions it uses.
+//
+// Contract:
+// - The arguments, layouts and overwrite rules of conv.h and gemm.h (alpha = 1, beta = 0).
+// - Work runs on ctx.threads() threads (oneDNN's OpenMP threads on the onednn path); the call
+//   returns when it is done. Unlike the fp32 kernels, oneDNN's weight gradient with more than one
+//   thread may sum in an order that depends on the thread count.
+// - Where oneDNN has only a reference kernel for a problem, that problem runs emulated.
+// - InvalidArgument for a TOWERFLOW_BF16_KERNELS that names no choice; DeviceError for onednn
+//   asked of a build or CPU that cannot run it, naming why and the fix.
+
+#include <optional>
+#include <string>
+
+#include "core/cpu/context.h"
+#include "core/cpu/conv.h"
+
+namespace towerflow::cpu {
+
+enum class Bf16Kernels { Emulated, OneDnn };
+
+const char* bf16_kernels_name(Bf16Kernels k);  // "emulated", "onednn"
+// The choice the bf16 kernels use (the environment is read once, at the first call).
+Bf16Kernels active_bf16_kernels();
+// For the start-up block and towerflow_devices, e.g. "oneDNN 2.6.3, avx512_core_amx (AMX tiles)"
+// or "emulated (this CPU has no AVX512-BF16 or AMX): operands rounded to bf16 for the fp32
+// kernels, slower than fp32".
+std::string describe_bf16_kernels();
+// oneDNN's instruction set on this CPU ("avx512_core_bf16", ...); empty in a build without oneDNN.
+std::string onednn_isa();
+
+// Tests: use these kernels (DeviceError where they cannot run), or nullopt for the automatic
+// choice. Not thread-safe with running kernels.
+void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k);
+
+void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                         const float* w, const float* bias_or_null, float* y);
+void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                const float* w, float* dx);
+void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                 const float* dy, float* dw);
+// c[m, n] = op(a) op(b), row-major (gemm.h's arguments with alpha = 1, beta = 0).
+void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+               const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+
+}  // namespace towerflow::cpu

@@ -1,0 +1,315 @@
+// bf16 convolutions and GEMM through oneDNN (onednn_impl.h).
+//
+// Each problem gets, once per thread, the oneDNN primitive for bf16 sources and weights with fp32
+// outputs, the reorders that convert our fp32 operands into the bf16 layouts it asked for (the
+// rounding is oneDNN's, to nearest even), and those bf16 buffers. Activations stay NHWC, which
+// oneDNN's JIT and AMX kernels read directly; weights go into oneDNN's blocked layout, and the
+// weight gradient comes back out of it into OIHW.
+//
+// Threads: this oneDNN runs on OpenMP. Each calling thread sets its own OpenMP thread count to its
+// device's (one tower thread with one intra-op thread runs oneDNN on itself), and the count is in
+// the cache key, since a primitive is built for the count it was created under.
+#include <omp.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+
+#include "core/cpu/onednn_impl.h"
+#include "core/error.h"
+
+namespace towerflow::cpu::onednn {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+bool is_reference(const char* impl) { return std::string(impl).find("ref") != std::string::npos; }
+
+// A conversion of one operand: user layout (fp32) into the primitive's (bf16), into a buffer of
+// its own.
+struct Conversion {
+  memory::desc user;
+  memory converted;  // owns its buffer
+  dnnl::reorder reorder;
+  bool needed = false;
+
+  Conversion() = default;
+  Conversion(const memory::desc& user_md, const memory::desc& target_md)
+      : user(user_md), converted(target_md, engine()), needed(user_md != target_md) {
+    if (needed) reorder = dnnl::reorder(memory(user_md, engine()), converted);
+  }
+  // The operand at `data` converted (or the user memory itself when no conversion is needed).
+  memory in(dnnl::stream& s, const void* data) {
+    memory m(user, engine(), const_cast<void*>(data));
+    if (!needed) return m;
+    reorder.execute(s, m, converted);
+    return converted;
+  }
+};
+
+struct Problem {
+  bool reference = false;
+  dnnl::primitive primitive;
+  Conversion a, b;  // the two operands
+  // The weight gradient, where oneDNN writes it in a blocked layout: its buffer, and the reorder
+  // into OIHW.
+  memory blocked_result;
+  dnnl::reorder result_out;
+};
+
+enum Kind { kForward, kBackwardInput, kBackwardWeight, kGemm };
+using Key = std::array<int, 16>;
+
+struct ThreadState {
+  dnnl::stream stream{engine()};
+  std::map<Key, Problem> problems;
+};
+
+ThreadState& state(int threads) {
+  thread_local ThreadState t;
+  omp_set_num_threads(threads);
+  return t;
+}
+
+Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias) {
+  return {kind, s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w, s.pad_h,
+          s.pad_w, threads, bias ? 1 : 0, 0, 0};
+}
+
+struct ConvDescs {
+  memory::dims src, weights, dst, bias, strides, pad_l, pad_r;
+  bool valid = true;
+};
+
+ConvDescs conv_descs(const Conv2dShape& s) {
+  ConvDescs d;
+  const int oh = s.out_h(), ow = s.out_w();
+  d.src = {s.n, s.c_in, s.h, s.w};
+  d.weights = {s.c_out, s.c_in, s.kh, s.kw};
+  d.dst = {s.n, s.c_out, oh, ow};
+  d.bias = {s.c_out};
+  d.strides = {s.stride_h, s.stride_w};
+  d.pad_l = {s.pad_h, s.pad_w};
+  // Our output size rounds down; oneDNN wants the right padding that gives it.
+  const int pr_h = (oh - 1) * s.stride_h + s.kh - s.h - s.pad_h;
+  const int pr_w = (ow - 1) * s.stride_w + s.kw - s.w - s.pad_w;
+  d.pad_r = {pr_h, pr_w};
+  d.valid = pr_h >= 0 && pr_w >= 0;
+  return d;
+}
+
+dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias) {
+  const memory::desc src(d.src, dt::bf16, tag::nhwc), wei(d.weights, dt::bf16, tag::any),
+      dst(d.dst, dt::f32, tag::nhwc);
+  const memory::desc bias_md = bias ? memory::desc(d.bias, dt::f32, tag::a) : memory::desc();
+  return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, wei,
+           bias_md, dst, d.strides, d.pad_l, d.pad_r},
+          engine()};
+}
+
+Problem make_forward(const Conv2dShape& s, bool bias) {
+  Problem p;
+  const ConvDescs d = conv_descs(s);
+  if (!d.valid) return Problem{.reference = true};
+  const auto pd = forward_hint(d, bias);
+  if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
+  p.primitive = dnnl::convolution_forward(pd);
+  p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
+  p.b = Conversion(memory::desc(d.weights, dt::f32, tag::oihw), pd.weights_desc());
+  return p;
+}
+
+Problem make_backward_input(const Conv2dShape& s) {
+  Problem p;
+  const ConvDescs d = conv_descs(s);
+  if (!d.valid) return Problem{.reference = true};
+  const memory::desc dsrc(d.src, dt::f32, tag::nhwc), wei(d.weights, dt::bf16, tag::any),
+      ddst(d.dst, dt::bf16, tag::nhwc);
+  const dnnl::convolution_backward_data::primitive_desc pd(
+      {dnnl::algorithm::convolution_direct, dsrc, wei, ddst, d.strides, d.pad_l, d.pad_r},
+      engine(), forward_hint(d, false));
+  if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
+  p.primitive = dnnl::convolution_backward_data(pd);
+  p.a = Conversion(memory::desc(d.dst, dt::f32, tag::nhwc), pd.diff_dst_desc());
+  p.b = Conversion(memory::desc(d.weights, dt::f32, tag::oihw), pd.weights_desc());
+  return p;
+}
+
+Problem make_backward_weight(const Conv2dShape& s) {
+  Problem p;
+  const ConvDescs d = conv_descs(s);
+  if (!d.valid) return Problem{.reference = true};
+  const memory::desc src(d.src, dt::bf16, tag::nhwc), dwei(d.weights, dt::f32, tag::any),
+      ddst(d.dst, dt::bf16, tag::nhwc);
+  const dnnl::convolution_backward_weights::primitive_desc pd(
+      {dnnl::algorithm::convolution_direct, src, dwei, ddst, d.strides, d.pad_l, d.pad_r},
+      engine(), forward_hint(d, false));
+  if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
+  p.primitive = dnnl::convolution_backward_weights(pd);
+  p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
+  p.b = Conversion(memory::desc(d.dst, dt::f32, tag::nhwc), pd.diff_dst_desc());
+  const memory::desc oihw(d.weights, dt::f32, tag::oihw);
+  if (pd.diff_weights_desc() != oihw) {
+    p.blocked_result = memory(pd.diff_weights_desc(), engine());
+    p.result_out = dnnl::reorder(p.blocked_result, memory(oihw, engine()));
+  }
+  return p;
+}
+
+// The problem for key, made once per thread (make may throw dnnl::error for a problem oneDNN
+// rejects: then it is a reference problem too, run emulated).
+template <typename Make>
+Problem& problem(ThreadState& t, const Key& key, Make make) {
+  auto it = t.problems.find(key);
+  if (it == t.problems.end()) {
+    Problem p;
+    try {
+      p = make();
+    } catch (const dnnl::error&) {
+      p = Problem{.reference = true};
+    }
+    it = t.problems.emplace(key, std::move(p)).first;
+  }
+  return it->second;
+}
+
+// oneDNN's status codes become exceptions that name the call.
+template <typename F>
+void checked(const char* what, F f) {
+  try {
+    f();
+  } catch (const dnnl::error& e) {
+    raise<DeviceError>("oneDNN ", what, " failed: ", e.what(), " (status ", int(e.status), ")");
+  }
+}
+
+}  // namespace
+
+bool built() { return true; }
+
+std::string version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
+
+std::string isa() {
+  switch (static_cast<dnnl_cpu_isa_t>(dnnl::get_effective_cpu_isa())) {
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_sse41: return "sse41";
+    default: return "other";
+  }
+}
+
+namespace {
+bool has_bits(dnnl_cpu_isa_t bits) {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  return (isa & static_cast<unsigned>(bits)) == static_cast<unsigned>(bits);
+}
+}  // namespace
+
+bool native_bf16() { return has_bits(dnnl_cpu_isa_avx512_core_bf16); }
+bool jit_bf16() { return has_bits(dnnl_cpu_isa_avx512_core); }
+
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y) {
+  ThreadState& t = state(ctx.threads());
+  const bool bias = bias_or_null != nullptr;
+  Problem& p = problem(t, conv_key(kForward, s, ctx.threads(), bias),
+                       [&] { return make_forward(s, bias); });
+  if (p.reference) return false;
+  checked("bf16 convolution (forward)", [&] {
+    const ConvDescs d = conv_descs(s);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, p.a.in(t.stream, x)},
+        {DNNL_ARG_WEIGHTS, p.b.in(t.stream, w)},
+        {DNNL_ARG_DST, memory(memory::desc(d.dst, dt::f32, tag::nhwc), engine(), y)}};
+    if (bias)
+      args.emplace(DNNL_ARG_BIAS, memory(memory::desc(d.bias, dt::f32, tag::a), engine(),
+                                         const_cast<float*>(bias_or_null)));
+    p.primitive.execute(t.stream, args);
+    t.stream.wait();
+  });
+  return true;
+}
+
+bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  ThreadState& t = state(ctx.threads());
+  Problem& p = problem(t, conv_key(kBackwardInput, s, ctx.threads(), false),
+                       [&] { return make_backward_input(s); });
+  if (p.reference) return false;
+  checked("bf16 convolution (backward input)", [&] {
+    const ConvDescs d = conv_descs(s);
+    p.primitive.execute(t.stream,
+                        {{DNNL_ARG_DIFF_DST, p.a.in(t.stream, dy)},
+                         {DNNL_ARG_WEIGHTS, p.b.in(t.stream, w)},
+                         {DNNL_ARG_DIFF_SRC, memory(memory::desc(d.src, dt::f32, tag::nhwc), engine(), dx)}});
+    t.stream.wait();
+  });
+  return true;
+}
+
+bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw) {
+  ThreadState& t = state(ctx.threads());
+  Problem& p = problem(t, conv_key(kBackwardWeight, s, ctx.threads(), false),
+                       [&] { return make_backward_weight(s); });
+  if (p.reference) return false;
+  checked("bf16 convolution (backward weight)", [&] {
+    const ConvDescs d = conv_descs(s);
+    memory user_dw(memory::desc(d.weights, dt::f32, tag::oihw), engine(), dw);
+    const bool blocked = static_cast<bool>(p.blocked_result);
+    p.primitive.execute(t.stream, {{DNNL_ARG_SRC, p.a.in(t.stream, x)},
+                                   {DNNL_ARG_DIFF_DST, p.b.in(t.stream, dy)},
+                                   {DNNL_ARG_DIFF_WEIGHTS, blocked ? p.blocked_result : user_dw}});
+    if (blocked) p.result_out.execute(t.stream, p.blocked_result, user_dw);
+    t.stream.wait();
+  });
+  return true;
+}
+
+bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc) {
+  ThreadState& t = state(ctx.threads());
+  const Key key{kGemm, m, n, k, lda, ldb, ldc, trans_a, trans_b, ctx.threads(), 0, 0, 0, 0, 0, 0};
+  const memory::desc a_user({m, k}, dt::f32, trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
+  const memory::desc b_user({k, n}, dt::f32, trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+  const memory::desc c_user({m, n}, dt::f32, memory::dims{ldc, 1});
+  Problem& p = problem(t, key, [&] {
+    Problem q;
+    const dnnl::matmul::primitive_desc pd(
+        {memory::desc({m, k}, dt::bf16, tag::ab), memory::desc({k, n}, dt::bf16, tag::ab), c_user},
+        engine());
+    if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
+    q.primitive = dnnl::matmul(pd);
+    q.a = Conversion(a_user, pd.src_desc());
+    q.b = Conversion(b_user, pd.weights_desc());
+    return q;
+  });
+  if (p.reference) return false;
+  checked("bf16 matrix product", [&] {
+    p.primitive.execute(t.stream, {{DNNL_ARG_SRC, p.a.in(t.stream, a)},
+                                   {DNNL_ARG_WEIGHTS, p.b.in(t.stream, b)},
+                                   {DNNL_ARG_DST, memory(c_user, engine(), c)}});
+    t.stream.wait();
+  });
+  return true;
+}
+
+}  // namespace towerflow::cpu::onednn

@@ -1,0 +1,30 @@
+// A build without oneDNN (-DTOWERFLOW_ONEDNN=OFF, or libdnnl-dev not installed): bf16 runs
+// emulated (bf16.cc never calls these kernels, since built() is false).
+#include "core/cpu/onednn_impl.h"
+
+namespace towerflow::cpu::onednn {
+
+bool built() { return false; }
+std::string version() { return ""; }
+std::string isa() { return ""; }
+bool native_bf16() { return false; }
+bool jit_bf16() { return false; }
+
+bool conv2d_forward(const CpuContext&, const Conv2dShape&, const float*, const float*, const float*,
+                    float*) {
+  return false;
+}
+bool conv2d_backward_input(const CpuContext&, const Conv2dShape&, const float*, const float*,
+                           float*) {
+  return false;
+}
+bool conv2d_backward_weight(const CpuContext&, const Conv2dShape&, const float*, const float*,
+                            float*) {
+  return false;
+}
+bool gemm(const CpuContext&, bool, bool, int, int, int, const float*, int, const float*, int,
+          float*, int) {
+  return false;
+}
+
+}  // namespace towerflow::cpu::onednn

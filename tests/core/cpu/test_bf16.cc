@@ -1,0 +1,177 @@
+// The bf16 kernels (core/cpu/bf16.h) on each path this CPU can run -- always the emulated one,
+// and oneDNN's where it has JIT bf16 kernels (AVX-512 and up; run_bf16_on_isa.sh runs this file
+// again with oneDNN held to each lower instruction set) -- against the fp32 kernels on the same
+// bf16-rounded operands (the same products: equal up to the order of the fp32 sums) and on the
+// fp32 operands (within what bf16 rounding implies), for every ResNet-20 and tfcnn layer shape
+// and odd ones.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <optional>
+
+#include "core/cpu/bf16.h"
+#include "core/cpu/gemm.h"
+#include "core/error.h"
+#include "kernel_test_util.h"
+
+using namespace towerflow;
+using namespace towerflow::cpu;
+using testing::compare;
+using testing::random_vector;
+
+namespace {
+
+float round_bf16(float x) {  // an independent rounding: through the top 16 bits, to nearest even
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  const std::uint32_t lsb = (b >> 16) & 1u;
+  b = (b + 0x7fffu + lsb) & 0xffff0000u;
+  std::memcpy(&x, &b, 4);
+  return x;
+}
+
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// The kernels this CPU can run: emulated always, oneDNN where it has JIT bf16 kernels.
+std::vector<Bf16Kernels> runnable_kernels() {
+  std::vector<Bf16Kernels> k{Bf16Kernels::Emulated};
+  try {
+    force_bf16_kernels_for_testing(Bf16Kernels::OneDnn);
+    k.push_back(Bf16Kernels::OneDnn);
+  } catch (const DeviceError& e) {
+    WARN("oneDNN's bf16 kernels are not tested here: " << e.what());
+  }
+  force_bf16_kernels_for_testing(std::nullopt);
+  return k;
+}
+
+struct ForceKernels {
+  explicit ForceKernels(Bf16Kernels k) { force_bf16_kernels_for_testing(k); }
+  ~ForceKernels() { force_bf16_kernels_for_testing(std::nullopt); }
+};
+
+// Same products, summed in another order: the emulated path runs the very fp32 kernel (equal),
+// oneDNN sums in its own order (fp32 rounding of sums of up to a few thousand terms).
+double same_products_tolerance(Bf16Kernels k) { return k == Bf16Kernels::Emulated ? 0.0 : 2e-5; }
+// Against fp32 operands: each operand's relative rounding error is at most 2^-9, so a product's
+// is at most about 2^-8, and sums of products with random signs stay well within 2e-2 of the
+// output's scale (compare() measures relative to |want| + rms(want)).
+constexpr double kBf16Tolerance = 2e-2;
+
+}  // namespace
+
+TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNet-20 and tfcnn shape",
+          "[bf16]") {
+  struct Case {
+    const char* name;
+    Conv2dShape s;
+  };
+  const std::vector<Case> cases = {
+      {"resnet20 conv1 3->16", {.n = 2, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20 16->16", {.n = 2, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20 16->32 stride 2", {.n = 2, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
+      {"resnet20 shortcut 1x1 16->32 stride 2", {.n = 2, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
+      {"resnet20 32->32", {.n = 2, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"resnet20 32->64 stride 2", {.n = 2, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
+      {"resnet20 shortcut 1x1 32->64 stride 2", {.n = 2, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}},
+      {"resnet20 64->64", {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      {"tfcnn conv1 5x5 3->64", {.n = 2, .h = 32, .w = 32, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
+      {"tfcnn conv2 5x5 64->64", {.n = 2, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
+      {"odd 5->7 on 7x9, no padding", {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3}},
+      {"odd 3x2 kernel, stride 2 dropping a column", {.n = 1, .h = 8, .w = 8, .c_in = 6, .c_out = 10, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 2}},
+  };
+  for (const Bf16Kernels k : runnable_kernels()) {
+    const ForceKernels force(k);
+    const CpuContext ctx(1);
+    for (const Case& c : cases) {
+      const Conv2dShape& s = c.s;
+      const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                        yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+      const auto x = random_vector(xn, 1), w = random_vector(wn, 2), dy = random_vector(yn, 3),
+                 bias = random_vector(std::size_t(s.c_out), 4);
+      const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+      std::vector<float> y(yn), dx(xn), dw(wn), ref_y(yn), ref_dx(xn), ref_dw(wn), fp_y(yn), fp_dx(xn), fp_dw(wn);
+      conv2d_forward_bf16(ctx, s, x.data(), w.data(), bias.data(), y.data());
+      conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
+      conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+      conv2d_forward_bias(ctx, s, xr.data(), wr.data(), bias.data(), ref_y.data());
+      conv2d_backward_input(ctx, s, dyr.data(), wr.data(), ref_dx.data());
+      conv2d_backward_weight(ctx, s, xr.data(), dyr.data(), ref_dw.data());
+      conv2d_forward_bias(ctx, s, x.data(), w.data(), bias.data(), fp_y.data());
+      conv2d_backward_input(ctx, s, dy.data(), w.data(), fp_dx.data());
+      conv2d_backward_weight(ctx, s, x.data(), dy.data(), fp_dw.data());
+      INFO(bf16_kernels_name(k) << ": " << c.name << " (" << s.to_string() << ")");
+      const auto ey = compare(y, ref_y), edx = compare(dx, ref_dx), edw = compare(dw, ref_dw);
+      INFO("against fp32 on rounded operands: y " << ey.describe() << "; dx " << edx.describe() << "; dw " << edw.describe());
+      CHECK(ey.max_error <= same_products_tolerance(k));
+      CHECK(edx.max_error <= same_products_tolerance(k));
+      CHECK(edw.max_error <= same_products_tolerance(k));
+      const auto fy = compare(y, fp_y), fdx = compare(dx, fp_dx), fdw = compare(dw, fp_dw);
+      INFO("against fp32 operands: y " << fy.describe() << "; dx " << fdx.describe() << "; dw " << fdw.describe());
+      CHECK(fy.max_error < kBf16Tolerance);
+      CHECK(fdx.max_error < kBf16Tolerance);
+      CHECK(fdw.max_error < kBf16Tolerance);
+      CHECK(fy.max_error > 1e-5);  // the operands were rounded
+    }
+  }
+}
+
+TEST_CASE("bf16 GEMM equals fp32 on bf16-rounded operands, transposed and strided", "[bf16]") {
+  struct Case {
+    const char* name;
+    bool ta, tb;
+    int m, n, k, pad;  // pad: extra floats at the end of every row of a, b and c
+  };
+  const std::vector<Case> cases = {
+      {"resnet20 fc forward 64->10", false, true, 64, 10, 64, 0},
+      {"resnet20 fc dx", false, false, 64, 64, 10, 0},
+      {"resnet20 fc dw", true, false, 10, 64, 64, 0},
+      {"tfcnn fc1 forward 4096->384", false, true, 64, 384, 4096, 0},
+      {"tfcnn fc1 dw", true, false, 384, 4096, 64, 0},
+      {"tfcnn fc2 forward 384->192", false, true, 64, 192, 384, 0},
+      {"odd, both transposed, strided rows", true, true, 13, 11, 17, 3},
+      {"odd, strided rows", false, false, 7, 5, 9, 2},
+  };
+  for (const Bf16Kernels kernels : runnable_kernels()) {
+    const ForceKernels force(kernels);
+    const CpuContext ctx(1);
+    for (const Case& c : cases) {
+      const int a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
+      const int b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
+      const int lda = a_cols + c.pad, ldb = b_cols + c.pad, ldc = c.n + c.pad;
+      const auto a = random_vector(std::size_t(a_rows) * lda, 5), b = random_vector(std::size_t(b_rows) * ldb, 6);
+      const auto ar = rounded(a), br = rounded(b);
+      std::vector<float> out(std::size_t(c.m) * ldc, 7.0f), ref(out.size(), 7.0f), fp(out.size(), 7.0f);
+      gemm_bf16(ctx, c.ta, c.tb, c.m, c.n, c.k, a.data(), lda, b.data(), ldb, out.data(), ldc);
+      gemm(ctx, c.ta, c.tb, c.m, c.n, c.k, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f, ref.data(), ldc);
+      gemm(ctx, c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, fp.data(), ldc);
+      INFO(bf16_kernels_name(kernels) << ": " << c.name);
+      const auto e = compare(out, ref), f = compare(out, fp);
+      INFO("against fp32 on rounded operands: " << e.describe() << "; against fp32 operands: " << f.describe());
+      CHECK(e.max_error <= same_products_tolerance(kernels));
+      CHECK(f.max_error < kBf16Tolerance);
+      CHECK(f.max_error > 1e-6);
+      for (int i = 0; i < c.m; ++i)  // the padding of c's rows is not written
+        for (int j = c.n; j < ldc; ++j) CHECK(out[std::size_t(i) * ldc + j] == 7.0f);
+    }
+  }
+}
+
+TEST_CASE("bf16 kernels: the automatic choice follows the CPU and says so", "[bf16]") {
+  force_bf16_kernels_for_testing(std::nullopt);
+  const std::string isa = onednn_isa();
+  const bool native = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
+  const std::string why = describe_bf16_kernels();
+  INFO("oneDNN's instruction set: '" << isa << "'; " << why);
+  if (std::getenv("TOWERFLOW_BF16_KERNELS")) return;  // a forced choice: the environment's test
+  if (native) {
+    CHECK(active_bf16_kernels() == Bf16Kernels::OneDnn);
+    CHECK_THAT(why, Catch::StartsWith("oneDNN ") && Catch::Contains(isa));
+  } else {
+    CHECK(active_bf16_kernels() == Bf16Kernels::Emulated);
+    CHECK_THAT(why, Catch::StartsWith("emulated") && Catch::Contains("slower than fp32"));
+  }
+}
