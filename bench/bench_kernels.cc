@@ -19,6 +19,10 @@
 //                            products), at --batch on a CpuContext of --threads. counters:
 //                            flop_per_s (2 per multiply-add; 0 for memory-bound ops) and
 //                            byte_per_s (compulsory traffic: each operand read or written once).
+//   kernel_bf16/<model>/<op>/<layer>  the same convolutions and GEMMs through the bf16 kernels
+//                            (core/cpu/bf16.h: fp32 operands read as bf16, fp32 accumulation), with
+//                            the kernels this CPU chooses (TOWERFLOW_BF16_KERNELS=onednn|emulated
+//                            forces one; the context names them). Byte counts are the fp32 ones.
 //
 // Times are wall clock (UseRealTime). The context reports the instruction set the kernels use.
 // The share of the machine each kernel reaches is computed by bench/suite.py from these rows.
@@ -36,6 +40,7 @@
 
 #include "bench/bench_util.h"
 #include "core/cpu/batch_norm.h"
+#include "core/cpu/bf16.h"
 #include "core/cpu/context.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
@@ -223,6 +228,35 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
     });
   }
 
+  // The same convolutions in bf16.
+  for (const auto& cc : towerflow::bench::conv_cases(batch)) {
+    const cpu::Conv2dShape s = cc.s;
+    const double flop = 2.0 * static_cast<double>(s.macs());
+    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
+    const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+    const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+    const double bytes = 4.0 * (nx + ny + nw);
+    const std::string base = "kernel_bf16/" + cc.model + "/";
+    add_kernel(base + "conv_fwd/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 1), w = random_vector(nw, 2);
+      std::vector<float> y(ny);
+      for (auto _ : st) cpu::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
+      set_rates(st, flop, bytes);
+    });
+    add_kernel(base + "conv_bwd_input/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto dy = random_vector(ny, 3), w = random_vector(nw, 2);
+      std::vector<float> dx(nx);
+      for (auto _ : st) cpu::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
+      set_rates(st, flop, bytes);
+    });
+    add_kernel(base + "conv_bwd_weight/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 1), dy = random_vector(ny, 3);
+      std::vector<float> dw(nw);
+      for (auto _ : st) cpu::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+      set_rates(st, flop, bytes);
+    });
+  }
+
   // Batch norm fused with ReLU, as ResNet-20 uses it, at its three widths.
   for (auto [hw, c] : {std::pair{32, 16}, std::pair{16, 32}, std::pair{8, 64}}) {
     const std::int64_t rows = std::int64_t(batch) * hw * hw;
@@ -294,6 +328,13 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
         cpu::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
       set_rates(st, flop, bytes);
     });
+    add_kernel("kernel_bf16/tfcnn/" + g.op + "/fc1 4096->384", [&ctx, g, flop, bytes](benchmark::State& st) {
+      const auto a = random_vector(std::size_t(g.m) * g.k, 10), b = random_vector(std::size_t(g.k) * g.n, 11);
+      std::vector<float> c(std::size_t(g.m) * g.n);
+      const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+      for (auto _ : st) cpu::gemm_bf16(ctx, g.ta, g.tb, g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), g.n);
+      set_rates(st, flop, bytes);
+    });
   }
 }
 
@@ -315,6 +356,7 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("towerflow_kernel_threads", std::to_string(threads));
   benchmark::AddCustomContext("towerflow_batch", std::to_string(batch));
   benchmark::AddCustomContext("cpu_features", cpu::cpu_features());
+  benchmark::AddCustomContext("towerflow_bf16_kernels", cpu::describe_bf16_kernels());
 
   std::vector<int> thread_counts{1};
   if (threads > 1) thread_counts.push_back(threads);

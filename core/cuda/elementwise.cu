@@ -1,6 +1,8 @@
 // Elementwise kernels: fill, relu, add, mul, scale, axpy, bias_add. Grid-stride loops, so any n
 // runs with a bounded grid; 64-bit indices, so tensors past 2^31 elements work.
 
+#include <cuda_bf16.h>
+
 #include "core/cuda/context_impl.h"
 #include "core/cuda/kernels_impl.h"
 #include "core/cuda/ops.h"
@@ -15,6 +17,10 @@ namespace {
 
 __global__ void fill_kernel(std::int64_t n, float value, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = value;
+}
+// __float2bfloat16_rn rounds to nearest even and keeps NaN a NaN (cuda_bf16.h).
+__global__ void round_to_bf16_kernel(std::int64_t n, const float* x, float* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
 }
 __global__ void relu_kernel(std::int64_t n, const float* x, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -58,6 +64,15 @@ void fill(const GpuContext& ctx, std::int64_t n, float value, float* y) {
   const Launch l = launch_for(n);
   fill_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, value, y);
   TW_CUDA_CHECK_LAUNCH("fill_kernel");
+}
+
+void round_to_bf16(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {
+  check_n(n, "round_to_bf16");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  round_to_bf16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, y);
+  TW_CUDA_CHECK_LAUNCH("round_to_bf16_kernel");
 }
 
 void relu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {

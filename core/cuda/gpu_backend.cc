@@ -145,6 +145,13 @@ class GpuBackend final : public Backend {
 
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override { gpu::fill(ctx_, n, value, y); }
+  // bf16 precision on a GPU: the operands rounded here for the fp32 cuDNN and cuBLAS kernels.
+  void round_to_bf16(std::int64_t n, const float* x, float* y) override {
+    gpu::round_to_bf16(ctx_, n, x, y);
+  }
+  std::string describe_bf16() const override {
+    return "emulated: operands rounded to bf16 on the GPU for the fp32 cuDNN and cuBLAS kernels";
+  }
   void add(std::int64_t n, const float* a, const float* b, float* y) override {
     gpu::add(ctx_, n, a, b, y);
   }

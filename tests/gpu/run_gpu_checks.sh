@@ -107,6 +107,19 @@ for reduction in all_reduce bucketed:0.05 parameter_device; do
     python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_$tag.log" "$build/train_cpu_$tag.log"
 done
 
+# bf16 precision: the same run in bf16 on the GPU(s) (operands rounded on the GPU) against the
+# CPU towers' bf16 run, all-reduce only.
+common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
+        --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
+        --reduction all_reduce --precision bf16 --save_every 0 --start_over delete)
+step "cifar10_train bf16 on $gpu_towers ($train_steps steps)" "$build/train_gpu_bf16.log" \
+  "$build/bin/cifar10_train" "${common[@]}" --devices "$gpu_towers" --train_dir "$build/train_gpu_bf16"
+step "cifar10_train bf16 on $cpu_towers ($train_steps steps)" "$build/train_cpu_bf16.log" \
+  "$build/bin/cifar10_train" "${common[@]}" --devices "$cpu_towers" \
+  --device_count "CPU=$ntowers" --train_dir "$build/train_cpu_bf16"
+step "loss curves GPU vs CPU, bf16" "$build/compare_bf16.log" \
+  python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_bf16.log" "$build/train_cpu_bf16.log"
+
 # Across processes: 2 processes x 1 GPU (task-named devices give rank 0 GPU 0 and rank 1 GPU 1),
 # one NCCL communicator over both processes' GPUs, against the same run's 2 CPU towers.
 if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null; then

@@ -346,3 +346,40 @@ TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, diffe
                                                                               : "bf16 convolutions and matrix products (fp32 accumulation; emulated"));
   }
 }
+
+TEST_CASE("bf16: towers, reductions and accumulation train as one tower does in bf16", "[tower][bf16][equivalence]") {
+  // The products round the same rows' operands whatever tower holds them, so splitting the batch
+  // only changes the order of fp32 sums, as in fp32 -- up to the rare operand that those
+  // differences push across a bf16 rounding boundary in a later step.
+  const int B = 24, K = 4;
+  const Data data = make_data(B * K, 2);
+  std::vector<float> ref_losses;
+  const auto reference = train(1, {.precision = Precision::Bf16}, data, B, K, &ref_losses);
+  const auto fp32 = train(1, {}, data, B, K);
+  struct Case {
+    const char* name;
+    int towers;
+    TrainerOptions options;
+  };
+  const std::vector<Case> cases = {
+      {"2 towers, all-reduce", 2, {.reduction = AllReduce{}, .precision = Precision::Bf16}},
+      {"2 towers 3:1, parameter device", 2,
+       {.reduction = ParameterDevice{}, .split = WeightedSplit{{3, 1}}, .precision = Precision::Bf16}},
+      {"4 towers, bucketed (1 KiB buckets)", 4, {.reduction = AllReduce{.bucket_bytes = 1024}, .precision = Precision::Bf16}},
+      {"2 towers, all-reduce, 3 micro-batches", 2,
+       {.reduction = AllReduce{}, .accumulation_steps = 3, .precision = Precision::Bf16}},
+  };
+  const double bf16_vs_fp32 = max_rel_diff(reference, fp32);
+  INFO("one tower, bf16 against fp32: max relative parameter difference " << bf16_vs_fp32);
+  CHECK(bf16_vs_fp32 > 1e-4);  // bf16 is measurably not fp32 here ...
+  for (const Case& c : cases) {
+    std::vector<float> losses;
+    const auto params = train(c.towers, c.options, data, B, K, &losses);
+    const double diff = max_rel_diff(params, reference);
+    INFO(c.name << ": max relative parameter difference to one bf16 tower " << diff);
+    // ... and towers stay as close to it as fp32 towers to one fp32 tower (measured: at most
+    // 8.5e-8 here, against 5.7e-3 between bf16 and fp32).
+    CHECK(diff < 2e-5);
+    for (int s = 0; s < K; ++s) CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-4));
+  }
+}

@@ -48,8 +48,9 @@ struct Setup {
   tw::data::Builtin test{tw::data::Split::Test, {.train_size = 128, .test_size = 64}};
   tw::tower::Trainer trainer;
   tw::optim::Sgd sgd;
-  explicit Setup(tw::nn::ModelFactory factory = mlp_factory(), double lr = 0.02)
-      : trainer(std::move(factory), {tw::Device::cpu(0), tw::Device::cpu(1)}),
+  explicit Setup(tw::nn::ModelFactory factory = mlp_factory(), double lr = 0.02,
+                 tw::tower::TrainerOptions options = {})
+      : trainer(std::move(factory), {tw::Device::cpu(0), tw::Device::cpu(1)}, std::move(options)),
         sgd(trainer.parameters(), {.lr = lr, .momentum = 0.9}) {}
 };
 

@@ -128,16 +128,19 @@ TEST_CASE("a hook stops the run early: final evaluation and checkpoint, and resu
 }
 
 TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[train][fit][resume]") {
+  // In fp32 and in bf16 (bf16 changes the arithmetic of the products, not what a checkpoint holds).
+  const tw::Precision precision = GENERATE(tw::Precision::Fp32, tw::Precision::Bf16);
+  INFO("precision " << tw::to_string(precision));
   fresh_devices();
   TempDir full_dir, crash_dir;
   struct Crash {};
   {
-    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, {.precision = precision});
     MetricsFile metrics(full_dir.path / "metrics.jsonl");
     fit(s.trainer, s.sgd, s.train, &s.test, tiny(full_dir.path), {&metrics});
   }
   {
-    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, {.precision = precision});
     MetricsFile metrics(crash_dir.path / "metrics.jsonl");
     LambdaHook crash;
     crash.step = [](const StepInfo& i) {
@@ -148,7 +151,7 @@ TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit",
   CHECK(steps_in(crash_dir.path) == std::vector<std::int64_t>{3});  // the steps since 3 are lost
   {
     // A fresh trainer whose model starts elsewhere: everything comes from the checkpoint.
-    Setup s(tw::models::factory("tfcnn", {.seed = 2}));
+    Setup s(tw::models::factory("tfcnn", {.seed = 2}), 0.02, {.precision = precision});
     MetricsFile metrics(crash_dir.path / "metrics.jsonl");
     FitOptions o = tiny(crash_dir.path);
     o.resume = true;
