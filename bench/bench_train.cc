@@ -145,8 +145,8 @@ int main(int argc, char** argv) {
   app.add_option("--split_remainder", remainder, "error | spread: a batch the devices do not divide is an error, or spread by largest remainders")
       ->check(CLI::IsMember({"error", "spread"}))->capture_default_str();
   app.add_option("--lr", lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--precision", precision, "fp32 | bf16: convolutions and matrix products on bf16 operands, fp32 accumulation")
-      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_option("--precision", precision, "fp32 | bf16 | fp16: convolutions and matrix products on bf16 or fp16 operands, fp32 accumulation (fp16 with dynamic loss scaling)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
   std::string trace_path;
   app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "

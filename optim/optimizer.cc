@@ -111,6 +111,7 @@ void Optimizer::set_lr(double lr) {
 void Optimizer::set_schedule(LrSchedule schedule) { schedule_ = std::move(schedule); }
 
 void Optimizer::step() {
+  if (params_.skip_step && params_.skip_step()) return;  // ParameterSet::skip_step
   if (schedule_) set_lr(schedule_(step_));
   const double lr = lr_;
   const std::int64_t t = step_ + 1;

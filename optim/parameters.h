@@ -11,6 +11,7 @@
 // trainer allocates them once). for_each_copy(fn) calls fn(i) once for every copy, each on a
 // thread bound to copies[i].device, and returns when all have finished, rethrowing the first
 // exception; when empty, the optimizer runs the copies one after another on the caller's thread.
+// skip_step (optional) is asked at every step, before anything else.
 
 #include <cstddef>
 #include <cstdint>
@@ -40,6 +41,9 @@ struct ParameterSet {
   std::vector<ParameterSlot> slots;
   std::vector<ParameterCopy> copies;
   std::function<void(const std::function<void(int)>&)> for_each_copy;
+  // When set and true, Optimizer::step() applies nothing, keeps its state and does not count the
+  // step: the tower trainer sets it under fp16 for a step whose gradients overflowed.
+  std::function<bool()> skip_step;
 
   std::size_t numel() const { return copies.empty() ? 0 : copies.front().params.size(); }
 

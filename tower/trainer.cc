@@ -4,10 +4,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -196,6 +198,9 @@ struct Trainer::Impl {
   std::vector<std::size_t> bucket_of_param;  // parameter index -> bucket
   std::vector<std::unique_ptr<BucketTracker>> trackers;
 
+  // fp16 only: the dynamic loss scale.
+  std::optional<LossScaler> scaler;
+
   // Per-step scratch, one entry per tower.
   std::vector<double> loss, compute_s, reduce_s, sync_s;
   std::vector<std::int64_t> correct;
@@ -323,6 +328,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     }
   }
   impl_ = std::make_unique<Impl>();
+  if (options_.precision == Precision::Fp16) impl_->scaler.emplace(options_.loss_scale);
   Impl& im = *impl_;
   const int n = towers();
   im.processes = options_.processes ? options_.processes : &collectives::world();
@@ -474,6 +480,9 @@ std::string Trainer::describe() const {
   if (options_.precision == Precision::Bf16)
     s += "; bf16 convolutions and matrix products (fp32 accumulation; " +
          backend_for(devices_.front()).describe_bf16() + ")";
+  if (options_.precision == Precision::Fp16)
+    s += "; fp16 convolutions and matrix products (fp32 accumulation; emulated: operands rounded to fp16 "
+         "for the fp32 kernels, slower than fp32); " + impl_->scaler->describe();
   if (impl_->buffers_synced)
     s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");
   else if (impl_->bn_sync)
@@ -581,8 +590,11 @@ optim::ParameterSet Trainer::parameters() {
     }
     set.for_each_copy = timed([&im](const std::function<void(int)>& fn) { im.workers->run(fn); });
   }
+  if (im.scaler) set.skip_step = [&im] { return im.scaler->last_step_skipped(); };
   return set;
 }
+
+LossScaler* Trainer::loss_scaler() { return impl_->scaler ? &*impl_->scaler : nullptr; }
 
 float Trainer::forward_backward(const data::Batch& batch) { return forward_backward(HostBatch::of(batch)); }
 EvalResult Trainer::evaluate(const data::Batch& batch) { return evaluate(HostBatch::of(batch)); }
@@ -647,7 +659,9 @@ float Trainer::forward_backward(const HostBatch& batch) {
   im.compute_s.assign(n, 0.0);
   im.reduce_s.assign(n, 0.0);
   im.sync_s.assign(n, 0.0);
-  const float scale = static_cast<float>(B);  // Note [Why towers scale loss by B]
+  // Note [Why towers scale loss by B]; under fp16 the loss is multiplied by the loss scale too.
+  const double loss_scale = im.scaler ? im.scaler->scale() : 1.0;
+  const float scale = static_cast<float>(B / loss_scale);
   std::atomic<bool> stop{false};              // set by the first tower that fails
 
   auto tower = [&](int i) {
@@ -806,6 +820,28 @@ float Trainer::forward_backward(const HostBatch& batch) {
     reduction = *std::min_element(im.reduce_s.begin(), im.reduce_s.end());
   }
 
+  // fp16: skip a step whose reduced gradients overflowed, else take the loss scale back out. The
+  // reduced gradients are the same on every tower and process, so all decide alike.
+  bool skipped = false;
+  if (im.scaler) {
+    const trace::Span span("reduction", "loss scale: check and unscale");
+    const Tensor reduced = im.use_pd ? im.master_grads : im.replicas[0]->flat_gradients();
+    const bool finite = std::isfinite(sum(reduced).item());
+    skipped = !im.scaler->update(finite);
+    if (!skipped) {
+      const float inverse = static_cast<float>(1.0 / loss_scale);
+      if (im.use_pd) {
+        backend_for(im.pd).scale(static_cast<std::int64_t>(im.numel), inverse, im.master_grads.data<float>(),
+                                 im.master_grads.data<float>());
+      } else {
+        im.workers->run([&](int i) {
+          const Tensor g = im.replicas[i]->flat_gradients();
+          backend_for(devices_[i]).scale(g.numel(), inverse, g.data<float>(), g.data<float>());
+        });
+      }
+    }
+  }
+
   // Running averages: the sample-weighted mean over towers, identical on every replica. With
   // synchronised batch norm every replica computed the same values from the global statistics
   // already (Note [Synchronised batch norm] in core/tensor/ops.cc).
@@ -833,7 +869,8 @@ float Trainer::forward_backward(const HostBatch& batch) {
     sums[1] += static_cast<double>(im.correct[i]);
   }
   im.processes->all_reduce_sum(std::span<double>(sums));
-  last_ = {.loss = static_cast<float>(sums[0]), .accuracy = sums[1] / B, .rows = B, .split = total_rows};
+  last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / B, .rows = B, .split = total_rows,
+           .loss_scale = loss_scale, .skipped = skipped};
   if (im.bucket_bytes > 0) {
     std::int64_t early = 0;
     for (auto& t : im.trackers) early += t->ready_during_backward();

@@ -55,6 +55,12 @@
 //   are copied to every process, and a set-up that differs between ranks (model, device count,
 //   split, reduction, batch norm, accumulation) raises InvalidArgument on every rank. Between
 //   calls the processes must make the same calls in the same order (they are collectives).
+// - Precision (TrainerOptions::precision): every tower runs its convolutions and matrix products
+//   in it (core/tensor/precision.h). Under fp16 the trainer scales the loss dynamically
+//   (loss_scale.h): the towers' loss is multiplied by the scale, the reduced gradients are
+//   divided by it, and a step whose reduced gradients are not finite is skipped -- the
+//   optimizers over parameters() leave it out (ParameterSet::skip_step) -- and shrinks the scale.
+//   last_step() says whether the step was skipped and the scale it used.
 // - Failure: the first exception in any tower (e.g. OutOfMemory on one device) stops the step:
 //   towers waiting in a collective (the gradient reduction, or a synchronised batch-norm
 //   exchange) are released, every tower stops, and that exception is
@@ -74,6 +80,7 @@
 #include "core/nn/module.h"
 #include "core/tensor/precision.h"
 #include "optim/parameters.h"
+#include "tower/loss_scale.h"
 #include "tower/reduction.h"
 #include "tower/split.h"
 
@@ -99,9 +106,11 @@ struct TrainerOptions {
   int accumulation_steps = 1;  // micro-batches per forward_backward, reduced once
   BatchNormMode batch_norm = BatchNormMode::PerTower;
   float label_smoothing = 0.0f;
-  // Convolutions and matrix products of every tower in bf16 with fp32 accumulation, the rest
-  // in fp32 (core/tensor/precision.h); evaluation too.
+  // Convolutions and matrix products of every tower in bf16 or fp16 with fp32 accumulation, the
+  // rest in fp32 (core/tensor/precision.h); evaluation too.
   Precision precision = Precision::Fp32;
+  // Dynamic loss scaling, applied under fp16 only (loss_scale.h).
+  LossScaleOptions loss_scale;
   // The job's processes; null: collectives::world() (a world of one unless started by mpirun).
   collectives::ProcessGroup* processes = nullptr;
 };
@@ -122,6 +131,8 @@ struct StepMetrics {
   double accuracy = 0;     // top-1 over the global batch, in training mode
   int rows = 0;            // the global batch, over every process
   std::vector<int> split;  // rows per tower of this process (over all micro-batches)
+  double loss_scale = 1;   // the scale the step's loss was multiplied by (fp16; else 1)
+  bool skipped = false;    // fp16: the reduced gradients were not finite; optimizers skip the step
 };
 
 struct EvalResult {
@@ -204,6 +215,10 @@ class Trainer {
 
   const TrainerTimings& timings() const { return timings_; }
   void reset_timings() { timings_ = {}; }
+
+  // fp16's loss scaler (null under fp32 and bf16): its state goes into checkpoints, and a resumed
+  // run loads it back (train/fit.cc).
+  LossScaler* loss_scaler();
 
  private:
   struct Impl;

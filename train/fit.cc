@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <iomanip>
 #include <map>
 #include <random>
 #include <sstream>
@@ -39,6 +40,30 @@ void Hook::stop_training(std::string reason, bool evaluate) {
 }
 
 namespace {
+
+// fp16: the loss scale a checkpoint was written with (its metadata), so that a resumed run goes on
+// with the same scale. A checkpoint of an fp32 or bf16 run has none: the scale starts afresh.
+void restore_loss_scale(tower::LossScaler& scaler, const io::Metadata& meta, const std::string& path) {
+  const auto scale = meta.find("loss_scale");
+  if (scale == meta.end()) {
+    log_info(str("resume: ", path, " holds no loss scale (written by an fp32 or bf16 run); fp16 starts "
+                 "from ", scaler.scale()));
+    return;
+  }
+  auto number = [&](const char* key) -> std::string {
+    const auto it = meta.find(key);
+    return it == meta.end() ? "0" : it->second;
+  };
+  try {
+    scaler.load_state({.scale = std::stod(scale->second),
+                       .good_steps = std::stoll(number("loss_scale_good_steps")),
+                       .skipped_steps = std::stoll(number("loss_scale_skipped_steps"))});
+  } catch (const std::logic_error&) {  // std::stod's invalid_argument / out_of_range
+    raise<DataError>("checkpoint ", path, ": its loss scale metadata ('", scale->second, "', good steps '",
+                     number("loss_scale_good_steps"), "', skipped '", number("loss_scale_skipped_steps"),
+                     "') is not a number; the checkpoint is damaged: resume from an earlier one");
+  }
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -271,6 +296,11 @@ void Loop::save(const TrainingPosition& p, bool final) {
   const trace::Span span("io", "checkpoint");
   auto t0 = Clock::now();
   trainer_.sync();
+  if (const tower::LossScaler* ls = trainer_.loss_scaler()) {  // so that a resumed run goes on alike
+    metadata_["loss_scale"] = str(std::setprecision(17), ls->state().scale);
+    metadata_["loss_scale_good_steps"] = std::to_string(ls->state().good_steps);
+    metadata_["loss_scale_skipped_steps"] = std::to_string(ls->state().skipped_steps);
+  }
   try {
     result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0);
   } catch (const DataError& e) {
@@ -359,6 +389,7 @@ FitResult Loop::run() {
         pos = resumed->position;
         resumed_from = chosen;
         if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
+        if (tower::LossScaler* ls = trainer_.loss_scaler()) restore_loss_scale(*ls, resumed->metadata, chosen);
       } else if (rank0_) {
         log_warning(str("resume: no checkpoint in ", o_.train_dir.string(), "; starting a new run"));
       }
@@ -474,6 +505,10 @@ FitResult Loop::run() {
                       .reduction_s = (now.reduction_seconds - window_timings.reduction_seconds) / n,
                       .optimizer_s = (optimizer_seconds_ - window_optimizer_) / n,
                       .data_wait_s = window_data_wait / n};
+        if (const tower::LossScaler* ls = trainer_.loss_scaler()) {
+          r.loss_scale = ls->scale();
+          r.skipped_steps = ls->state().skipped_steps;
+        }
         each([&](Hook& h) { h.on_log(r); });
         window_loss = window_acc = window_seconds = window_data_wait = 0;
         window_steps = window_images = 0;

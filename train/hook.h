@@ -101,6 +101,10 @@ struct TrainRecord {
   double reduction_s = 0;       // gradient reduction not hidden behind backward
   double optimizer_s = 0;       // the optimizer's update
   double data_wait_s = 0;       // waiting for the loader's next batch
+  // fp16 only (0 otherwise): the loss scale after the record's last step, and the steps skipped
+  // for overflowing gradients since the run began (tower/loss_scale.h).
+  double loss_scale = 0;
+  std::int64_t skipped_steps = 0;
 };
 
 struct EvalRecord {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +54,10 @@ ordered_json json_of(const TrainRecord& r) {
   j["acc"] = round_to(r.acc, 5);
   j["lr"] = round_to(r.lr, 8);
   j["img_per_s"] = round_to(r.img_per_s, 1);
+  if (r.loss_scale > 0) {  // fp16
+    j["loss_scale"] = r.loss_scale;
+    j["skipped_steps"] = r.skipped_steps;
+  }
   return j;
 }
 
@@ -265,6 +271,11 @@ void Reporter::train(const TrainRecord& r) {
                 "epoch %.2f/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  lr %.4g  %.0f img/s  ETA %s", r.epoch,
                 r.epochs, static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
                 100.0 * r.acc, r.lr, r.img_per_s, format_duration(r.eta_s).c_str());
+  if (r.loss_scale > 0) {  // fp16
+    const std::size_t used = std::strlen(line);
+    std::snprintf(line + used, sizeof line - used, "  loss scale %g  skipped %lld", r.loss_scale,
+                  static_cast<long long>(r.skipped_steps));
+  }
   if (live_) {
     // Redraw in place: carriage return, the line, erase what an older, longer line left.
     std::fprintf(options_.out, "\r%s\033[K", line);

@@ -35,6 +35,10 @@ void TensorBoard::on_log(const TrainRecord& r) {
   writer_->scalar("train/accuracy", r.acc, r.step);
   writer_->scalar("train/learning_rate", r.lr, r.step);
   writer_->scalar("train/images_per_second", r.img_per_s, r.step);
+  if (r.loss_scale > 0) {  // fp16
+    writer_->scalar("train/loss_scale", r.loss_scale, r.step);
+    writer_->scalar("train/skipped_steps", static_cast<double>(r.skipped_steps), r.step);
+  }
   writer_->scalar("step_time/total_ms", 1e3 * r.step_s, r.step);
   writer_->scalar("step_time/compute_ms", 1e3 * r.compute_s, r.step);
   writer_->scalar("step_time/reduction_ms", 1e3 * r.reduction_s, r.step);

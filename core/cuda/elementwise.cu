@@ -2,6 +2,7 @@
 // runs with a bounded grid; 64-bit indices, so tensors past 2^31 elements work.
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include "core/cuda/context_impl.h"
 #include "core/cuda/kernels_impl.h"
@@ -21,6 +22,9 @@ __global__ void fill_kernel(std::int64_t n, float value, float* y) {
 // __float2bfloat16_rn rounds to nearest even and keeps NaN a NaN (cuda_bf16.h).
 __global__ void round_to_bf16_kernel(std::int64_t n, const float* x, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+__global__ void round_to_fp16_kernel(std::int64_t n, const float* x, float* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __half2float(__float2half_rn(x[i]));
 }
 __global__ void relu_kernel(std::int64_t n, const float* x, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -73,6 +77,15 @@ void round_to_bf16(const GpuContext& ctx, std::int64_t n, const float* x, float*
   const Launch l = launch_for(n);
   round_to_bf16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, y);
   TW_CUDA_CHECK_LAUNCH("round_to_bf16_kernel");
+}
+
+void round_to_fp16(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {
+  check_n(n, "round_to_fp16");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  round_to_fp16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, y);
+  TW_CUDA_CHECK_LAUNCH("round_to_fp16_kernel");
 }
 
 void relu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {

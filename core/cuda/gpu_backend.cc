@@ -149,6 +149,9 @@ class GpuBackend final : public Backend {
   void round_to_bf16(std::int64_t n, const float* x, float* y) override {
     gpu::round_to_bf16(ctx_, n, x, y);
   }
+  void round_to_fp16(std::int64_t n, const float* x, float* y) override {
+    gpu::round_to_fp16(ctx_, n, x, y);
+  }
   std::string describe_bf16() const override {
     return "emulated: operands rounded to bf16 on the GPU for the fp32 cuDNN and cuBLAS kernels";
   }

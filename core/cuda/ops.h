@@ -137,6 +137,8 @@ void top_k_correct(const GpuContext& ctx, std::int64_t rows, int classes, const 
 void fill(const GpuContext& ctx, std::int64_t n, float value, float* y);
 // y = x rounded to bfloat16 (to nearest, ties to even; NaN and infinities kept), as float.
 void round_to_bf16(const GpuContext& ctx, std::int64_t n, const float* x, float* y);
+// y = x rounded to IEEE half precision (to nearest even; overflow to infinity), as float.
+void round_to_fp16(const GpuContext& ctx, std::int64_t n, const float* x, float* y);
 void relu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y);
 // dx = dy where y > 0, else 0 (y is relu's output). dx may equal dy.
 void relu_backward(const GpuContext& ctx, std::int64_t n, const float* y, const float* dy,

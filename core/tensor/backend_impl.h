@@ -96,6 +96,13 @@ class Backend {
                        "); train this device in fp32 (--precision fp32)");
   }
 
+  // y = x rounded to IEEE half precision, as float32 (precision.h); in place allowed.
+  virtual void round_to_fp16(std::int64_t n, const float* x, float* y) {
+    (void)n, (void)x, (void)y;
+    raise<DeviceError>("fp16 precision: no fp16 rounding kernel on ", device(), " (", name(),
+                       "); train this device in fp32 or bf16 (--precision)");
+  }
+
   // What bf16 precision runs on here, for the start-up block: "emulated (...)" by default.
   virtual std::string describe_bf16() const {
     return "emulated: operands rounded to bf16 for the fp32 kernels, slower than fp32";

@@ -71,6 +71,12 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void round_to_fp16(std::int64_t n, const float* x, float* y) override {
+    each(n, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) y[i] = towerflow::round_to_fp16(x[i]);
+    });
+  }
+
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override {
     each(n, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, value); });

@@ -114,22 +114,29 @@ Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(),
 
 // How convolutions and matrix products on device d multiply under the thread's precision
 // (precision.h): in fp32; in bf16 by kernels that read bf16 themselves (the backend's *_bf16,
-// core/cpu/bf16.h); or in bf16 by rounding the operands here for the fp32 kernels.
-enum class Products { Fp32, Bf16Kernels, Bf16Rounded };
+// core/cpu/bf16.h); or in bf16 or fp16 by rounding the operands here for the fp32 kernels.
+enum class Products { Fp32, Bf16Kernels, Bf16Rounded, Fp16Rounded };
 
 Products products_on(const Device& d) {
-  if (current_precision() != Precision::Bf16) return Products::Fp32;
-  return backend_for(d).supports(OpKind::kBf16Products) ? Products::Bf16Kernels
-                                                        : Products::Bf16Rounded;
+  switch (current_precision()) {
+    case Precision::Bf16:
+      return backend_for(d).supports(OpKind::kBf16Products) ? Products::Bf16Kernels
+                                                            : Products::Bf16Rounded;
+    case Precision::Fp16: return Products::Fp16Rounded;
+    default: return Products::Fp32;
+  }
 }
 
-// An operand of a convolution or matrix product: with Bf16Rounded a copy rounded to bfloat16 on
-// its device (not part of the graph: the gradient passes the rounding unchanged; the copy is what
-// backward keeps), otherwise the tensor itself.
+// An operand of a convolution or matrix product: with Bf16Rounded or Fp16Rounded a copy rounded
+// on its device (not part of the graph: the gradient passes the rounding unchanged; the copy is
+// what backward keeps), otherwise the tensor itself.
 Tensor operand(const Tensor& t, Products p) {
-  if (p != Products::Bf16Rounded || !t.defined()) return t;
+  if ((p != Products::Bf16Rounded && p != Products::Fp16Rounded) || !t.defined()) return t;
   Tensor r = Tensor::empty(t.shape(), t.device());
-  backend_for(t.device()).round_to_bf16(t.numel(), t.data<float>(), r.data<float>());
+  if (p == Products::Bf16Rounded)
+    backend_for(t.device()).round_to_bf16(t.numel(), t.data<float>(), r.data<float>());
+  else
+    backend_for(t.device()).round_to_fp16(t.numel(), t.data<float>(), r.data<float>());
   return r;
 }
 

@@ -1,5 +1,6 @@
 #include "core/tensor/precision.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -13,10 +14,17 @@ thread_local Precision t_precision = Precision::Fp32;
 Precision parse_precision(std::string_view text) {
   if (text == "fp32") return Precision::Fp32;
   if (text == "bf16") return Precision::Bf16;
-  raise<InvalidArgument>("precision '", text, "' is not known; use fp32 or bf16");
+  if (text == "fp16") return Precision::Fp16;
+  raise<InvalidArgument>("precision '", text, "' is not known; use fp32, bf16 or fp16");
 }
 
-std::string to_string(Precision p) { return p == Precision::Bf16 ? "bf16" : "fp32"; }
+std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
+    default: return "fp32";
+  }
+}
 
 Precision current_precision() { return t_precision; }
 
@@ -37,6 +45,39 @@ float round_to_bf16(float x) {
   float out;
   std::memcpy(&out, &bits, sizeof out);
   return out;
+}
+
+float round_to_fp16(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const std::uint32_t sign = bits & 0x80000000u;
+  const std::uint32_t abs = bits & 0x7fffffffu;
+  float out;
+  if (abs >= 0x7f800000u) return x;  // infinity, NaN
+  // The largest half is 65504; values from 65520 (halfway to 2^16) up round to infinity.
+  if (abs >= 0x477ff000u) {
+    bits = sign | 0x7f800000u;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+  }
+  const int exponent = static_cast<int>(abs >> 23) - 127;
+  // Halves keep 10 fraction bits down to 2^-14; below, subnormals have a fixed step of 2^-24.
+  // Round to a multiple of that step: drop (13 + extra) low bits of the float's significand.
+  int drop = 13;
+  if (exponent < -14) drop += -14 - exponent;
+  if (drop > 24) {  // below half of 2^-24: zero (with the sign)
+    bits = sign;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+  }
+  std::uint64_t significand = (abs & 0x007fffffu) | (exponent >= -126 ? 0x00800000u : 0u);
+  const std::uint64_t half = 1ull << (drop - 1), mask = (1ull << drop) - 1;
+  const std::uint64_t low = significand & mask;
+  significand &= ~mask;
+  if (low > half || (low == half && (significand >> drop) & 1u)) significand += 1ull << drop;
+  // Back to a float: significand * 2^(exponent - 23), exact (it has at most 11 significant bits).
+  out = std::ldexp(static_cast<float>(significand), exponent - 23);
+  return sign ? -out : out;
 }
 
 }  // namespace towerflow

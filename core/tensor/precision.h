@@ -15,11 +15,15 @@
 // - The policy is per thread and captured when an op records its backward, so backward uses the
 //   forward's precision whatever thread runs it. tower::Trainer sets it on every tower thread
 //   (TrainerOptions::precision).
-// - How: the operands are rounded by the device's backend (Backend::round_to_bf16) and the
-//   float32 kernels run on them, which gives exactly bf16 products with float32 accumulation.
-//   On a CPU without bf16 instructions this is the emulated path: correct, and slower than fp32
-//   (the rounding is an extra pass over the operands). Kernels that read bf16 directly
-//   (AVX512-BF16, AMX, tensor cores) are not built yet.
+// - Fp16: the same with operands rounded to IEEE half precision (to nearest even; beyond 65504
+//   they become infinite, below 2^-24 zero). Its narrow range needs loss scaling, which
+//   tower::Trainer applies under fp16 (tower/loss_scale.h).
+// - How: where the device's backend has kernels that read bf16 themselves
+//   (supports(OpKind::kBf16Products): oneDNN's on CPUs with AVX512-BF16 or AMX, core/cpu/bf16.h),
+//   they run on the fp32 tensors. Elsewhere the operands are rounded by the backend
+//   (Backend::round_to_bf16 / round_to_fp16) and the float32 kernels run on them, which gives
+//   exactly the same products with float32 accumulation: the emulated path, correct and slower
+//   than fp32 (the rounding is an extra pass over the operands). fp16 is always emulated.
 
 #include <cstdint>
 #include <string>
@@ -27,9 +31,9 @@
 
 namespace towerflow {
 
-enum class Precision { Fp32, Bf16 };
+enum class Precision { Fp32, Bf16, Fp16 };
 
-// "fp32" | "bf16". InvalidArgument naming the value and the choices.
+// "fp32" | "bf16" | "fp16". InvalidArgument naming the value and the choices.
 Precision parse_precision(std::string_view text);
 std::string to_string(Precision p);
 
@@ -49,5 +53,8 @@ class PrecisionScope {
 
 // x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, infinities stay.
 float round_to_bf16(float x);
+// x rounded to the nearest IEEE binary16 value (ties to even, subnormals kept, beyond the largest
+// finite half infinity), as a float; NaN stays NaN.
+float round_to_fp16(float x);
 
 }  // namespace towerflow

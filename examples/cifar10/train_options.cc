@@ -40,7 +40,7 @@ const std::vector<Field>& fields() {
       {"builtin_test_size", &TrainOptions::builtin_test_size, "test images of the built-in dataset", 1, 1e8, "Data"},
       {"cutout", &TrainOptions::cutout, "side in pixels of the square cut out of each training image (0: none; DeVries & Taylor use 16 on CIFAR-10)", 0, 1024, "Data"},
       {"model", &TrainOptions::model, "tfcnn|resnet20|resnet32|resnet44|resnet56|resnet110", 0, 0, "Model"},
-      {"precision", &TrainOptions::precision, "convolutions and matrix products in fp32, or on bf16 operands with fp32 accumulation (the rest stays fp32; without bf16 instructions emulated, slower than fp32)", 0, 0, "Model", "fp32|bf16"},
+      {"precision", &TrainOptions::precision, "convolutions and matrix products in fp32, or on bf16 or fp16 operands with fp32 accumulation (the rest stays fp32; bf16 without bf16 instructions, and fp16 always, emulated: slower than fp32); fp16 scales the loss dynamically", 0, 0, "Model", "fp32|bf16|fp16"},
       {"devices", &TrainOptions::devices, "towers of this process: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1; under mpirun a name with a task (/job:worker/task:1/device:GPU:0) is a device of that rank only", 0, 0, "Devices"},
       {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Devices"},
       {"batch_size", &TrainOptions::batch_size, "global batch, split over the towers", 1, 1 << 24, "Towers"},

@@ -5,6 +5,7 @@
 #include <map>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,19 +129,23 @@ TEST_CASE("a hook stops the run early: final evaluation and checkpoint, and resu
 }
 
 TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit", "[train][fit][resume]") {
-  // In fp32 and in bf16 (bf16 changes the arithmetic of the products, not what a checkpoint holds).
-  const tw::Precision precision = GENERATE(tw::Precision::Fp32, tw::Precision::Bf16);
+  // In fp32, bf16 and fp16 (they change the arithmetic of the products, not what a checkpoint
+  // holds; fp16's loss scale, which grows every 2 good steps here, is restored from the checkpoint).
+  const tw::Precision precision = GENERATE(tw::Precision::Fp32, tw::Precision::Bf16, tw::Precision::Fp16);
   INFO("precision " << tw::to_string(precision));
+  const tw::tower::TrainerOptions options{.precision = precision, .loss_scale = {.initial_scale = 1024, .growth_interval = 2}};
+  std::optional<tw::tower::LossScaleState> full_scale;
   fresh_devices();
   TempDir full_dir, crash_dir;
   struct Crash {};
   {
-    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, {.precision = precision});
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, options);
     MetricsFile metrics(full_dir.path / "metrics.jsonl");
     fit(s.trainer, s.sgd, s.train, &s.test, tiny(full_dir.path), {&metrics});
+    if (auto* ls = s.trainer.loss_scaler()) full_scale = ls->state();
   }
   {
-    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, {.precision = precision});
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}), 0.02, options);
     MetricsFile metrics(crash_dir.path / "metrics.jsonl");
     LambdaHook crash;
     crash.step = [](const StepInfo& i) {
@@ -151,12 +156,20 @@ TEST_CASE("resuming after a crash reproduces the uninterrupted run bit for bit",
   CHECK(steps_in(crash_dir.path) == std::vector<std::int64_t>{3});  // the steps since 3 are lost
   {
     // A fresh trainer whose model starts elsewhere: everything comes from the checkpoint.
-    Setup s(tw::models::factory("tfcnn", {.seed = 2}), 0.02, {.precision = precision});
+    Setup s(tw::models::factory("tfcnn", {.seed = 2}), 0.02, options);
     MetricsFile metrics(crash_dir.path / "metrics.jsonl");
     FitOptions o = tiny(crash_dir.path);
     o.resume = true;
     FitResult r = fit(s.trainer, s.sgd, s.train, &s.test, o, {&metrics});
     CHECK(r.steps == 8);
+    CHECK((s.trainer.loss_scaler() != nullptr) == (precision == tw::Precision::Fp16));
+    if (auto* ls = s.trainer.loss_scaler()) {
+      REQUIRE(full_scale);
+      CHECK(full_scale->scale > 1024);  // it grew: the comparison means something
+      CHECK(ls->state().scale == full_scale->scale);
+      CHECK(ls->state().good_steps == full_scale->good_steps);
+      CHECK(ls->state().skipped_steps == full_scale->skipped_steps);
+    }
   }
   auto a = tensors_of(full_dir.path / "ckpt-0000000008" / kModelFile);
   auto b = tensors_of(crash_dir.path / "ckpt-0000000008" / kModelFile);

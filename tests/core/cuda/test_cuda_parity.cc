@@ -782,7 +782,7 @@ TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]"
   CHECK(relative_l2("resnet20 parameters after SGD", g.params, c.params) < 1e-6);
 }
 
-TEST_CASE("bf16 on the GPU: the rounding equals the CPU's bit for bit, and a ResNet-20 step matches the CPU's bf16 step",
+TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, and a ResNet-20 step matches the CPU's bf16 step",
           "[cuda][bf16]") {
   tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
   // The rounding: ties to even both ways, NaN and infinities kept, overflow to infinity.
@@ -802,6 +802,18 @@ TEST_CASE("bf16 on the GPU: the rounding equals the CPU's bit for bit, and a Res
     if (std::isnan(want) ? !std::isnan(got[i]) : std::memcmp(&want, &got[i], 4) != 0) ++mismatches;
   }
   CHECK(mismatches == 0);
+  // fp16's rounding the same way (overflow to infinity past 65504, subnormals down to 2^-24).
+  for (float extra : {65504.0f, 65519.0f, 65520.0f, 5.9604645e-8f, 2.9802322e-8f, 1e-9f}) v.push_back(extra);
+  const tw::Tensor hv = tw::Tensor::from_host(std::span<const float>(v), {std::int64_t(v.size())}, tw::Device::gpu(0));
+  const tw::Tensor hr = tw::Tensor::empty(hv.shape(), tw::Device::gpu(0));
+  tw::backend_for(tw::Device::gpu(0)).round_to_fp16(hv.numel(), hv.data<float>(), hr.data<float>());
+  const std::vector<float> got16 = hr.to_host();
+  int mismatches16 = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float want = tw::round_to_fp16(v[i]);
+    if (std::isnan(want) ? !std::isnan(got16[i]) : std::memcmp(&want, &got16[i], 4) != 0) ++mismatches16;
+  }
+  CHECK(mismatches16 == 0);
 
   // A training step in bf16: the GPU rounds the same operands as the CPU, so the two differ only
   // by the fp32 kernels' summation order, as in fp32 (the tolerances of the fp32 step above,

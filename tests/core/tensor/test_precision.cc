@@ -89,6 +89,42 @@ TEST_CASE("bf16 rounding: nearest, ties to even, NaN and infinity kept", "[preci
   CHECK(std::signbit(round_to_bf16(-0.0f)));
 }
 
+TEST_CASE("fp16 rounding: the compiler's own float -> _Float16 conversion, bit for bit", "[precision]") {
+#if defined(__FLT16_MAX__)
+  // Every exponent from below the subnormals to beyond the largest half, random significands,
+  // and the edge cases: ties, the overflow threshold, subnormals, NaN, infinities, signed zero.
+  std::vector<float> xs;
+  std::mt19937 rng(5);
+  for (int e = -30; e <= 17; ++e)
+    for (int k = 0; k < 200; ++k) {
+      const float m = 1.0f + std::uniform_real_distribution<float>(0.f, 1.f)(rng);
+      xs.push_back(std::ldexp(m, e) * (k % 2 ? -1.f : 1.f));
+    }
+  for (std::uint32_t b : {0x3f801000u, 0x3f803000u, 0x477fe000u, 0x477ff000u, 0x477fefffu, 0x47800000u,
+                          0x33000000u, 0x33000001u, 0x32ffffffu, 0x387fc000u, 0x38800000u, 0x7f800000u,
+                          0xff800000u, 0x80000000u, 0x00000001u})
+    xs.push_back(from_bits(b));
+  int mismatches = 0;
+  for (float x : xs) {
+    const float want = static_cast<float>(static_cast<_Float16>(x));
+    const float got = round_to_fp16(x);
+    if (bits_of(want) != bits_of(got)) {
+      if (++mismatches <= 5) UNSCOPED_INFO("x " << x << " (0x" << std::hex << bits_of(x) << std::dec << "): got " << got << ", want " << want);
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(std::isnan(round_to_fp16(std::numeric_limits<float>::quiet_NaN())));
+#else
+  // The compiler has no _Float16: the table of IEEE binary16 facts instead.
+  CHECK(round_to_fp16(65504.0f) == 65504.0f);
+  CHECK(std::isinf(round_to_fp16(65520.0f)));
+  CHECK(round_to_fp16(65519.0f) == 65504.0f);
+  CHECK(round_to_fp16(std::ldexp(1.0f, -24)) == std::ldexp(1.0f, -24));
+  CHECK(round_to_fp16(std::ldexp(1.0f, -25)) == 0.0f);
+  CHECK(round_to_fp16(1.0f + std::ldexp(1.0f, -11)) == 1.0f);
+#endif
+}
+
 TEST_CASE("precision scopes nest per thread and parse with a clear error", "[precision]") {
   CHECK(current_precision() == Precision::Fp32);
   {
@@ -103,7 +139,9 @@ TEST_CASE("precision scopes nest per thread and parse with a clear error", "[pre
   CHECK(current_precision() == Precision::Fp32);
   CHECK(parse_precision("bf16") == Precision::Bf16);
   CHECK(to_string(Precision::Bf16) == "bf16");
-  CHECK_THROWS_WITH(parse_precision("fp16"), Catch::Contains("'fp16'") && Catch::Contains("fp32 or bf16"));
+  CHECK(parse_precision("fp16") == Precision::Fp16);
+  CHECK(to_string(Precision::Fp16) == "fp16");
+  CHECK_THROWS_WITH(parse_precision("fp8"), Catch::Contains("'fp8'") && Catch::Contains("fp32, bf16 or fp16"));
 }
 
 TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded operands, forward and backward",
