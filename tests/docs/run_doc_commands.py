@@ -13,7 +13,7 @@ Small data, so that the whole page runs in seconds:
   small sets in the official layout (64 images per file);
 - cifar10_train and scripts/train_resnet20_cifar10.sh run 3 steps (at most; a command that traces
   keeps its own --max_steps) with a built-in set of 512/128 images; cifar10_eval on 128;
-- the benchmarks run two steps or a short time (their length flags are replaced);
+- the benchmarks run two steps or a short time (their length flags are replaced or added);
 - the INI files the pages quote (examples/docs/*.ini) are in the scratch directory.
 
 Not run: a command whose comment says "needs: ..." (a GPU, PyTorch, root, the full dataset, ...);
@@ -89,7 +89,8 @@ def small(cmd):
     # The program, after a launcher (mpirun -np 2 build/bin/cifar10_train ...).
     words = [w for w in cmd.split() if "=" not in w]
     known = ("cifar10_train", "train_resnet20_cifar10.sh", "cifar10_eval", "towerflow_bench_train",
-             "towerflow_bench_allreduce", "towerflow_bench_alloc", "towerflow_bench_data", "bench.sh")
+             "towerflow_bench_allreduce", "towerflow_bench_alloc", "towerflow_bench_data", "towerflow_bench_kernels",
+             "bench.sh")
     name = next((os.path.basename(w) for w in words if os.path.basename(w) in known),
                 os.path.basename(words[0]) if words else "")
     if name in ("cifar10_train", "train_resnet20_cifar10.sh"):
@@ -111,6 +112,8 @@ def small(cmd):
         cmd = set_flag(cmd, "--pairs", "10000")
     elif name == "towerflow_bench_data":
         cmd = set_flag(cmd, "--images", "512")
+    elif name == "towerflow_bench_kernels":
+        cmd = f"{cmd} --benchmark_min_time=0.01"
     elif name == "bench.sh":
         # The suite's smoke run, on the build there is, its report in the scratch directory (not
         # over the reports in bench/results/).
