@@ -455,7 +455,12 @@ FitResult Loop::run() {
             "); training stopped without applying that step. ",
             latest ? str("The last good checkpoint is ", latest->path.string(), " (step ", latest->step, "); ")
                    : std::string("No checkpoint was written yet; "),
-            "lower the learning rate (", optimizer_.lr(), " now), warm it up, or check the data, then ",
+            "lower the learning rate (", optimizer_.lr(), " now), warm it up, or check the data",
+            trainer_.options().precision == Precision::Fp16
+                ? " (under fp16 the forward itself may have overflowed fp16's 65504, which no loss scale "
+                  "fixes: --precision bf16 has fp32's range)"
+                : "",
+            ", then ",
             latest ? "resume from that checkpoint" : "start again");
       }
       {
