@@ -199,7 +199,8 @@ void add_kernel(const std::string& name, Fn fn) {
 }
 
 void register_kernels(const cpu::CpuContext& ctx, int batch) {
-  // Convolutions: forward, backward input, backward weight.
+  // Convolutions: forward, backward input, backward weight; in fp32, then through the bf16 kernels.
+  for (const bool bf16 : {false, true})
   for (const auto& cc : towerflow::bench::conv_cases(batch)) {
     const cpu::Conv2dShape s = cc.s;
     const double flop = 2.0 * static_cast<double>(s.macs());
@@ -207,52 +208,29 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
     const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
     const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
     const double bytes = 4.0 * (nx + ny + nw);
-    const std::string base = "kernel/" + cc.model + "/";
-    add_kernel(base + "conv_fwd/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+    const std::string base = (bf16 ? "kernel_bf16/" : "kernel/") + cc.model + "/";
+    add_kernel(base + "conv_fwd/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes, bf16](benchmark::State& st) {
       const auto x = random_vector(nx, 1), w = random_vector(nw, 2);
       std::vector<float> y(ny);
-      for (auto _ : st) cpu::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
+      for (auto _ : st)
+        bf16 ? cpu::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data())
+             : cpu::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
       set_rates(st, flop, bytes);
     });
-    add_kernel(base + "conv_bwd_input/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+    add_kernel(base + "conv_bwd_input/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes, bf16](benchmark::State& st) {
       const auto dy = random_vector(ny, 3), w = random_vector(nw, 2);
       std::vector<float> dx(nx);
-      for (auto _ : st) cpu::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
+      for (auto _ : st)
+        bf16 ? cpu::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data())
+             : cpu::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
       set_rates(st, flop, bytes);
     });
-    add_kernel(base + "conv_bwd_weight/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
+    add_kernel(base + "conv_bwd_weight/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes, bf16](benchmark::State& st) {
       const auto x = random_vector(nx, 1), dy = random_vector(ny, 3);
       std::vector<float> dw(nw);
-      for (auto _ : st) cpu::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
-      set_rates(st, flop, bytes);
-    });
-  }
-
-  // The same convolutions in bf16.
-  for (const auto& cc : towerflow::bench::conv_cases(batch)) {
-    const cpu::Conv2dShape s = cc.s;
-    const double flop = 2.0 * static_cast<double>(s.macs());
-    const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
-    const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
-    const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
-    const double bytes = 4.0 * (nx + ny + nw);
-    const std::string base = "kernel_bf16/" + cc.model + "/";
-    add_kernel(base + "conv_fwd/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
-      const auto x = random_vector(nx, 1), w = random_vector(nw, 2);
-      std::vector<float> y(ny);
-      for (auto _ : st) cpu::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
-      set_rates(st, flop, bytes);
-    });
-    add_kernel(base + "conv_bwd_input/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
-      const auto dy = random_vector(ny, 3), w = random_vector(nw, 2);
-      std::vector<float> dx(nx);
-      for (auto _ : st) cpu::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
-      set_rates(st, flop, bytes);
-    });
-    add_kernel(base + "conv_bwd_weight/" + cc.layer, [&ctx, s, nx, ny, nw, flop, bytes](benchmark::State& st) {
-      const auto x = random_vector(nx, 1), dy = random_vector(ny, 3);
-      std::vector<float> dw(nw);
-      for (auto _ : st) cpu::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+      for (auto _ : st)
+        bf16 ? cpu::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data())
+             : cpu::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
       set_rates(st, flop, bytes);
     });
   }
@@ -320,21 +298,17 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
                         Gemm{"gemm_bwd_weight", true, false, 384, 4096, batch}}) {
     const double flop = 2.0 * g.m * g.n * g.k;
     const double bytes = 4.0 * (double(g.m) * g.k + double(g.k) * g.n + double(g.m) * g.n);
-    add_kernel("kernel/tfcnn/" + g.op + "/fc1 4096->384", [&ctx, g, flop, bytes](benchmark::State& st) {
-      const auto a = random_vector(std::size_t(g.m) * g.k, 10), b = random_vector(std::size_t(g.k) * g.n, 11);
-      std::vector<float> c(std::size_t(g.m) * g.n);
-      const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-      for (auto _ : st)
-        cpu::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
-      set_rates(st, flop, bytes);
-    });
-    add_kernel("kernel_bf16/tfcnn/" + g.op + "/fc1 4096->384", [&ctx, g, flop, bytes](benchmark::State& st) {
-      const auto a = random_vector(std::size_t(g.m) * g.k, 10), b = random_vector(std::size_t(g.k) * g.n, 11);
-      std::vector<float> c(std::size_t(g.m) * g.n);
-      const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
-      for (auto _ : st) cpu::gemm_bf16(ctx, g.ta, g.tb, g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), g.n);
-      set_rates(st, flop, bytes);
-    });
+    for (const bool bf16 : {false, true})
+      add_kernel((bf16 ? "kernel_bf16/tfcnn/" : "kernel/tfcnn/") + g.op + "/fc1 4096->384",
+                 [&ctx, g, flop, bytes, bf16](benchmark::State& st) {
+        const auto a = random_vector(std::size_t(g.m) * g.k, 10), b = random_vector(std::size_t(g.k) * g.n, 11);
+        std::vector<float> c(std::size_t(g.m) * g.n);
+        const int lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+        for (auto _ : st)
+          bf16 ? cpu::gemm_bf16(ctx, g.ta, g.tb, g.m, g.n, g.k, a.data(), lda, b.data(), ldb, c.data(), g.n)
+               : cpu::gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), g.n);
+        set_rates(st, flop, bytes);
+      });
   }
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <random>
 
+#include "bf16_paths.h"
 #include "core/cpu/bf16.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
@@ -315,16 +316,8 @@ TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, diffe
   std::vector<float> fp32_losses;
   const auto fp32 = train(2, {}, data, B, K, &fp32_losses);
   // Every bf16 path this CPU runs: emulated, and oneDNN's kernels where it has JIT bf16 kernels.
-  std::vector<cpu::Bf16Kernels> paths{cpu::Bf16Kernels::Emulated};
-  try {
-    cpu::force_bf16_kernels_for_testing(cpu::Bf16Kernels::OneDnn);
-    paths.push_back(cpu::Bf16Kernels::OneDnn);
-  } catch (const DeviceError& e) {
-    WARN("oneDNN's bf16 kernels are not tested here: " << e.what());
-  }
-  struct Automatic {
-    ~Automatic() { cpu::force_bf16_kernels_for_testing(std::nullopt); }
-  } automatic;
+  const std::vector<cpu::Bf16Kernels> paths = testing::bf16_paths();
+  const testing::AutomaticBf16Kernels automatic;
   for (const cpu::Bf16Kernels path : paths) {
     cpu::force_bf16_kernels_for_testing(path);
     INFO("bf16 kernels: " << cpu::describe_bf16_kernels());

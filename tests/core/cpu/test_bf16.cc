@@ -12,12 +12,13 @@
 #include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
 #include "core/error.h"
+#include "bf16_paths.h"
 #include "kernel_test_util.h"
 
 using namespace towerflow;
 using namespace towerflow::cpu;
-using testing::compare;
-using testing::random_vector;
+using towerflow::cpu::testing::compare;
+using towerflow::cpu::testing::random_vector;
 
 namespace {
 
@@ -35,22 +36,9 @@ std::vector<float> rounded(std::vector<float> v) {
   return v;
 }
 
-// The kernels this CPU can run: emulated always, oneDNN where it has JIT bf16 kernels.
-std::vector<Bf16Kernels> runnable_kernels() {
-  std::vector<Bf16Kernels> k{Bf16Kernels::Emulated};
-  try {
-    force_bf16_kernels_for_testing(Bf16Kernels::OneDnn);
-    k.push_back(Bf16Kernels::OneDnn);
-  } catch (const DeviceError& e) {
-    WARN("oneDNN's bf16 kernels are not tested here: " << e.what());
-  }
-  force_bf16_kernels_for_testing(std::nullopt);
-  return k;
-}
-
 struct ForceKernels {
   explicit ForceKernels(Bf16Kernels k) { force_bf16_kernels_for_testing(k); }
-  ~ForceKernels() { force_bf16_kernels_for_testing(std::nullopt); }
+  towerflow::testing::AutomaticBf16Kernels automatic;
 };
 
 // Same products, summed in another order: the emulated path runs the very fp32 kernel (equal),
@@ -83,7 +71,7 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       {"odd 5->7 on 7x9, no padding", {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3}},
       {"odd 3x2 kernel, stride 2 dropping a column", {.n = 1, .h = 8, .w = 8, .c_in = 6, .c_out = 10, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 2}},
   };
-  for (const Bf16Kernels k : runnable_kernels()) {
+  for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
     const CpuContext ctx(1);
     for (const Case& c : cases) {
@@ -135,7 +123,7 @@ TEST_CASE("bf16 GEMM equals fp32 on bf16-rounded operands, transposed and stride
       {"odd, both transposed, strided rows", true, true, 13, 11, 17, 3},
       {"odd, strided rows", false, false, 7, 5, 9, 2},
   };
-  for (const Bf16Kernels kernels : runnable_kernels()) {
+  for (const Bf16Kernels kernels : towerflow::testing::bf16_paths()) {
     const ForceKernels force(kernels);
     const CpuContext ctx(1);
     for (const Case& c : cases) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "bf16_paths.h"
 #include "core/cpu/bf16.h"
 #include "core/error.h"
 #include "core/tensor/ops.h"
@@ -170,16 +171,8 @@ TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded oper
   };
   // Every bf16 path this CPU runs: the emulated one (ops.cc rounds the operands), and oneDNN's
   // kernels (the CPU backend's *_bf16) where oneDNN has JIT bf16 kernels for this CPU.
-  std::vector<cpu::Bf16Kernels> paths{cpu::Bf16Kernels::Emulated};
-  try {
-    cpu::force_bf16_kernels_for_testing(cpu::Bf16Kernels::OneDnn);
-    paths.push_back(cpu::Bf16Kernels::OneDnn);
-  } catch (const DeviceError& e) {
-    WARN("oneDNN's bf16 kernels are not tested here: " << e.what());
-  }
-  struct Automatic {  // the automatic choice again afterwards, whatever happens
-    ~Automatic() { cpu::force_bf16_kernels_for_testing(std::nullopt); }
-  } automatic;
+  const std::vector<cpu::Bf16Kernels> paths = testing::bf16_paths();
+  const testing::AutomaticBf16Kernels automatic;
   for (const cpu::Bf16Kernels path : paths)
   for (const Case& c : cases) {
     cpu::force_bf16_kernels_for_testing(path);
