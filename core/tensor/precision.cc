@@ -51,33 +51,23 @@ float round_to_fp16(float x) {
   std::uint32_t bits;
   std::memcpy(&bits, &x, sizeof bits);
   const std::uint32_t sign = bits & 0x80000000u;
-  const std::uint32_t abs = bits & 0x7fffffffu;
-  float out;
+  std::uint32_t abs = bits & 0x7fffffffu;
   if (abs >= 0x7f800000u) return x;  // infinity, NaN
-  // The largest half is 65504; values from 65520 (halfway to 2^16) up round to infinity.
-  if (abs >= 0x477ff000u) {
-    bits = sign | 0x7f800000u;
-    std::memcpy(&out, &bits, sizeof out);
-    return out;
+  if (abs < 0x38800000u) {
+    // Below 2^-14 halves are subnormal, multiples of 2^-24: the float sum with 0.5 (whose ulp is
+    // 2^-24) rounds to that grid, to nearest even, and subtracting 0.5 again is exact.
+    const float r = (std::fabs(x) + 0.5f) - 0.5f;
+    return std::copysign(r, x);
   }
-  const int exponent = static_cast<int>(abs >> 23) - 127;
-  // Halves keep 10 fraction bits down to 2^-14; below, subnormals have a fixed step of 2^-24.
-  // Round to a multiple of that step: drop (13 + extra) low bits of the float's significand.
-  int drop = 13;
-  if (exponent < -14) drop += -14 - exponent;
-  if (drop > 24) {  // below half of 2^-24: zero (with the sign)
-    bits = sign;
-    std::memcpy(&out, &bits, sizeof out);
-    return out;
-  }
-  std::uint64_t significand = (abs & 0x007fffffu) | (exponent >= -126 ? 0x00800000u : 0u);
-  const std::uint64_t half = 1ull << (drop - 1), mask = (1ull << drop) - 1;
-  const std::uint64_t low = significand & mask;
-  significand &= ~mask;
-  if (low > half || (low == half && (significand >> drop) & 1u)) significand += 1ull << drop;
-  // Back to a float: significand * 2^(exponent - 23), exact (it has at most 11 significant bits).
-  out = std::ldexp(static_cast<float>(significand), exponent - 23);
-  return sign ? -out : out;
+  // Normal halves keep 10 of the float's 23 fraction bits: round the other 13 away, to nearest
+  // even (a carry into the exponent is right). From 65520 up the result is 2^16: infinity.
+  abs += 0xfffu + ((abs >> 13) & 1u);
+  abs &= 0xffffe000u;
+  if (abs >= 0x47800000u) abs = 0x7f800000u;
+  bits = sign | abs;
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
 }
 
 }  // namespace towerflow
