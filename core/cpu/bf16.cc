@@ -1,5 +1,6 @@
 #include "core/cpu/bf16.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -68,20 +69,6 @@ const Choice& choice_locked() {
 
 // ---- the emulated path: the fp32 kernels on rounded copies ---------------------------------
 
-float round_bf16(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u) {
-    if (bits & 0x007fffffu) bits = (bits & 0xffff0000u) | 0x00400000u;  // NaN stays NaN
-  } else {
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // to nearest, ties to even
-    bits &= 0xffff0000u;
-  }
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
-
 // x rounded into one of this thread's two scratch buffers.
 const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int slot) {
   thread_local std::vector<float> scratch[2];
@@ -89,7 +76,7 @@ const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int 
   if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
   float* out = buf.data();
   ctx.parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) out[i] = round_bf16(x[i]);
+    for (std::int64_t i = b; i < e; ++i) out[i] = round_to_bf16(x[i]);
   });
   return out;
 }
@@ -103,6 +90,22 @@ std::int64_t y_size(const Conv2dShape& s) {
 bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
 
 }  // namespace
+
+float round_to_bf16(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u) {
+    // Infinity: its low bits are zero already. NaN: truncated, with the quiet bit set so that it
+    // stays a NaN whatever payload it had.
+    if (bits & 0x007fffffu) bits = (bits & 0xffff0000u) | 0x00400000u;
+  } else {
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+    bits &= 0xffff0000u;
+  }
+  float out;
+  std::memcpy(&out, &bits, sizeof out);
+  return out;
+}
 
 const char* bf16_kernels_name(Bf16Kernels k) {
   return k == Bf16Kernels::OneDnn ? "onednn" : "emulated";

@@ -33,6 +33,10 @@ namespace towerflow::cpu {
 
 enum class Bf16Kernels { Emulated, OneDnn };
 
+// x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, infinities stay
+// (towerflow::round_to_bf16 of core/tensor/precision.h).
+float round_to_bf16(float x);
+
 const char* bf16_kernels_name(Bf16Kernels k);  // "emulated", "onednn"
 // The choice the bf16 kernels use (the environment is read once, at the first call).
 Bf16Kernels active_bf16_kernels();

@@ -39,14 +39,16 @@ bool is_reference(const char* impl) { return std::string(impl).find("ref") != st
 // its own.
 struct Conversion {
   memory::desc user;
-  memory converted;  // owns its buffer
+  memory converted;  // owns its buffer (only where needed)
   dnnl::reorder reorder;
   bool needed = false;
 
   Conversion() = default;
   Conversion(const memory::desc& user_md, const memory::desc& target_md)
-      : user(user_md), converted(target_md, engine()), needed(user_md != target_md) {
-    if (needed) reorder = dnnl::reorder(memory(user_md, engine()), converted);
+      : user(user_md), needed(user_md != target_md) {
+    if (!needed) return;
+    converted = memory(target_md, engine());
+    reorder = dnnl::reorder(memory(user_md, engine()), converted);
   }
   // The operand at `data` converted (or the user memory itself when no conversion is needed).
   memory in(dnnl::stream& s, const void* data) {

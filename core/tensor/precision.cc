@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/cpu/bf16.h"
 #include "core/error.h"
 
 namespace towerflow {
@@ -31,21 +32,7 @@ Precision current_precision() { return t_precision; }
 PrecisionScope::PrecisionScope(Precision p) : previous_(t_precision) { t_precision = p; }
 PrecisionScope::~PrecisionScope() { t_precision = previous_; }
 
-float round_to_bf16(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u) {
-    // Infinity: its low bits are zero already. NaN: truncated, with the quiet bit set so that it
-    // stays a NaN whatever payload it had.
-    if (bits & 0x007fffffu) bits = (bits & 0xffff0000u) | 0x00400000u;
-  } else {
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-    bits &= 0xffff0000u;
-  }
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
+float round_to_bf16(float x) { return cpu::round_to_bf16(x); }
 
 float round_to_fp16(float x) {
   std::uint32_t bits;

@@ -355,6 +355,24 @@ TEST_CASE("out of memory in a step reports every allocator and leaves the model 
   fresh_devices();
 }
 
+TEST_CASE("resuming fp16 from a checkpoint whose loss scale metadata is damaged names it and refuses", "[train][fit][resume]") {
+  fresh_devices();
+  TempDir dir;
+  const tw::tower::TrainerOptions fp16{.precision = tw::Precision::Fp16};
+  {
+    Setup s(mlp_factory(), 0.02, fp16);
+    tw::io::CheckpointDir d(dir.path);
+    save_checkpoint(d, s.trainer.model(), s.sgd, {.step = 1, .epoch = 0, .step_in_epoch = 1},
+                    {{"loss_scale", "lots"}, {"loss_scale_good_steps", "3"}}, 0);
+  }
+  Setup s(mlp_factory(), 0.02, fp16);
+  FitOptions o = tiny(dir.path);
+  o.resume = true;
+  CHECK_THROWS_WITH(fit(s.trainer, s.sgd, s.train, &s.test, o, {}),
+                    Catch::Contains("ckpt-0000000001") && Catch::Contains("loss scale metadata ('lots'") &&
+                        Catch::Contains("resume from an earlier one"));
+}
+
 TEST_CASE("TensorBoard event files of a crashed and resumed run read as one continuous run", "[train][fit][tensorboard]") {
   // With TOWERFLOW_TB_DIR set (tests/train/check_tensorboard.py), the files and the curve they must
   // show are left there for TensorBoard's own reader; else in a temporary directory.
