@@ -1,5 +1,8 @@
 // GPU op benchmark: ResNet-20's convolutions and batch norms and tfcnn's pooling and largest GEMM
-// at batch 128 on one GPU, plus the loss and an SGD update over ResNet-20's parameter count.
+// at batch 128 on one GPU, plus the loss and an SGD update over ResNet-20's parameter count. The
+// convolutions and the GEMM also run in bf16 and fp16 on tensor cores (rows *_bf16, *_fp16, where
+// the GPU has them; their check column is against the fp32 CPU result, so it shows the 16-bit
+// rounding).
 //
 //   towerflow_bench_gpu_ops [--device N] [--batch B] [--reps R] [--json] [--filter TEXT]
 //
@@ -161,40 +164,63 @@ int main(int argc, char** argv) {
       std::function<void()> gpu_call;
       std::function<std::vector<float>()> check;
     };
-    const Kind kinds[] = {
-        {"conv2d_forward",
-         [&] { gpu::conv2d_forward(b.ctx(), s, gx.as<float>(), gw.as<float>(), gy.as<float>()); },
-         [&] {
-           std::vector<float> ref(ny);
-           cpu::conv2d_forward(b.cpu(), s, x.data(), w.data(), ref.data());
-           return std::vector<float>{float(max_rel_err(b.download(gy, ny), ref))};
-         }},
-        {"conv2d_backward_input",
-         [&] {
-           gpu::conv2d_backward_input(b.ctx(), s, gdy.as<float>(), gw.as<float>(), gdx.as<float>());
-         },
-         [&] {
-           std::vector<float> ref(nx);
-           cpu::conv2d_backward_input(b.cpu(), s, dy.data(), w.data(), ref.data());
-           return std::vector<float>{float(max_rel_err(b.download(gdx, nx), ref))};
-         }},
-        {"conv2d_backward_weight",
-         [&] {
-           gpu::conv2d_backward_weight(b.ctx(), s, gx.as<float>(), gdy.as<float>(), gdw.as<float>());
-         },
-         [&] {
-           std::vector<float> ref(nw);
-           cpu::conv2d_backward_weight(b.cpu(), s, x.data(), dy.data(), ref.data());
-           return std::vector<float>{float(max_rel_err(b.download(gdw, nw), ref))};
-         }},
-    };
-    for (const auto& k : kinds) {
-      if (!wanted(k.name)) continue;
-      Row r{.op = k.name, .shape = s.to_string()};
-      std::tie(r.median_ms, r.min_ms) = b.time(k.gpu_call);
-      r.gflops = gflop / (r.median_ms * 1e-3);
-      r.max_rel_err = k.check()[0];
-      rows.push_back(r);
+    // fp32, then bf16 and fp16 on tensor cores (conv2d_*_half), checked against the CPU's fp32.
+    for (const char* type : {"", "_bf16", "_fp16"}) {
+      const bool half = type[0] != '\0';
+      const gpu::Half t = std::string(type) == "_fp16" ? gpu::Half::Fp16 : gpu::Half::Bf16;
+      if (half && !gpu::half_products_supported(b.ctx(), t)) continue;
+      const Kind kinds[] = {
+          {"conv2d_forward",
+           [&] {
+             if (half)
+               gpu::conv2d_forward_half(b.ctx(), t, s, gx.as<float>(), gw.as<float>(),
+                                        gy.as<float>());
+             else
+               gpu::conv2d_forward(b.ctx(), s, gx.as<float>(), gw.as<float>(), gy.as<float>());
+           },
+           [&] {
+             std::vector<float> ref(ny);
+             cpu::conv2d_forward(b.cpu(), s, x.data(), w.data(), ref.data());
+             return std::vector<float>{float(max_rel_err(b.download(gy, ny), ref))};
+           }},
+          {"conv2d_backward_input",
+           [&] {
+             if (half)
+               gpu::conv2d_backward_input_half(b.ctx(), t, s, gdy.as<float>(), gw.as<float>(),
+                                               gdx.as<float>());
+             else
+               gpu::conv2d_backward_input(b.ctx(), s, gdy.as<float>(), gw.as<float>(),
+                                          gdx.as<float>());
+           },
+           [&] {
+             std::vector<float> ref(nx);
+             cpu::conv2d_backward_input(b.cpu(), s, dy.data(), w.data(), ref.data());
+             return std::vector<float>{float(max_rel_err(b.download(gdx, nx), ref))};
+           }},
+          {"conv2d_backward_weight",
+           [&] {
+             if (half)
+               gpu::conv2d_backward_weight_half(b.ctx(), t, s, gx.as<float>(), gdy.as<float>(),
+                                                gdw.as<float>());
+             else
+               gpu::conv2d_backward_weight(b.ctx(), s, gx.as<float>(), gdy.as<float>(),
+                                           gdw.as<float>());
+           },
+           [&] {
+             std::vector<float> ref(nw);
+             cpu::conv2d_backward_weight(b.cpu(), s, x.data(), dy.data(), ref.data());
+             return std::vector<float>{float(max_rel_err(b.download(gdw, nw), ref))};
+           }},
+      };
+      for (const auto& k : kinds) {
+        const std::string op = std::string(k.name) + type;
+        if (!wanted(op)) continue;
+        Row r{.op = op, .shape = s.to_string()};
+        std::tie(r.median_ms, r.min_ms) = b.time(k.gpu_call);
+        r.gflops = gflop / (r.median_ms * 1e-3);
+        r.max_rel_err = k.check()[0];
+        rows.push_back(r);
+      }
     }
   }
 
@@ -270,6 +296,17 @@ int main(int argc, char** argv) {
     cpu::gemm(b.cpu(), false, true, m, n, k, 1.0f, a.data(), k, w.data(), k, 0.0f, ref.data(), n);
     r.max_rel_err = max_rel_err(b.download(gc, ref.size()), ref);
     rows.push_back(r);
+    for (const gpu::Half t : {gpu::Half::Bf16, gpu::Half::Fp16}) {
+      if (!gpu::half_products_supported(b.ctx(), t)) continue;
+      Row h{.op = std::string("gemm_") + gpu::to_string(t) + " (x * W^T)", .shape = r.shape};
+      std::tie(h.median_ms, h.min_ms) = b.time([&] {
+        gpu::gemm_half(b.ctx(), t, false, true, m, n, k, ga.as<float>(), k, gw.as<float>(), k,
+                       gc.as<float>(), n);
+      });
+      h.gflops = 2.0 * m * n * k * 1e-9 / (h.median_ms * 1e-3);
+      h.max_rel_err = max_rel_err(b.download(gc, ref.size()), ref);
+      rows.push_back(h);
+    }
   }
   if (wanted("sgd_update")) {
     const std::size_t n = 272474;  // ResNet-20's parameter count (10 classes)

@@ -7,7 +7,7 @@
 //
 //   peak/fp32_fma/<isa>      an FMA loop per instruction set the CPU can run (baseline: SSE
 //                            multiply + add, avx2: 256-bit FMA, avx512: 512-bit FMA), on 1 and on
-//                            N threads. counters: flop_per_s. See Note [The peak loop].
+//                            N threads. counters: flop_per_s. See Note [The peak loop] (bench/peak.cc).
 //   peak/bf16_dot/avx512bf16 VDPBF16PS (bf16 pairs into fp32), only where the CPU has AVX512-BF16.
 //   mem/copy, mem/triad      STREAM's copy (b = a) and triad (a = b + s*c) over arrays of
 //                            --bandwidth_mib each, split over 1 and N threads. counters:
@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/peak.h"
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/bf16.h"
 #include "core/cpu/context.h"
@@ -48,101 +49,12 @@
 #include "core/cpu/pool.h"
 
 namespace cpu = towerflow::cpu;
+using towerflow::bench::kPeakIters;
+using towerflow::bench::PeakLoop;
+using towerflow::bench::peak_loops;
 using towerflow::bench::random_vector;
 
 namespace {
-
-// Note [The peak loop]
-// The peak is what the cores' vector units can retire: kAcc independent accumulators, each
-// updated by acc = acc * a + b, so that the FMA latency (4 cycles on current cores) times the FMA
-// ports (2) is covered and the loop runs at one FMA per port per cycle. Each function is compiled
-// for its own instruction set with a target attribute and called only when the CPU (and the OS,
-// for the wide registers) supports it, so the binary runs on any x86-64 and never assumes the
-// instructions of the machine it was built on. a and b keep the accumulators finite.
-constexpr int kAcc = 12;
-constexpr std::int64_t kPeakIters = 1 << 14;  // per call: ~100 us at 2 FMA ports
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) float peak_sse(std::int64_t iters) {
-  __m128 acc[kAcc];
-  for (int j = 0; j < kAcc; ++j) acc[j] = _mm_set1_ps(0.001f * j);
-  const __m128 a = _mm_set1_ps(0.999999f), b = _mm_set1_ps(1e-7f);
-  for (std::int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kAcc; ++j) acc[j] = _mm_add_ps(_mm_mul_ps(acc[j], a), b);
-  __m128 s = acc[0];
-  for (int j = 1; j < kAcc; ++j) s = _mm_add_ps(s, acc[j]);
-  return _mm_cvtss_f32(s);
-}
-
-__attribute__((target("avx2,fma"))) float peak_avx2(std::int64_t iters) {
-  __m256 acc[kAcc];
-  for (int j = 0; j < kAcc; ++j) acc[j] = _mm256_set1_ps(0.001f * j);
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (std::int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kAcc; ++j) acc[j] = _mm256_fmadd_ps(acc[j], a, b);
-  __m256 s = acc[0];
-  for (int j = 1; j < kAcc; ++j) s = _mm256_add_ps(s, acc[j]);
-  return _mm256_cvtss_f32(s);
-}
-
-__attribute__((target("avx512f"))) float peak_avx512(std::int64_t iters) {
-  __m512 acc[kAcc];
-  for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
-  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
-  for (std::int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_fmadd_ps(acc[j], a, b);
-  __m512 s = acc[0];
-  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, acc[j]);  // every accumulator stays live
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  return lanes[0] + lanes[15];
-}
-
-// VDPBF16PS: per 32-bit lane, two bf16 products added to an fp32 accumulator (4 FLOPs per lane).
-__attribute__((target("avx512f,avx512bf16"))) float peak_avx512bf16(std::int64_t iters) {
-  __m512 acc[kAcc];
-  for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_set1_ps(0.001f * j);
-  const __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80);  // 1.0 in bf16
-  const __m512bh b = (__m512bh)_mm512_set1_epi16(0x3380);  // ~6e-8 in bf16
-  for (std::int64_t i = 0; i < iters; ++i)
-#pragma GCC unroll 12
-    for (int j = 0; j < kAcc; ++j) acc[j] = _mm512_dpbf16_ps(acc[j], a, b);
-  __m512 s = acc[0];
-  for (int j = 1; j < kAcc; ++j) s = _mm512_add_ps(s, acc[j]);  // every accumulator stays live
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, s);
-  return lanes[0] + lanes[15];
-}
-#endif
-
-struct PeakLoop {
-  std::string name;            // peak/<kind>/<isa>
-  float (*fn)(std::int64_t);
-  double flop_per_iter;        // FLOPs of one iteration over all accumulators
-};
-
-std::vector<PeakLoop> peak_loops() {
-  std::vector<PeakLoop> out;
-#if defined(__x86_64__)
-  for (cpu::Isa isa : cpu::supported_isas()) {
-    switch (isa) {
-      case cpu::Isa::Baseline: out.push_back({"peak/fp32_fma/baseline", peak_sse, kAcc * 4 * 2.0}); break;
-      case cpu::Isa::Avx2: out.push_back({"peak/fp32_fma/avx2", peak_avx2, kAcc * 8 * 2.0}); break;
-      case cpu::Isa::Avx512:
-        out.push_back({"peak/fp32_fma/avx512", peak_avx512, kAcc * 16 * 2.0});
-        // The OS saves the 512-bit state (supported_isas checked XGETBV); the CPU must have BF16.
-        if (__builtin_cpu_supports("avx512bf16"))
-          out.push_back({"peak/bf16_dot/avx512bf16", peak_avx512bf16, kAcc * 16 * 4.0});
-        break;
-      default: break;
-    }
-  }
-#endif
-  return out;
-}
 
 void run_peak(benchmark::State& state, const PeakLoop& loop) {
   float sink = 0;

@@ -1,12 +1,21 @@
 // Per-op CPU kernel benchmark: every convolution of ResNet-20 and tfcnn at batch 128 (forward,
 // backward input, backward weight), their batch norms and max pools, and tfcnn's largest GEMM.
 //
-//   towerflow_bench_ops [--threads N] [--batch B] [--json] [--filter TEXT] [--min_time S]
+//   towerflow_bench_ops [--threads N] [--batch B] [--precision fp32|bf16|both] [--json]
+//                       [--filter TEXT] [--min_time S]
 //
 // Prints a fixed-width table (median ms over timed repetitions after one warm-up call, GFLOP/s
 // for convolutions and GEMM counting 2 FLOPs per multiply-add, GB/s of compulsory traffic for
 // the memory-bound ops) and, with --json, one JSON line per row. The check column compares a
-// sample of outputs against a double-precision reference computed here.
+// sample of outputs against a double-precision reference computed here (for bf16 rows, on the
+// operands rounded to bf16).
+//
+// --precision bf16 (or both) adds the convolutions and the GEMM through the bf16 kernels
+// (core/cpu/bf16.h, the ones this CPU chooses; TOWERFLOW_BF16_KERNELS forces one). The header
+// gives the machine's peaks on --threads threads (bench/peak.h: the widest fp32 FMA loop, and
+// VDPBF16PS where the CPU has AVX512-BF16), and the "% peak" column puts each row against the
+// peak of the instructions it runs: the bf16 peak for oneDNN's bf16 kernels where it was
+// measured, the fp32 peak for fp32 rows and for emulated bf16 (which runs the fp32 kernels).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -21,6 +30,8 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "bench/peak.h"
+#include "core/cpu/bf16.h"
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
@@ -64,7 +75,9 @@ double median_ms(const std::function<void()>& fn, double min_time) {
 
 struct Row {
   std::string model, layer, op, shape;
+  std::string precision = "fp32";
   double ms = 0.0, gflops = 0.0, gbytes = 0.0;
+  double peak_gflops = 0.0;  // the peak this row is measured against (0: none; memory-bound)
   double max_error = 0.0;
   bool ok = true;
 };
@@ -128,6 +141,12 @@ double ref_dw(const tw::Conv2dShape& s, const float* x, const float* dy, int co,
   return acc;
 }
 
+// v rounded to bf16 (the bf16 kernels' operands), for the references of bf16 rows.
+std::vector<float> rounded(std::vector<float> v) {
+  for (float& x : v) x = tw::round_to_bf16(x);
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,8 +154,12 @@ int main(int argc, char** argv) {
   int threads = 2, batch = 128;
   bool json = false;
   double min_time = 0.3;
-  std::string filter;
+  std::string filter, precision = "fp32";
   app.add_option("--threads", threads, "intra-op threads of the CPU context")->check(CLI::PositiveNumber);
+  app.add_option("--precision", precision,
+                 "fp32, bf16 (the bf16 kernels this CPU chooses), or both (each convolution and "
+                 "the GEMM in fp32 and in bf16)")
+      ->check(CLI::IsMember({"fp32", "bf16", "both"}));
   app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--min_time", min_time, "seconds of timed repetitions per row (at least 3 runs)");
   app.add_option("--filter", filter, "only rows whose model, layer or op contains this text");
@@ -151,22 +174,54 @@ int main(int argc, char** argv) {
   std::mt19937 pick(12345);
   const double tol = 1e-4;
   std::vector<Row> rows;
+  std::vector<std::string> precisions;
+  if (precision != "bf16") precisions.push_back("fp32");
+  if (precision != "fp32") precisions.push_back("bf16");
   auto wanted = [&](const std::string& model, const std::string& layer, const std::string& op) {
     return filter.empty() || (model + " " + layer + " " + op).find(filter) != std::string::npos;
   };
+
+  // The machine's peaks on `threads` threads (bench/peak.h), for the "% peak" column.
+  double fp32_peak = 0.0, bf16_peak = 0.0;
+  std::string fp32_peak_name = "none", bf16_peak_name = "none";
+  for (const auto& loop : towerflow::bench::peak_loops()) {
+    const double gflops = towerflow::bench::measure_peak_flops(loop, threads, 0.3) / 1e9;
+    if (loop.name.rfind("peak/fp32_fma/", 0) == 0) {
+      fp32_peak = gflops;  // the loops come lowest instruction set first: keep the widest
+      fp32_peak_name = loop.name;
+    } else if (loop.name.rfind("peak/bf16_dot/", 0) == 0) {
+      bf16_peak = gflops;
+      bf16_peak_name = loop.name;
+    }
+  }
+  const bool bf16_native = tw::active_bf16_kernels() == tw::Bf16Kernels::OneDnn;
+  // The peak of the instructions a row of this precision runs (see the header comment).
+  auto peak_for = [&](const std::string& p) {
+    return p == "bf16" && bf16_native && bf16_peak > 0 ? bf16_peak : fp32_peak;
+  };
+
   auto emit = [&](Row r) {
     r.ok = r.max_error < tol;
-    std::printf("%-9s %-24s %-14s %9.3f %9.1f %8.1f  %s (%.1e)\n", r.model.c_str(), r.layer.c_str(),
-                r.op.c_str(), r.ms, r.gflops, r.gbytes, r.ok ? "ok" : "FAIL", r.max_error);
+    const std::string op = r.precision == "fp32" ? r.op : r.op + "_" + r.precision;
+    if (r.gflops > 0) r.peak_gflops = peak_for(r.precision);
+    char share[16] = "";
+    if (r.peak_gflops > 0) std::snprintf(share, sizeof share, "%5.1f%%", 100.0 * r.gflops / r.peak_gflops);
+    std::printf("%-9s %-24s %-19s %9.3f %9.1f %7s %8.1f  %s (%.1e)\n", r.model.c_str(), r.layer.c_str(),
+                op.c_str(), r.ms, r.gflops, share, r.gbytes, r.ok ? "ok" : "FAIL", r.max_error);
     std::fflush(stdout);
     rows.push_back(r);
   };
   std::printf("# towerflow_bench_ops: threads=%d batch=%d clock=%s (median of timed runs after a warm-up)\n",
               threads, batch, g_cpu_clock ? "cpu/threads" : "wall");
-  std::printf("%-9s %-24s %-14s %9s %9s %8s  %s\n", "model", "layer", "op", "ms", "GFLOP/s",
-              "GB/s", "check (max rel err)");
+  std::printf("# peak on %d threads: fp32 %.1f GFLOP/s (%s); bf16 %s\n", threads, fp32_peak,
+              fp32_peak_name.c_str(),
+              bf16_peak > 0 ? (std::to_string(int(bf16_peak + 0.5)) + " GFLOP/s (" + bf16_peak_name + ")").c_str()
+                            : "none measured (no AVX512-BF16 here; an AMX peak is not measured)");
+  if (precision != "fp32") std::printf("# bf16 kernels: %s\n", tw::describe_bf16_kernels().c_str());
+  std::printf("%-9s %-24s %-19s %9s %9s %7s %8s  %s\n", "model", "layer", "op", "ms", "GFLOP/s",
+              "% peak", "GB/s", "check (max rel err)");
 
-  // ---- convolutions ----
+  // ---- convolutions (fp32 and/or bf16: the reference then uses the bf16-rounded operands) ----
   for (const auto& cc : conv_cases(batch)) {
     const auto& s = cc.s;
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
@@ -177,47 +232,67 @@ int main(int argc, char** argv) {
     const double gflop = 2.0 * s.macs() / 1e9;
     const double gb_fwd = (nx + ny + nw) * 4.0 / 1e9;
     auto uni = [&](int hi) { return std::uniform_int_distribution<int>(0, hi - 1)(pick); };
-    if (wanted(cc.model, cc.layer, "conv_fwd")) {
-      Row r{cc.model, cc.layer, "conv_fwd", s.to_string()};
-      r.ms = median_ms([&] { tw::conv2d_forward(ctx, s, x.data(), w.data(), y.data()); }, min_time);
-      Sampler smp;
-      for (int t = 0; t < 300; ++t) {
-        const int n = uni(s.n), oh = uni(s.out_h()), ow = uni(s.out_w()), co = uni(s.c_out);
-        smp.add(y[((std::size_t(n) * s.out_h() + oh) * s.out_w() + ow) * s.c_out + co],
-                ref_y(s, x.data(), w.data(), n, oh, ow, co));
+    for (const std::string& p : precisions) {
+      const bool bf16 = p == "bf16";
+      const std::vector<float> xr = bf16 ? rounded(x) : x, wr = bf16 ? rounded(w) : w,
+                               dyr = bf16 ? rounded(dy) : dy;
+      if (wanted(cc.model, cc.layer, "conv_fwd")) {
+        Row r{cc.model, cc.layer, "conv_fwd", s.to_string(), p};
+        r.ms = median_ms([&] {
+          if (bf16)
+            tw::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
+          else
+            tw::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
+        }, min_time);
+        Sampler smp;
+        for (int t = 0; t < 300; ++t) {
+          const int n = uni(s.n), oh = uni(s.out_h()), ow = uni(s.out_w()), co = uni(s.c_out);
+          smp.add(y[((std::size_t(n) * s.out_h() + oh) * s.out_w() + ow) * s.c_out + co],
+                  ref_y(s, xr.data(), wr.data(), n, oh, ow, co));
+        }
+        r.gflops = gflop / (r.ms / 1e3);
+        r.gbytes = gb_fwd / (r.ms / 1e3);
+        r.max_error = smp.error();
+        emit(r);
       }
-      r.gflops = gflop / (r.ms / 1e3);
-      r.gbytes = gb_fwd / (r.ms / 1e3);
-      r.max_error = smp.error();
-      emit(r);
-    }
-    if (wanted(cc.model, cc.layer, "conv_bwd_input")) {
-      Row r{cc.model, cc.layer, "conv_bwd_input", s.to_string()};
-      r.ms = median_ms([&] { tw::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data()); }, min_time);
-      Sampler smp;
-      for (int t = 0; t < 300; ++t) {
-        const int n = uni(s.n), ih = uni(s.h), iw = uni(s.w), ci = uni(s.c_in);
-        smp.add(dx[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c_in + ci],
-                ref_dx(s, dy.data(), w.data(), n, ih, iw, ci));
+      if (wanted(cc.model, cc.layer, "conv_bwd_input")) {
+        Row r{cc.model, cc.layer, "conv_bwd_input", s.to_string(), p};
+        r.ms = median_ms([&] {
+          if (bf16)
+            tw::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
+          else
+            tw::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
+        }, min_time);
+        Sampler smp;
+        for (int t = 0; t < 300; ++t) {
+          const int n = uni(s.n), ih = uni(s.h), iw = uni(s.w), ci = uni(s.c_in);
+          smp.add(dx[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c_in + ci],
+                  ref_dx(s, dyr.data(), wr.data(), n, ih, iw, ci));
+        }
+        r.gflops = gflop / (r.ms / 1e3);
+        r.gbytes = gb_fwd / (r.ms / 1e3);
+        r.max_error = smp.error();
+        emit(r);
       }
-      r.gflops = gflop / (r.ms / 1e3);
-      r.gbytes = gb_fwd / (r.ms / 1e3);
-      r.max_error = smp.error();
-      emit(r);
-    }
-    if (wanted(cc.model, cc.layer, "conv_bwd_weight")) {
-      Row r{cc.model, cc.layer, "conv_bwd_weight", s.to_string()};
-      r.ms = median_ms([&] { tw::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data()); }, min_time);
-      Sampler smp;
-      for (int t = 0; t < 12; ++t) {
-        const int co = uni(s.c_out), ci = uni(s.c_in), i = uni(s.kh), j = uni(s.kw);
-        smp.add(dw[((std::size_t(co) * s.c_in + ci) * s.kh + i) * s.kw + j],
-                ref_dw(s, x.data(), dy.data(), co, ci, i, j));
+      if (wanted(cc.model, cc.layer, "conv_bwd_weight")) {
+        Row r{cc.model, cc.layer, "conv_bwd_weight", s.to_string(), p};
+        r.ms = median_ms([&] {
+          if (bf16)
+            tw::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+          else
+            tw::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
+        }, min_time);
+        Sampler smp;
+        for (int t = 0; t < 12; ++t) {
+          const int co = uni(s.c_out), ci = uni(s.c_in), i = uni(s.kh), j = uni(s.kw);
+          smp.add(dw[((std::size_t(co) * s.c_in + ci) * s.kh + i) * s.kw + j],
+                  ref_dw(s, xr.data(), dyr.data(), co, ci, i, j));
+        }
+        r.gflops = gflop / (r.ms / 1e3);
+        r.gbytes = gb_fwd / (r.ms / 1e3);
+        r.max_error = smp.error();
+        emit(r);
       }
-      r.gflops = gflop / (r.ms / 1e3);
-      r.gbytes = gb_fwd / (r.ms / 1e3);
-      r.max_error = smp.error();
-      emit(r);
     }
   }
 
@@ -327,26 +402,36 @@ int main(int argc, char** argv) {
     const int m = batch, n = 384, k = 4096;
     const auto a = random_vector(std::size_t(m) * k, 10), b = random_vector(std::size_t(n) * k, 11);
     std::vector<float> c(std::size_t(m) * n);
-    Row r{"tfcnn", "fc1 4096->384", "gemm_nt", "m=" + std::to_string(m) + " n=384 k=4096"};
-    r.ms = median_ms([&] { tw::gemm(ctx, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n); }, min_time);
-    Sampler smp;
-    for (int t = 0; t < 50; ++t) {
-      const int i = int(pick() % m), j = int(pick() % n);
-      double acc = 0.0;
-      for (int p = 0; p < k; ++p) acc += double(a[std::size_t(i) * k + p]) * b[std::size_t(j) * k + p];
-      smp.add(c[std::size_t(i) * n + j], acc);
+    for (const std::string& p : precisions) {
+      const bool bf16 = p == "bf16";
+      const std::vector<float> ar = bf16 ? rounded(a) : a, br = bf16 ? rounded(b) : b;
+      Row r{"tfcnn", "fc1 4096->384", "gemm_nt", "m=" + std::to_string(m) + " n=384 k=4096", p};
+      r.ms = median_ms([&] {
+        if (bf16)
+          tw::gemm_bf16(ctx, false, true, m, n, k, a.data(), k, b.data(), k, c.data(), n);
+        else
+          tw::gemm(ctx, false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);
+      }, min_time);
+      Sampler smp;
+      for (int t = 0; t < 50; ++t) {
+        const int i = int(pick() % m), j = int(pick() % n);
+        double acc = 0.0;
+        for (int q = 0; q < k; ++q) acc += double(ar[std::size_t(i) * k + q]) * br[std::size_t(j) * k + q];
+        smp.add(c[std::size_t(i) * n + j], acc);
+      }
+      r.gflops = 2.0 * m * n * k / 1e9 / (r.ms / 1e3);
+      r.max_error = smp.error();
+      emit(r);
     }
-    r.gflops = 2.0 * m * n * k / 1e9 / (r.ms / 1e3);
-    r.max_error = smp.error();
-    emit(r);
   }
 
   if (json)
     for (const auto& r : rows)
       std::printf("%s\n", nlohmann::json{{"bench", "ops"}, {"framework", "towerflow"}, {"threads", threads},
                                          {"batch", batch}, {"clock", g_cpu_clock ? "cpu" : "wall"}, {"model", r.model}, {"layer", r.layer},
-                                         {"op", r.op}, {"shape", r.shape}, {"ms", r.ms},
+                                         {"op", r.op}, {"precision", r.precision}, {"shape", r.shape}, {"ms", r.ms},
                                          {"gflop_per_s", r.gflops}, {"gb_per_s", r.gbytes},
+                                         {"peak_gflop_per_s", r.peak_gflops},
                                          {"max_rel_error", r.max_error}, {"ok", r.ok}}
                                   .dump()
                                   .c_str());

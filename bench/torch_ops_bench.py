@@ -4,7 +4,11 @@
 channels-last, timed the same way (one warm-up call, median of repetitions for at least
 --min_time seconds, at least 3 and at most 50).
 
-  /usr/bin/python3 bench/torch_ops_bench.py [--threads N] [--batch B] [--json] [--filter TEXT]
+  /usr/bin/python3 bench/torch_ops_bench.py [--threads N] [--batch B] [--precision fp32|bf16|both]
+                                            [--json] [--filter TEXT]
+
+--precision bf16 (or both) runs the convolutions and the GEMM on bfloat16 tensors, as autocast does
+(oneDNN's bf16 kernels; outputs in bf16), beside towerflow_bench_ops --precision's rows.
 """
 import argparse
 import json
@@ -50,6 +54,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--min_time", type=float, default=0.3)
     ap.add_argument("--filter", default="")
+    ap.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--cpu_clock", action="store_true",
                     help="process CPU time / threads instead of wall time (busy machines; OpenMP "
@@ -65,37 +70,48 @@ def main():
     def wanted(model, layer, op):
         return not args.filter or args.filter in f"{model} {layer} {op}"
 
-    def emit(model, layer, op, shape, ms, gflop=0.0, gbytes=0.0):
+    dtypes = [d for d, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"))
+              if args.precision in (name, "both")]
+
+    def emit(model, layer, op, shape, ms, gflop=0.0, gbytes=0.0, dtype=torch.float32):
+        precision = "bf16" if dtype == torch.bfloat16 else "fp32"
         r = dict(bench="ops", framework="pytorch", torch_version=torch.__version__, threads=args.threads,
-                 batch=args.batch, clock="cpu" if args.cpu_clock else "wall", model=model, layer=layer, op=op, shape=shape, ms=round(ms, 4),
+                 batch=args.batch, clock="cpu" if args.cpu_clock else "wall", model=model, layer=layer, op=op,
+                 precision=precision, shape=shape, ms=round(ms, 4),
                  gflop_per_s=round(gflop / (ms / 1e3), 2), gb_per_s=round(gbytes / (ms / 1e3), 2))
-        print(f"{model:9s} {layer:24s} {op:14s} {ms:9.3f} {r['gflop_per_s']:9.1f} {r['gb_per_s']:8.1f}", flush=True)
+        name = op if precision == "fp32" else f"{op}_{precision}"
+        print(f"{model:9s} {layer:24s} {name:19s} {ms:9.3f} {r['gflop_per_s']:9.1f} {r['gb_per_s']:8.1f}", flush=True)
         rows.append(r)
 
     print(f"# torch {torch.__version__} threads={torch.get_num_threads()} batch={args.batch} channels_last "
           f"clock={'cpu/threads' if args.cpu_clock else 'wall'}")
-    print(f"{'model':9s} {'layer':24s} {'op':14s} {'ms':>9s} {'GFLOP/s':>9s} {'GB/s':>8s}")
+    print(f"{'model':9s} {'layer':24s} {'op':19s} {'ms':>9s} {'GFLOP/s':>9s} {'GB/s':>8s}")
     with torch.no_grad():
         for model, layer, n, h, w, ci, co, k, s, p in conv_cases(args.batch):
-            x = torch.randn(n, ci, h, w).contiguous(memory_format=cl)
-            wt = torch.randn(co, ci, k, k).contiguous(memory_format=cl)
-            y = F.conv2d(x, wt, None, s, p)
-            dy = torch.randn_like(y).contiguous(memory_format=cl)
-            oh, ow = y.shape[2], y.shape[3]
+            x32 = torch.randn(n, ci, h, w).contiguous(memory_format=cl)
+            wt32 = torch.randn(co, ci, k, k).contiguous(memory_format=cl)
+            y32 = F.conv2d(x32, wt32, None, s, p)
+            dy32 = torch.randn_like(y32).contiguous(memory_format=cl)
+            oh, ow = y32.shape[2], y32.shape[3]
             gflop = 2.0 * n * oh * ow * co * ci * k * k / 1e9
-            gbytes = (x.numel() + y.numel() + wt.numel()) * 4 / 1e9
+            gbytes = (x32.numel() + y32.numel() + wt32.numel()) * 4 / 1e9
             shape = f"n={n} h={h} w={w} c_in={ci} c_out={co} k={k}x{k} stride={s}x{s} pad={p}x{p}"
+            for dtype in dtypes:
+                x, wt, dy = (t.to(dtype).contiguous(memory_format=cl) for t in (x32, wt32, dy32))
 
-            def bwd(mask):
-                return lambda: torch.ops.aten.convolution_backward(
-                    dy, x, wt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask)
+                def bwd(mask):
+                    return lambda: torch.ops.aten.convolution_backward(
+                        dy, x, wt, None, [s, s], [p, p], [1, 1], False, [0, 0], 1, mask)
 
-            if wanted(model, layer, "conv_fwd"):
-                emit(model, layer, "conv_fwd", shape, median_ms(lambda: F.conv2d(x, wt, None, s, p), args.min_time), gflop, gbytes)
-            if wanted(model, layer, "conv_bwd_input"):
-                emit(model, layer, "conv_bwd_input", shape, median_ms(bwd([True, False, False]), args.min_time), gflop, gbytes)
-            if wanted(model, layer, "conv_bwd_weight"):
-                emit(model, layer, "conv_bwd_weight", shape, median_ms(bwd([False, True, False]), args.min_time), gflop, gbytes)
+                if wanted(model, layer, "conv_fwd"):
+                    emit(model, layer, "conv_fwd", shape, median_ms(lambda: F.conv2d(x, wt, None, s, p), args.min_time),
+                         gflop, gbytes, dtype)
+                if wanted(model, layer, "conv_bwd_input"):
+                    emit(model, layer, "conv_bwd_input", shape, median_ms(bwd([True, False, False]), args.min_time),
+                         gflop, gbytes, dtype)
+                if wanted(model, layer, "conv_bwd_weight"):
+                    emit(model, layer, "conv_bwd_weight", shape, median_ms(bwd([False, True, False]), args.min_time),
+                         gflop, gbytes, dtype)
 
         for hw, c in ((32, 16), (16, 32), (8, 64)):
             layer = f"bn {c}ch {hw}x{hw}"
@@ -138,10 +154,12 @@ def main():
                          dy, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx), args.min_time), 0.0, nbytes)
 
         if wanted("tfcnn", "fc1 4096->384", "gemm"):
-            a = torch.randn(args.batch, 4096)
-            wt = torch.randn(384, 4096)
-            emit("tfcnn", "fc1 4096->384", "gemm_nt", f"m={args.batch} n=384 k=4096",
-                 median_ms(lambda: torch.mm(a, wt.t()), args.min_time), 2.0 * args.batch * 384 * 4096 / 1e9)
+            for dtype in dtypes:
+                a = torch.randn(args.batch, 4096).to(dtype)
+                wt = torch.randn(384, 4096).to(dtype)
+                emit("tfcnn", "fc1 4096->384", "gemm_nt", f"m={args.batch} n=384 k=4096",
+                     median_ms(lambda: torch.mm(a, wt.t()), args.min_time), 2.0 * args.batch * 384 * 4096 / 1e9,
+                     0.0, dtype)
 
     if args.json:
         for r in rows:

@@ -408,7 +408,13 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
             std::hash<std::string>{}(shapes), "), ", buffer_numel, " buffer values, reduction ",
             to_string(reduction_), ", split ", to_string(options_.split), ", ", options_.accumulation_steps,
             " micro-batches, batch norm ", options_.batch_norm == BatchNormMode::Synchronised ? "sync" : "per_tower",
-            ", label smoothing ", options_.label_smoothing, ", precision ", to_string(options_.precision), "'"),
+            ", label smoothing ", options_.label_smoothing, ", precision ", to_string(options_.precision),
+            options_.precision != Precision::Fp16
+                ? std::string()
+                : str(" (loss scale from ", options_.loss_scale.initial_scale, ", x",
+                      options_.loss_scale.growth_factor, " every ", options_.loss_scale.growth_interval,
+                      " good steps, x", options_.loss_scale.backoff_factor, " on overflow)"),
+            "'"),
         "start every rank with the same model, options and number of devices");
   }
   if (options_.batch_norm == BatchNormMode::Synchronised) {
@@ -477,12 +483,10 @@ std::string Trainer::describe() const {
       s += str("all_reduce over ", impl_->comm_name);
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
-  if (options_.precision == Precision::Bf16)
-    s += "; bf16 convolutions and matrix products (fp32 accumulation; " +
-         backend_for(devices_.front()).describe_bf16() + ")";
-  if (options_.precision == Precision::Fp16)
-    s += "; fp16 convolutions and matrix products (fp32 accumulation; emulated: operands rounded to fp16 "
-         "for the fp32 kernels, slower than fp32); " + impl_->scaler->describe();
+  if (options_.precision != Precision::Fp32)
+    s += "; " + to_string(options_.precision) + " convolutions and matrix products (fp32 accumulation; " +
+         backend_for(devices_.front()).describe_products(options_.precision) + ")";
+  if (options_.precision == Precision::Fp16) s += "; " + impl_->scaler->describe();
   if (impl_->buffers_synced)
     s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");
   else if (impl_->bn_sync)

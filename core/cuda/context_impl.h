@@ -14,36 +14,40 @@
 
 namespace towerflow::gpu {
 
-// One convolution shape's cuDNN descriptors and chosen algorithms, made on first use.
+// One direction's choice (forward, backward-data or backward-filter) of a ConvPlan, ranked on
+// first use: Note [Choosing convolution algorithms] in conv.cc. The algorithm is kept as int (each
+// direction has its own cuDNN enum).
+struct ConvChoice {
+  bool ranked = false;
+  bool found = false;  // cuDNN ranked a supported, deterministic algorithm that fits
+  int algo = 0;
+  cudnnMathType_t math = CUDNN_FMA_MATH;  // what the algorithm was ranked with
+  std::size_t workspace = 0;
+  // The best-ranked one that needs no workspace, for when the workspace cannot be allocated.
+  bool have_zero = false;
+  int algo_zero = 0;
+  cudnnMathType_t math_zero = CUDNN_FMA_MATH;
+};
+
+// One convolution shape's cuDNN descriptors in one data type (float, or bf16 / fp16 with float
+// accumulation), and its chosen algorithms, made on first use.
 struct ConvPlan {
   cudnnTensorDescriptor_t x_desc = nullptr;
   cudnnTensorDescriptor_t y_desc = nullptr;
   cudnnFilterDescriptor_t w_desc = nullptr;
   cudnnConvolutionDescriptor_t conv_desc = nullptr;
-  bool have_fwd = false, have_bwd_data = false, have_bwd_filter = false;
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  std::size_t fwd_workspace = 0, bwd_data_workspace = 0, bwd_filter_workspace = 0;
-  cudnnMathType_t base_math = CUDNN_FMA_MATH;  // the descriptor's mode: FMA, or DEFAULT with TF32
-  cudnnMathType_t fwd_math = CUDNN_FMA_MATH, bwd_data_math = CUDNN_FMA_MATH,
-                  bwd_filter_math = CUDNN_FMA_MATH;  // what each chosen algorithm was ranked with
-  // The best-ranked supported, deterministic algorithm that needs no workspace, for when the
-  // workspace cannot be allocated (Note [Choosing convolution algorithms] in conv.cc); `have_*`
-  // false when cuDNN ranks none for the shape.
-  bool have_fwd0 = false, have_bwd_data0 = false, have_bwd_filter0 = false;
-  cudnnConvolutionFwdAlgo_t fwd0{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data0{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter0{};
-  cudnnMathType_t fwd0_math = CUDNN_FMA_MATH, bwd_data0_math = CUDNN_FMA_MATH,
-                  bwd_filter0_math = CUDNN_FMA_MATH;
+  cudnnDataType_t data_type = CUDNN_DATA_FLOAT;
+  // The descriptor's mode: FMA for float, DEFAULT with TF32, TENSOR_OP for 16-bit data.
+  cudnnMathType_t base_math = CUDNN_FMA_MATH;
+  bool tensor_ops = false;  // whether algorithms ranked with tensor-op math may be chosen
+  ConvChoice fwd, bwd_data, bwd_filter;
   ConvPlan() = default;
   ConvPlan(const ConvPlan&) = delete;
   ConvPlan& operator=(const ConvPlan&) = delete;
   ~ConvPlan();
 };
 
-using ConvKey = std::array<int, 11>;  // the fields of Conv2dShape
+using ConvKey = std::array<int, 12>;  // the fields of Conv2dShape and the data type
 
 struct GpuContext::Impl {
   GpuContextOptions opts;

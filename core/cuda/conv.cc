@@ -23,9 +23,25 @@
 // best algorithm of the same ranking that is supported, deterministic and needs no workspace.
 // No algorithm is hard-coded: which ones support NHWC float32 data with NHWC filters differs
 // between cuDNN versions and GPUs, and a hard-coded one may return CUDNN_STATUS_NOT_SUPPORTED.
+//
+// Note [16-bit convolutions on tensor cores]
+// Under bf16 and fp16 precision (conv2d_*_half) the operands are converted on the GPU to the
+// 16-bit type (round to nearest even, float_to_half) and cuDNN convolves them in its
+// "pseudo" configurations (PSEUDO_BFLOAT16_CONFIG, PSEUDO_HALF_CONFIG: x, w and y in the 16-bit
+// type, the convolution descriptor's compute type float, so products accumulate in float32) with
+// CUDNN_TENSOR_OP_MATH, which lets the ranking offer tensor-core algorithms. These configurations
+// write y (dx, dw) in the 16-bit type too: the result is widened back to float32, and so carries
+// one rounding to bf16 (relative 2^-9) or fp16 (2^-12, and overflow past 65504, which fp16's
+// loss scaling catches as a non-finite gradient) that the CPU's bf16 kernels, which write float32,
+// do not. This is also what PyTorch's autocast does on a GPU. cuBLAS (gemm_half) writes float32.
+// Each data type has its own plan per shape, ranked as above. Where cuDNN ranks no 16-bit
+// algorithm for a shape (or cannot rank the configuration at all), that convolution runs the
+// float32 algorithm on operands rounded to the type (the emulated path), and a warning says so
+// once per shape and direction.
 
 #include <cudnn.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/cuda/context_impl.h"
@@ -38,29 +54,40 @@ namespace {
 
 constexpr std::size_t kMaxWorkspaceBytes = std::size_t{1} << 30;
 
-ConvKey key_of(const Conv2dShape& s) {
-  return {s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w, s.pad_h, s.pad_w};
+ConvKey key_of(const Conv2dShape& s, cudnnDataType_t type) {
+  return {s.n,        s.h,        s.w,     s.c_in,  s.c_out, s.kh, s.kw,
+          s.stride_h, s.stride_w, s.pad_h, s.pad_w, static_cast<int>(type)};
 }
 
-ConvPlan& plan_for(const GpuContext& ctx, const Conv2dShape& s) {
+cudnnDataType_t cudnn_type(Half t) {
+  return t == Half::Bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_HALF;
+}
+
+ConvPlan& plan_for(const GpuContext& ctx, const Conv2dShape& s, cudnnDataType_t type) {
   GpuContext::Impl& m = ctx.impl();
-  auto& slot = m.conv_plans[key_of(s)];
+  auto& slot = m.conv_plans[key_of(s, type)];
   if (slot) return *slot;
   auto plan = std::make_unique<ConvPlan>();
+  const bool half = type != CUDNN_DATA_FLOAT;
+  plan->data_type = type;
   TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->x_desc));
   TW_CUDNN_CHECK(cudnnCreateTensorDescriptor(&plan->y_desc));
   TW_CUDNN_CHECK(cudnnCreateFilterDescriptor(&plan->w_desc));
   TW_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&plan->conv_desc));
-  TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x_desc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
-                                            s.n, s.c_in, s.h, s.w));
-  TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y_desc, CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
-                                            s.n, s.c_out, s.out_h(), s.out_w()));
-  TW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w_desc, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NHWC,
-                                            s.c_out, s.c_in, s.kh, s.kw));
+  TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x_desc, CUDNN_TENSOR_NHWC, type, s.n, s.c_in,
+                                            s.h, s.w));
+  TW_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y_desc, CUDNN_TENSOR_NHWC, type, s.n, s.c_out,
+                                            s.out_h(), s.out_w()));
+  TW_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w_desc, type, CUDNN_TENSOR_NHWC, s.c_out,
+                                            s.c_in, s.kh, s.kw));
+  // Float accumulation for every data type (Note [16-bit convolutions on tensor cores]).
   TW_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv_desc, s.pad_h, s.pad_w, s.stride_h,
                                                  s.stride_w, 1, 1, CUDNN_CROSS_CORRELATION,
                                                  CUDNN_DATA_FLOAT));
-  plan->base_math = ctx.allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  plan->base_math = half              ? CUDNN_TENSOR_OP_MATH
+                    : ctx.allow_tf32() ? CUDNN_DEFAULT_MATH
+                                       : CUDNN_FMA_MATH;
+  plan->tensor_ops = half || ctx.allow_tf32();
   TW_CUDNN_CHECK(cudnnSetConvolutionMathType(plan->conv_desc, plan->base_math));
   int dims[4] = {0, 0, 0, 0};
   TW_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(plan->conv_desc, plan->x_desc,
@@ -75,15 +102,49 @@ ConvPlan& plan_for(const GpuContext& ctx, const Conv2dShape& s) {
 
 // Picks from cuDNN's ranking (see Note [Choosing convolution algorithms]).
 template <typename Perf>
-const Perf* choose(const Perf* perf, int count, bool allow_tf32, bool need_no_workspace) {
+const Perf* choose(const Perf* perf, int count, bool tensor_ops, bool need_no_workspace) {
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
     if (perf[i].determinism != CUDNN_DETERMINISTIC) continue;
     if (perf[i].memory > (need_no_workspace ? 0 : kMaxWorkspaceBytes)) continue;
-    if (!allow_tf32 && perf[i].mathType == CUDNN_TENSOR_OP_MATH) continue;
+    if (!tensor_ops && perf[i].mathType == CUDNN_TENSOR_OP_MATH) continue;
     return &perf[i];
   }
   return nullptr;
+}
+
+const char* type_name(cudnnDataType_t type) {
+  return type == CUDNN_DATA_BFLOAT16 ? "bf16" : type == CUDNN_DATA_HALF ? "fp16" : "float32";
+}
+
+// Keeps the choice from a ranking call's result. A float plan that cuDNN cannot rank is an error;
+// a 16-bit one runs emulated (Note [16-bit convolutions on tensor cores]), said once here.
+template <typename Perf>
+void keep_choice(const GpuContext& ctx, const Conv2dShape& s, const ConvPlan& p, ConvChoice& c,
+                 cudnnStatus_t status, const char* call, const char* what, const Perf* perf,
+                 int count) {
+  c.ranked = true;
+  if (status != CUDNN_STATUS_SUCCESS && p.data_type == CUDNN_DATA_FLOAT)
+    detail::raise_cudnn(status, call);
+  if (status == CUDNN_STATUS_SUCCESS) {
+    if (const Perf* best = choose(perf, count, p.tensor_ops, false)) {
+      c.found = true;
+      c.algo = static_cast<int>(best->algo);
+      c.math = best->mathType;
+    }
+    if (const Perf* zero = choose(perf, count, p.tensor_ops, true)) {
+      c.have_zero = true;
+      c.algo_zero = static_cast<int>(zero->algo);
+      c.math_zero = zero->mathType;
+    }
+  }
+  if (!c.found && p.data_type != CUDNN_DATA_FLOAT)
+    log_warning(str("cuDNN offers no deterministic ", type_name(p.data_type), " ", what,
+                    " algorithm for ", s.to_string(), " on ", ctx.device(),
+                    status == CUDNN_STATUS_SUCCESS ? "" : str(" (", call, ": ",
+                                                              cudnnGetErrorString(status), ")"),
+                    "; that convolution runs the float32 algorithm on operands rounded to ",
+                    type_name(p.data_type), " (slower)"));
 }
 
 [[noreturn]] void no_algorithm(const GpuContext& ctx, const Conv2dShape& s, const char* what) {
@@ -118,144 +179,191 @@ DeviceBuffer try_workspace(const GpuContext& ctx, std::size_t bytes, bool* ok) {
   }
 }
 
+// Ranks one direction's algorithms once per plan (rank: cuDNN's ranking call; workspace: its
+// workspace-size call for an algorithm); false when cuDNN offers none (keep_choice).
+template <typename Perf, int kCount, typename Rank, typename Workspace>
+bool ready(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, ConvChoice& c,
+           const char* call, const char* what, Rank rank, Workspace workspace) {
+  if (c.ranked) return c.found;
+  Perf perf[kCount];
+  int count = 0;
+  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.base_math));
+  keep_choice(ctx, s, p, c, rank(perf, &count), call, what, perf, count);
+  if (c.found) {
+    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, c.math));
+    TW_CUDNN_CHECK(workspace(c.algo, &c.workspace));
+  }
+  return c.found;
+}
+
+bool ready_forward(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p) {
+  const cudnnHandle_t h = ctx.impl().cudnn;
+  return ready<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT>(
+      ctx, s, p, p.fwd, "cudnnGetConvolutionForwardAlgorithm_v7", "forward convolution",
+      [&](cudnnConvolutionFwdAlgoPerf_t* perf, int* count) {
+        return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x_desc, p.w_desc, p.conv_desc, p.y_desc,
+                                                      CUDNN_CONVOLUTION_FWD_ALGO_COUNT, count,
+                                                      perf);
+      },
+      [&](int algo, std::size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(
+            h, p.x_desc, p.w_desc, p.conv_desc, p.y_desc,
+            static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+      });
+}
+
+bool ready_backward_data(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p) {
+  const cudnnHandle_t h = ctx.impl().cudnn;
+  return ready<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT>(
+      ctx, s, p, p.bwd_data, "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+      "backward-data convolution",
+      [&](cudnnConvolutionBwdDataAlgoPerf_t* perf, int* count) {
+        return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p.w_desc, p.y_desc, p.conv_desc,
+                                                           p.x_desc,
+                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                           count, perf);
+      },
+      [&](int algo, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(
+            h, p.w_desc, p.y_desc, p.conv_desc, p.x_desc,
+            static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+      });
+}
+
+bool ready_backward_filter(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p) {
+  const cudnnHandle_t h = ctx.impl().cudnn;
+  return ready<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT>(
+      ctx, s, p, p.bwd_filter, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+      "backward-filter convolution",
+      [&](cudnnConvolutionBwdFilterAlgoPerf_t* perf, int* count) {
+        return cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+            h, p.x_desc, p.y_desc, p.conv_desc, p.w_desc, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            count, perf);
+      },
+      [&](int algo, std::size_t* bytes) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+            h, p.x_desc, p.y_desc, p.conv_desc, p.w_desc,
+            static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+      });
+}
+
+// The algorithm to run now, with its workspace: the chosen one, or the no-workspace one when the
+// workspace cannot be allocated. Sets the descriptor's math mode to the one it was ranked with.
+struct Launchable {
+  int algo;
+  DeviceBuffer workspace;
+};
+Launchable launchable(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p,
+                      const ConvChoice& c, const char* what) {
+  bool ok = true;
+  DeviceBuffer ws = try_workspace(ctx, c.workspace, &ok);
+  if (!ok && !c.have_zero) no_fallback(ctx, s, what, c.workspace);
+  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? c.math : c.math_zero));
+  return {ok ? c.algo : c.algo_zero, std::move(ws)};
+}
+
+const float kOne = 1.0f;  // float scaling factors for float and 16-bit data alike
+const float kZero = 0.0f;
+
+// The three convolutions in plan p's data type, on buffers of that type (filters OHWI), after
+// ready_*() returned true.
+void run_forward(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* x,
+                 const void* w, void* y) {
+  Launchable l = launchable(ctx, s, p, p.fwd, "forward convolution");
+  TW_CUDNN_CHECK(cudnnConvolutionForward(ctx.impl().cudnn, &kOne, p.x_desc, x, p.w_desc, w,
+                                         p.conv_desc,
+                                         static_cast<cudnnConvolutionFwdAlgo_t>(l.algo),
+                                         l.workspace.data(), l.workspace.size(), &kZero, p.y_desc,
+                                         y));
+}
+void run_backward_data(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* dy,
+                       const void* w, void* dx) {
+  Launchable l = launchable(ctx, s, p, p.bwd_data, "backward-data convolution");
+  TW_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.impl().cudnn, &kOne, p.w_desc, w, p.y_desc, dy,
+                                              p.conv_desc,
+                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(l.algo),
+                                              l.workspace.data(), l.workspace.size(), &kZero,
+                                              p.x_desc, dx));
+}
+void run_backward_filter(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* x,
+                         const void* dy, void* dw) {
+  Launchable l = launchable(ctx, s, p, p.bwd_filter, "backward-filter convolution");
+  TW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      ctx.impl().cudnn, &kOne, p.x_desc, x, p.y_desc, dy, p.conv_desc,
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(l.algo), l.workspace.data(),
+      l.workspace.size(), &kZero, p.w_desc, dw));
+}
+
+std::int64_t input_count(const Conv2dShape& s) {
+  return static_cast<std::int64_t>(s.n) * s.h * s.w * s.c_in;
+}
+std::int64_t output_count(const Conv2dShape& s) {
+  return static_cast<std::int64_t>(s.n) * s.out_h() * s.out_w() * s.c_out;
+}
+std::int64_t weight_count(const Conv2dShape& s) {
+  return static_cast<std::int64_t>(s.c_out) * s.c_in * s.kh * s.kw;
+}
+std::size_t bytes_of(std::int64_t count, std::size_t element) {
+  return static_cast<std::size_t>(std::max<std::int64_t>(count, 1)) * element;
+}
+
 // OIHW <-> OHWI: see Note [Filter layout for cuDNN].
-void oihw_to_ohwi(const GpuContext& ctx, const Conv2dShape& s, const float* w, float* out) {
-  transpose_batched(ctx, s.c_out, s.c_in, static_cast<std::int64_t>(s.kh) * s.kw, w, out);
+DeviceBuffer to_ohwi(const GpuContext& ctx, const Conv2dShape& s, const float* w) {
+  DeviceBuffer out(ctx, bytes_of(weight_count(s), sizeof(float)));
+  transpose_batched(ctx, s.c_out, s.c_in, static_cast<std::int64_t>(s.kh) * s.kw, w,
+                    out.as<float>());
+  return out;
 }
 void ohwi_to_oihw(const GpuContext& ctx, const Conv2dShape& s, const float* w, float* out) {
   transpose_batched(ctx, s.c_out, static_cast<std::int64_t>(s.kh) * s.kw, s.c_in, w, out);
 }
 
-std::size_t weight_bytes(const Conv2dShape& s) {
-  return static_cast<std::size_t>(s.c_out) * s.c_in * s.kh * s.kw * sizeof(float);
+// count floats converted to t, in a buffer of their own.
+DeviceBuffer to_half(const GpuContext& ctx, Half t, std::int64_t count, const float* x) {
+  DeviceBuffer out(ctx, bytes_of(count, 2));
+  float_to_half(ctx, t, count, x, out.data());
+  return out;
 }
-
-const float kOne = 1.0f;
-const float kZero = 0.0f;
+// count floats rounded to t, as floats: the emulated path's operands.
+DeviceBuffer rounded(const GpuContext& ctx, Half t, std::int64_t count, const float* x) {
+  DeviceBuffer out(ctx, bytes_of(count, sizeof(float)));
+  if (t == Half::Bf16)
+    round_to_bf16(ctx, count, x, out.as<float>());
+  else
+    round_to_fp16(ctx, count, x, out.as<float>());
+  return out;
+}
 
 }  // namespace
 
 void conv2d_forward(const GpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
                     float* y) {
   s.validate();
-  GpuContext::Impl& m = ctx.impl();
-  auto scope = m.scope();
-  ConvPlan& p = plan_for(ctx, s);
-  if (!p.have_fwd) {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int count = 0;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.base_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(m.cudnn, p.x_desc, p.w_desc,
-                                                          p.conv_desc, p.y_desc,
-                                                          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count,
-                                                          perf));
-    const auto* best = choose(perf, count, ctx.allow_tf32(), false);
-    if (best == nullptr) no_algorithm(ctx, s, "forward convolution");
-    p.fwd = best->algo;
-    p.fwd_math = best->mathType;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.fwd_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(m.cudnn, p.x_desc, p.w_desc,
-                                                           p.conv_desc, p.y_desc, p.fwd,
-                                                           &p.fwd_workspace));
-    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
-      p.fwd0 = zero->algo;
-      p.fwd0_math = zero->mathType;
-      p.have_fwd0 = true;
-    }
-    p.have_fwd = true;
-  }
-  DeviceBuffer w_ohwi(ctx, weight_bytes(s));
-  oihw_to_ohwi(ctx, s, w, w_ohwi.as<float>());
-  bool ok = true;
-  DeviceBuffer ws = try_workspace(ctx, p.fwd_workspace, &ok);
-  if (!ok && !p.have_fwd0) no_fallback(ctx, s, "forward convolution", p.fwd_workspace);
-  const cudnnConvolutionFwdAlgo_t algo = ok ? p.fwd : p.fwd0;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.fwd_math : p.fwd0_math));
-  TW_CUDNN_CHECK(cudnnConvolutionForward(m.cudnn, &kOne, p.x_desc, x, p.w_desc, w_ohwi.data(),
-                                         p.conv_desc, algo, ws.data(), ok ? ws.size() : 0, &kZero,
-                                         p.y_desc, y));
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, CUDNN_DATA_FLOAT);
+  if (!ready_forward(ctx, s, p)) no_algorithm(ctx, s, "forward convolution");
+  const DeviceBuffer w_ohwi = to_ohwi(ctx, s, w);
+  run_forward(ctx, s, p, x, w_ohwi.data(), y);
 }
 
 void conv2d_backward_input(const GpuContext& ctx, const Conv2dShape& s, const float* dy,
                            const float* w, float* dx) {
   s.validate();
-  GpuContext::Impl& m = ctx.impl();
-  auto scope = m.scope();
-  ConvPlan& p = plan_for(ctx, s);
-  if (!p.have_bwd_data) {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-    int count = 0;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.base_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        m.cudnn, p.w_desc, p.y_desc, p.conv_desc, p.x_desc, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
-        &count, perf));
-    const auto* best = choose(perf, count, ctx.allow_tf32(), false);
-    if (best == nullptr) no_algorithm(ctx, s, "backward-data convolution");
-    p.bwd_data = best->algo;
-    p.bwd_data_math = best->mathType;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.bwd_data_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(m.cudnn, p.w_desc, p.y_desc,
-                                                                p.conv_desc, p.x_desc, p.bwd_data,
-                                                                &p.bwd_data_workspace));
-    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
-      p.bwd_data0 = zero->algo;
-      p.bwd_data0_math = zero->mathType;
-      p.have_bwd_data0 = true;
-    }
-    p.have_bwd_data = true;
-  }
-  DeviceBuffer w_ohwi(ctx, weight_bytes(s));
-  oihw_to_ohwi(ctx, s, w, w_ohwi.as<float>());
-  bool ok = true;
-  DeviceBuffer ws = try_workspace(ctx, p.bwd_data_workspace, &ok);
-  if (!ok && !p.have_bwd_data0)
-    no_fallback(ctx, s, "backward-data convolution", p.bwd_data_workspace);
-  const cudnnConvolutionBwdDataAlgo_t algo = ok ? p.bwd_data : p.bwd_data0;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? p.bwd_data_math : p.bwd_data0_math));
-  TW_CUDNN_CHECK(cudnnConvolutionBackwardData(m.cudnn, &kOne, p.w_desc, w_ohwi.data(), p.y_desc,
-                                              dy, p.conv_desc, algo, ws.data(),
-                                              ok ? ws.size() : 0, &kZero, p.x_desc, dx));
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, CUDNN_DATA_FLOAT);
+  if (!ready_backward_data(ctx, s, p)) no_algorithm(ctx, s, "backward-data convolution");
+  const DeviceBuffer w_ohwi = to_ohwi(ctx, s, w);
+  run_backward_data(ctx, s, p, dy, w_ohwi.data(), dx);
 }
 
 void conv2d_backward_weight(const GpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw) {
   s.validate();
-  GpuContext::Impl& m = ctx.impl();
-  auto scope = m.scope();
-  ConvPlan& p = plan_for(ctx, s);
-  if (!p.have_bwd_filter) {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int count = 0;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.base_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        m.cudnn, p.x_desc, p.y_desc, p.conv_desc, p.w_desc,
-        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
-    const auto* best = choose(perf, count, ctx.allow_tf32(), false);
-    if (best == nullptr) no_algorithm(ctx, s, "backward-filter convolution");
-    p.bwd_filter = best->algo;
-    p.bwd_filter_math = best->mathType;
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.bwd_filter_math));
-    TW_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
-        m.cudnn, p.x_desc, p.y_desc, p.conv_desc, p.w_desc, p.bwd_filter,
-        &p.bwd_filter_workspace));
-    if (const auto* zero = choose(perf, count, ctx.allow_tf32(), true)) {
-      p.bwd_filter0 = zero->algo;
-      p.bwd_filter0_math = zero->mathType;
-      p.have_bwd_filter0 = true;
-    }
-    p.have_bwd_filter = true;
-  }
-  DeviceBuffer dw_ohwi(ctx, weight_bytes(s));
-  bool ok = true;
-  DeviceBuffer ws = try_workspace(ctx, p.bwd_filter_workspace, &ok);
-  if (!ok && !p.have_bwd_filter0)
-    no_fallback(ctx, s, "backward-filter convolution", p.bwd_filter_workspace);
-  const cudnnConvolutionBwdFilterAlgo_t algo = ok ? p.bwd_filter : p.bwd_filter0;
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc,
-                                             ok ? p.bwd_filter_math : p.bwd_filter0_math));
-  TW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(m.cudnn, &kOne, p.x_desc, x, p.y_desc, dy,
-                                                p.conv_desc, algo, ws.data(), ok ? ws.size() : 0,
-                                                &kZero, p.w_desc, dw_ohwi.data()));
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, CUDNN_DATA_FLOAT);
+  if (!ready_backward_filter(ctx, s, p)) no_algorithm(ctx, s, "backward-filter convolution");
+  DeviceBuffer dw_ohwi(ctx, bytes_of(weight_count(s), sizeof(float)));
+  run_backward_filter(ctx, s, p, x, dy, dw_ohwi.data());
   ohwi_to_oihw(ctx, s, dw_ohwi.as<float>(), dw);
 }
 
@@ -270,6 +378,63 @@ void conv2d_backward_bias(const GpuContext& ctx, const Conv2dShape& s, const flo
                           float* db) {
   s.validate();
   sum_rows(ctx, static_cast<std::int64_t>(s.n) * s.out_h() * s.out_w(), s.c_out, dy, db);
+}
+
+// ---- 16-bit (Note [16-bit convolutions on tensor cores]) --------------------------------------
+
+void conv2d_forward_half(const GpuContext& ctx, Half t, const Conv2dShape& s, const float* x,
+                         const float* w, float* y) {
+  s.validate();
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, cudnn_type(t));
+  if (!ready_forward(ctx, s, p)) {
+    const DeviceBuffer xr = rounded(ctx, t, input_count(s), x);
+    const DeviceBuffer wr = rounded(ctx, t, weight_count(s), w);
+    return conv2d_forward(ctx, s, xr.as<float>(), wr.as<float>(), y);
+  }
+  const DeviceBuffer xh = to_half(ctx, t, input_count(s), x);
+  const DeviceBuffer w_ohwi = to_ohwi(ctx, s, w);
+  const DeviceBuffer wh = to_half(ctx, t, weight_count(s), w_ohwi.as<float>());
+  DeviceBuffer yh(ctx, bytes_of(output_count(s), 2));
+  run_forward(ctx, s, p, xh.data(), wh.data(), yh.data());
+  half_to_float(ctx, t, output_count(s), yh.data(), y);
+}
+
+void conv2d_backward_input_half(const GpuContext& ctx, Half t, const Conv2dShape& s,
+                                const float* dy, const float* w, float* dx) {
+  s.validate();
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, cudnn_type(t));
+  if (!ready_backward_data(ctx, s, p)) {
+    const DeviceBuffer dyr = rounded(ctx, t, output_count(s), dy);
+    const DeviceBuffer wr = rounded(ctx, t, weight_count(s), w);
+    return conv2d_backward_input(ctx, s, dyr.as<float>(), wr.as<float>(), dx);
+  }
+  const DeviceBuffer dyh = to_half(ctx, t, output_count(s), dy);
+  const DeviceBuffer w_ohwi = to_ohwi(ctx, s, w);
+  const DeviceBuffer wh = to_half(ctx, t, weight_count(s), w_ohwi.as<float>());
+  DeviceBuffer dxh(ctx, bytes_of(input_count(s), 2));
+  run_backward_data(ctx, s, p, dyh.data(), wh.data(), dxh.data());
+  half_to_float(ctx, t, input_count(s), dxh.data(), dx);
+}
+
+void conv2d_backward_weight_half(const GpuContext& ctx, Half t, const Conv2dShape& s,
+                                 const float* x, const float* dy, float* dw) {
+  s.validate();
+  auto scope = ctx.impl().scope();
+  ConvPlan& p = plan_for(ctx, s, cudnn_type(t));
+  if (!ready_backward_filter(ctx, s, p)) {
+    const DeviceBuffer xr = rounded(ctx, t, input_count(s), x);
+    const DeviceBuffer dyr = rounded(ctx, t, output_count(s), dy);
+    return conv2d_backward_weight(ctx, s, xr.as<float>(), dyr.as<float>(), dw);
+  }
+  const DeviceBuffer xh = to_half(ctx, t, input_count(s), x);
+  const DeviceBuffer dyh = to_half(ctx, t, output_count(s), dy);
+  DeviceBuffer dwh(ctx, bytes_of(weight_count(s), 2));
+  run_backward_filter(ctx, s, p, xh.data(), dyh.data(), dwh.data());
+  DeviceBuffer dw_ohwi(ctx, bytes_of(weight_count(s), sizeof(float)));
+  half_to_float(ctx, t, weight_count(s), dwh.data(), dw_ohwi.as<float>());
+  ohwi_to_oihw(ctx, s, dw_ohwi.as<float>(), dw);
 }
 
 }  // namespace towerflow::gpu

@@ -1,5 +1,6 @@
-// Elementwise kernels: fill, relu, add, mul, scale, axpy, bias_add. Grid-stride loops, so any n
-// runs with a bounded grid; 64-bit indices, so tensors past 2^31 elements work.
+// Elementwise kernels: fill, roundings and conversions to bf16 and fp16, relu, add, mul, scale,
+// axpy, bias_add. Grid-stride loops, so any n runs with a bounded grid; 64-bit indices, so
+// tensors past 2^31 elements work.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,6 +26,19 @@ __global__ void round_to_bf16_kernel(std::int64_t n, const float* x, float* y) {
 }
 __global__ void round_to_fp16_kernel(std::int64_t n, const float* x, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = __half2float(__float2half_rn(x[i]));
+}
+// The operands and results of the tensor-core products (conv.cc, gemm.cc) in their 16-bit types.
+__global__ void float_to_bf16_kernel(std::int64_t n, const float* x, __nv_bfloat16* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+}
+__global__ void float_to_fp16_kernel(std::int64_t n, const float* x, __half* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __float2half_rn(x[i]);
+}
+__global__ void bf16_to_float_kernel(std::int64_t n, const __nv_bfloat16* x, float* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __bfloat162float(x[i]);
+}
+__global__ void fp16_to_float_kernel(std::int64_t n, const __half* x, float* y) {
+  TW_GRID_STRIDE(i, n) y[i] = __half2float(x[i]);
 }
 __global__ void relu_kernel(std::int64_t n, const float* x, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -86,6 +100,37 @@ void round_to_fp16(const GpuContext& ctx, std::int64_t n, const float* x, float*
   const Launch l = launch_for(n);
   round_to_fp16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, y);
   TW_CUDA_CHECK_LAUNCH("round_to_fp16_kernel");
+}
+
+void float_to_half(const GpuContext& ctx, Half t, std::int64_t n, const float* x, void* y) {
+  check_n(n, "float_to_half");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  if (t == Half::Bf16) {
+    float_to_bf16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(
+        n, x, static_cast<__nv_bfloat16*>(y));
+    TW_CUDA_CHECK_LAUNCH("float_to_bf16_kernel");
+  } else {
+    float_to_fp16_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, static_cast<__half*>(y));
+    TW_CUDA_CHECK_LAUNCH("float_to_fp16_kernel");
+  }
+}
+
+void half_to_float(const GpuContext& ctx, Half t, std::int64_t n, const void* x, float* y) {
+  check_n(n, "half_to_float");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  if (t == Half::Bf16) {
+    bf16_to_float_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(
+        n, static_cast<const __nv_bfloat16*>(x), y);
+    TW_CUDA_CHECK_LAUNCH("bf16_to_float_kernel");
+  } else {
+    fp16_to_float_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(
+        n, static_cast<const __half*>(x), y);
+    TW_CUDA_CHECK_LAUNCH("fp16_to_float_kernel");
+  }
 }
 
 void relu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {

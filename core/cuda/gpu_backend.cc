@@ -81,6 +81,8 @@ class GpuBackend final : public Backend {
       auto scope = ctx_.impl().scope();
       TW_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
     }
+    bf16_products_ = gpu::half_products_supported(ctx_, gpu::Half::Bf16);
+    fp16_products_ = gpu::half_products_supported(ctx_, gpu::Half::Fp16);
     const std::size_t v = cudnnGetVersion();
     name_ = str("CUDA (", prop.name, ", ordinal ", ordinal, ", cuDNN ", v / 10000, ".",
                 v / 100 % 100, ")");
@@ -100,9 +102,12 @@ class GpuBackend final : public Backend {
   Allocator& allocator() const override { return ctx_.allocator(); }
   std::string name() const override { return name_; }
   // Synchronised batch norm's phase kernels are not written for the GPU yet (the base class
-  // throws); without them ops.cc soft-places those layers on /cpu:0 or names the option.
+  // throws); without them ops.cc soft-places those layers on /cpu:0 or names the option. 16-bit
+  // products run on tensor cores where the GPU has them for the type (half_products_supported).
   bool supports(OpKind op) const override {
-    return op != OpKind::kBatchNormSync && op != OpKind::kBf16Products;
+    if (op == OpKind::kBf16Products) return bf16_products_;
+    if (op == OpKind::kFp16Products) return fp16_products_;
+    return op != OpKind::kBatchNormSync;
   }
 
   // ---- memory ------------------------------------------------------------------------------
@@ -145,15 +150,41 @@ class GpuBackend final : public Backend {
 
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override { gpu::fill(ctx_, n, value, y); }
-  // bf16 precision on a GPU: the operands rounded here for the fp32 cuDNN and cuBLAS kernels.
+  // The emulated path of bf16 and fp16 precision (a GPU without tensor cores for the type).
   void round_to_bf16(std::int64_t n, const float* x, float* y) override {
     gpu::round_to_bf16(ctx_, n, x, y);
   }
   void round_to_fp16(std::int64_t n, const float* x, float* y) override {
     gpu::round_to_fp16(ctx_, n, x, y);
   }
-  std::string describe_bf16() const override {
-    return "emulated: operands rounded to bf16 on the GPU for the fp32 cuDNN and cuBLAS kernels";
+  std::string describe_products(Precision p) const override {
+    const std::string t = to_string(p);
+    if (p == Precision::Bf16 ? bf16_products_ : fp16_products_)
+      return "cuDNN and cuBLAS " + t + " kernels on tensor cores: operands converted to " + t +
+             " on the GPU, convolution outputs and weight gradients rounded to " + t;
+    return "emulated: this GPU has no " + t + " tensor cores; operands rounded to " + t +
+           " on the GPU for the fp32 cuDNN and cuBLAS kernels, slower than fp32";
+  }
+
+  // ---- 16-bit products on tensor cores (kBf16Products, kFp16Products) ----------------------------
+  void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x, const float* w,
+                           const float* bias_or_null, float* y) override {
+    gpu::conv2d_forward_half(ctx_, half(p), s, x, w, y);
+    if (bias_or_null != nullptr)
+      gpu::bias_add(ctx_, static_cast<std::int64_t>(s.n) * s.out_h() * s.out_w(), s.c_out, y,
+                    bias_or_null, y);
+  }
+  void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
+                                  const float* w, float* dx) override {
+    gpu::conv2d_backward_input_half(ctx_, half(p), s, dy, w, dx);
+  }
+  void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+                                   const float* dy, float* dw) override {
+    gpu::conv2d_backward_weight_half(ctx_, half(p), s, x, dy, dw);
+  }
+  void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                 int lda, const float* b, int ldb, float* c, int ldc) override {
+    gpu::gemm_half(ctx_, half(p), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   }
   void add(std::int64_t n, const float* a, const float* b, float* y) override {
     gpu::add(ctx_, n, a, b, y);
@@ -279,8 +310,15 @@ class GpuBackend final : public Backend {
   }
 
  private:
+  gpu::Half half(Precision p) const {
+    if (p == Precision::Fp32)
+      raise<InvalidArgument>("16-bit products on ", device(), " asked for in fp32");
+    return p == Precision::Bf16 ? gpu::Half::Bf16 : gpu::Half::Fp16;
+  }
+
   gpu::GpuContext ctx_;
   std::string name_;
+  bool bf16_products_ = false, fp16_products_ = false;
 };
 
 }  // namespace

@@ -40,6 +40,36 @@ void conv2d_forward_bias(const GpuContext& ctx, const Conv2dShape& s, const floa
                          const float* w, const float* bias, float* y);
 void conv2d_backward_bias(const GpuContext& ctx, const Conv2dShape& s, const float* dy, float* db);
 
+// ---- 16-bit products on tensor cores (bf16 and fp16 precision) -----------------------------
+// The convolutions above and gemm (alpha 1, beta 0) with their float32 operands converted on the
+// GPU to bf16 or fp16 (round to nearest even), multiplied by cuDNN and cuBLAS on tensor cores and
+// accumulated in float32. Inputs and outputs stay float32 buffers; cuBLAS writes the product in
+// float32, while cuDNN's 16-bit convolutions write their output in the 16-bit type, which is then
+// widened (so convolution outputs and weight gradients carry one 16-bit rounding that the CPU's
+// bf16 kernels do not): Note [16-bit convolutions on tensor cores] in conv.cc. A shape for which
+// cuDNN ranks no 16-bit algorithm runs the float32 kernel on operands rounded to the type instead.
+// bf16 needs compute capability 8.0, fp16 7.0 (half_products_supported).
+
+enum class Half { Bf16, Fp16 };
+const char* to_string(Half t);
+// Whether this context's GPU multiplies t on tensor cores through cuDNN and cuBLAS.
+bool half_products_supported(const GpuContext& ctx, Half t);
+
+void conv2d_forward_half(const GpuContext& ctx, Half t, const Conv2dShape& s, const float* x,
+                         const float* w, float* y);
+void conv2d_backward_input_half(const GpuContext& ctx, Half t, const Conv2dShape& s,
+                                const float* dy, const float* w, float* dx);
+void conv2d_backward_weight_half(const GpuContext& ctx, Half t, const Conv2dShape& s,
+                                 const float* x, const float* dy, float* dw);
+// c = op(a) op(b), row-major as gemm below; the product is written in float32.
+void gemm_half(const GpuContext& ctx, Half t, bool trans_a, bool trans_b, int m, int n, int k,
+               const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+
+// y[i] = x[i] converted to t (round to nearest even; NaN and infinities kept; fp16 overflows to
+// infinity past 65504), stored as t's 2-byte values; and back (exact).
+void float_to_half(const GpuContext& ctx, Half t, std::int64_t n, const float* x, void* y);
+void half_to_float(const GpuContext& ctx, Half t, std::int64_t n, const void* x, float* y);
+
 // ---- pooling (native kernels: Note [Native pooling kernels] in pool.cu) ---------------------
 // Max pool returns PyTorch's argmax with the CPU's tie rule (first in row, column order) and
 // propagates NaN; average pool counts padding (count_include_pad = true). Backward of max pool

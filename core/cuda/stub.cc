@@ -104,6 +104,30 @@ void conv2d_forward_bias(const GpuContext&, const Conv2dShape&, const float*, co
 void conv2d_backward_bias(const GpuContext&, const Conv2dShape&, const float*, float*) {
   no_cuda("conv2d_backward_bias");
 }
+const char* to_string(Half t) { return t == Half::Bf16 ? "bf16" : "fp16"; }
+bool half_products_supported(const GpuContext&, Half) { no_cuda("half_products_supported"); }
+void conv2d_forward_half(const GpuContext&, Half, const Conv2dShape&, const float*, const float*,
+                         float*) {
+  no_cuda("conv2d_forward_half");
+}
+void conv2d_backward_input_half(const GpuContext&, Half, const Conv2dShape&, const float*,
+                                const float*, float*) {
+  no_cuda("conv2d_backward_input_half");
+}
+void conv2d_backward_weight_half(const GpuContext&, Half, const Conv2dShape&, const float*,
+                                 const float*, float*) {
+  no_cuda("conv2d_backward_weight_half");
+}
+void gemm_half(const GpuContext&, Half, bool, bool, int, int, int, const float*, int,
+               const float*, int, float*, int) {
+  no_cuda("gemm_half");
+}
+void float_to_half(const GpuContext&, Half, std::int64_t, const float*, void*) {
+  no_cuda("float_to_half");
+}
+void half_to_float(const GpuContext&, Half, std::int64_t, const void*, float*) {
+  no_cuda("half_to_float");
+}
 void max_pool_forward(const GpuContext&, const Pool2dShape&, const float*, float*, std::int32_t*) {
   no_cuda("max_pool_forward");
 }

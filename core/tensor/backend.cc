@@ -26,6 +26,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::kTopK: return "top_k";
     case OpKind::kOptimizerUpdate: return "optimizer_update";
     case OpKind::kBf16Products: return "bf16_products";
+    case OpKind::kFp16Products: return "fp16_products";
   }
   return "?";
 }

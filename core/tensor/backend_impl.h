@@ -35,6 +35,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/queue_event.h"
+#include "core/tensor/precision.h"
 #include "core/tensor/optimizer_update.h"
 
 namespace towerflow {
@@ -54,7 +55,8 @@ enum class OpKind {
   kSoftmaxXent,     // softmax_cross_entropy_*
   kTopK,            // top_k_correct
   kOptimizerUpdate, // sgd_update, adam_update (fused updates over a flat parameter buffer)
-  kBf16Products,    // conv2d_*_bf16, gemm_bf16 (kernels that read bf16 operands themselves)
+  kBf16Products,    // conv2d_*_half, gemm_half in bf16 (kernels that read bf16 operands themselves)
+  kFp16Products,    // the same in fp16
 };
 std::string_view to_string(OpKind op);
 
@@ -103,31 +105,36 @@ class Backend {
                        "); train this device in fp32 or bf16 (--precision)");
   }
 
-  // What bf16 precision runs on here, for the start-up block: "emulated (...)" by default.
-  virtual std::string describe_bf16() const {
-    return "emulated: operands rounded to bf16 for the fp32 kernels, slower than fp32";
+  // What bf16 or fp16 precision (p) runs on here, for the start-up block: "emulated (...)" by
+  // default.
+  virtual std::string describe_products(Precision p) const {
+    return "emulated: operands rounded to " + to_string(p) +
+           " for the fp32 kernels, slower than fp32";
   }
 
-  // ---- bf16 products (kBf16Products) -----------------------------------------------------------
+  // ---- 16-bit products (kBf16Products, kFp16Products) ------------------------------------------
   // The convolutions below and gemm (alpha 1, beta 0) reading their float32 operands as bfloat16
-  // (rounded to nearest even inside the kernel) and accumulating in float32 (core/cpu/bf16.h).
-  // Under bf16 precision ops.cc calls these where supports(kBf16Products); elsewhere it rounds the
-  // operands itself (round_to_bf16) for the float32 kernels. The base class has none.
-  virtual void conv2d_forward_bf16(const cpu::Conv2dShape& s, const float* x, const float* w,
-                                   const float* bias_or_null, float* y) {
-    no_bf16_products("conv2d_forward_bf16");
+  // or IEEE half (p: rounded to nearest even inside the call) and accumulating in float32: the
+  // CPU's oneDNN kernels in bf16 (core/cpu/bf16.h), the GPU's cuDNN and cuBLAS on tensor cores
+  // (core/cuda/ops.h, which says where their results carry one more rounding). Under bf16 or fp16
+  // precision ops.cc calls these where supports(kBf16Products / kFp16Products); elsewhere it
+  // rounds the operands itself (round_to_bf16 / round_to_fp16) for the float32 kernels. The base
+  // class has none.
+  virtual void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+                                   const float* w, const float* bias_or_null, float* y) {
+    no_half_products(p, "conv2d_forward_half");
   }
-  virtual void conv2d_backward_input_bf16(const cpu::Conv2dShape& s, const float* dy,
+  virtual void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
                                           const float* w, float* dx) {
-    no_bf16_products("conv2d_backward_input_bf16");
+    no_half_products(p, "conv2d_backward_input_half");
   }
-  virtual void conv2d_backward_weight_bf16(const cpu::Conv2dShape& s, const float* x,
+  virtual void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
                                            const float* dy, float* dw) {
-    no_bf16_products("conv2d_backward_weight_bf16");
+    no_half_products(p, "conv2d_backward_weight_half");
   }
-  virtual void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
-                         const float* b, int ldb, float* c, int ldc) {
-    no_bf16_products("gemm_bf16");
+  virtual void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k,
+                         const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+    no_half_products(p, "gemm_half");
   }
 
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
@@ -277,6 +284,14 @@ class Backend {
   virtual void top_k_correct(std::int64_t rows, int classes, const float* logits,
                              const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
 
+ protected:
+  // The error of a 16-bit product method called on a backend without it for that type.
+  [[noreturn]] void no_half_products(Precision p, std::string_view method) const {
+    raise<DeviceError>(method, ": no kernel that reads ", to_string(p), " operands on ", device(),
+                       " (", name(), "); ", to_string(p),
+                       " precision rounds the operands for the fp32 kernels here");
+  }
+
  private:
   // The defaults of the kBatchNormSync methods (defined here, inline, so that Backend keeps no
   // out-of-line member: libraries that implement it need not link core/tensor).
@@ -284,10 +299,6 @@ class Backend {
     raise<DeviceError>(method, ": synchronised batch norm (batch_norm = sync) has no kernel on ",
                        device(), " (", name(), "); use per-tower batch norm on this device, or "
                        "allow_soft_placement = true to run those layers on /cpu:0");
-  }
-  [[noreturn]] void no_bf16_products(std::string_view method) const {
-    raise<DeviceError>(method, ": no kernel that reads bf16 operands on ", device(), " (", name(),
-                       "); bf16 precision rounds the operands for the fp32 kernels here");
   }
   [[noreturn]] void no_optimizer_kernel(std::string_view method) const {
     raise<DeviceError>(method, ": no fused optimizer kernel on ", device(), " (", name(),

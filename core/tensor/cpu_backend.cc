@@ -41,10 +41,13 @@ class CpuBackend final : public Backend {
   bool supports(OpKind op) const override {
     if (op == OpKind::kBf16Products && cpu::active_bf16_kernels() != cpu::Bf16Kernels::OneDnn)
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
+    if (op == OpKind::kFp16Products) return false;  // fp16 is always emulated on CPUs
     return op != OpKind::kOptimizerUpdate &&
            std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
-  std::string describe_bf16() const override { return cpu::describe_bf16_kernels(); }
+  std::string describe_products(Precision p) const override {
+    return p == Precision::Bf16 ? cpu::describe_bf16_kernels() : Backend::describe_products(p);
+  }
   const cpu::CpuContext& context() const { return ctx_; }
 
   // ---- memory ----------------------------------------------------------------------------
@@ -146,20 +149,25 @@ class CpuBackend final : public Backend {
                               float* dw) override {
     cpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
   }
-  void conv2d_forward_bf16(const cpu::Conv2dShape& s, const float* x, const float* w,
+  // bf16 only (supports(kFp16Products) is false).
+  void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x, const float* w,
                            const float* bias, float* y) override {
+    if (p != Precision::Bf16) no_half_products(p, "conv2d_forward_half");
     cpu::conv2d_forward_bf16(ctx_, s, x, w, bias, y);
   }
-  void conv2d_backward_input_bf16(const cpu::Conv2dShape& s, const float* dy, const float* w,
-                                  float* dx) override {
+  void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
+                                  const float* w, float* dx) override {
+    if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_input_half");
     cpu::conv2d_backward_input_bf16(ctx_, s, dy, w, dx);
   }
-  void conv2d_backward_weight_bf16(const cpu::Conv2dShape& s, const float* x, const float* dy,
-                                   float* dw) override {
+  void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+                                   const float* dy, float* dw) override {
+    if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_weight_half");
     cpu::conv2d_backward_weight_bf16(ctx_, s, x, dy, dw);
   }
-  void gemm_bf16(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
-                 const float* b, int ldb, float* c, int ldc) override {
+  void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                 int lda, const float* b, int ldb, float* c, int ldc) override {
+    if (p != Precision::Bf16) no_half_products(p, "gemm_half");
     cpu::gemm_bf16(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   }
   void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {

@@ -113,18 +113,27 @@ float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(), t.dtype()); }
 
 // How convolutions and matrix products on device d multiply under the thread's precision
-// (precision.h): in fp32; in bf16 by kernels that read bf16 themselves (the backend's *_bf16,
-// core/cpu/bf16.h); or in bf16 or fp16 by rounding the operands here for the fp32 kernels.
-enum class Products { Fp32, Bf16Kernels, Bf16Rounded, Fp16Rounded };
+// (precision.h): in fp32; in bf16 or fp16 by kernels that read those types themselves (the
+// backend's *_half: oneDNN's bf16 kernels, cuDNN and cuBLAS on tensor cores); or in bf16 or fp16
+// by rounding the operands here for the fp32 kernels.
+enum class Products { Fp32, Bf16Kernels, Fp16Kernels, Bf16Rounded, Fp16Rounded };
 
 Products products_on(const Device& d) {
   switch (current_precision()) {
     case Precision::Bf16:
       return backend_for(d).supports(OpKind::kBf16Products) ? Products::Bf16Kernels
                                                             : Products::Bf16Rounded;
-    case Precision::Fp16: return Products::Fp16Rounded;
+    case Precision::Fp16:
+      return backend_for(d).supports(OpKind::kFp16Products) ? Products::Fp16Kernels
+                                                            : Products::Fp16Rounded;
     default: return Products::Fp32;
   }
+}
+
+bool half_kernels(Products p) { return p == Products::Bf16Kernels || p == Products::Fp16Kernels; }
+// The type the *_half kernels read under p.
+Precision half_type(Products p) {
+  return p == Products::Fp16Kernels ? Precision::Fp16 : Precision::Bf16;
 }
 
 // An operand of a convolution or matrix product: with Bf16Rounded or Fp16Rounded a copy rounded
@@ -143,8 +152,8 @@ Tensor operand(const Tensor& t, Products p) {
 // c = op(a) op(b) (row-major, gemm.h's arguments with alpha 1 and beta 0) as p multiplies.
 void product(Backend& be, Products p, bool trans_a, bool trans_b, int m, int n, int k,
              const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  if (p == Products::Bf16Kernels)
-    be.gemm_bf16(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (half_kernels(p))
+    be.gemm_half(half_type(p), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   else
     be.gemm(trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
 }
@@ -186,8 +195,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
   const Products p = products_on(d);
   const Tensor xo = operand(x, p), wo = operand(w, p);
-  if (p == Products::Bf16Kernels)
-    backend_for(d).conv2d_forward_bf16(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
+  if (half_kernels(p))
+    backend_for(d).conv2d_forward_half(half_type(p), s, xo.data<float>(), wo.data<float>(), fptr(bias),
+                                       y.data<float>());
   else
     backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
@@ -195,19 +205,19 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
            [s, xo, wo, bias, p, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
       const Tensor go = operand(g, p);
-      const bool bf16_kernels = p == Products::Bf16Kernels;
+      const bool by_half_kernels = half_kernels(p);
       Tensor dx, dw, db;
       if (need_dx) {
         dx = empty_like(xo);
-        if (bf16_kernels)
-          be.conv2d_backward_input_bf16(s, go.data<float>(), wo.data<float>(), dx.data<float>());
+        if (by_half_kernels)
+          be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(), dx.data<float>());
         else
           be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
       }
       if (need_dw) {
         dw = empty_like(wo);
-        if (bf16_kernels)
-          be.conv2d_backward_weight_bf16(s, xo.data<float>(), go.data<float>(), dw.data<float>());
+        if (by_half_kernels)
+          be.conv2d_backward_weight_half(half_type(p), s, xo.data<float>(), go.data<float>(), dw.data<float>());
         else
           be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
       }

@@ -19,14 +19,6 @@ Precision parse_precision(std::string_view text) {
   raise<InvalidArgument>("precision '", text, "' is not known; use fp32, bf16 or fp16");
 }
 
-std::string to_string(Precision p) {
-  switch (p) {
-    case Precision::Bf16: return "bf16";
-    case Precision::Fp16: return "fp16";
-    default: return "fp32";
-  }
-}
-
 Precision current_precision() { return t_precision; }
 
 PrecisionScope::PrecisionScope(Precision p) : previous_(t_precision) { t_precision = p; }

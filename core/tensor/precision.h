@@ -18,12 +18,13 @@
 // - Fp16: the same with operands rounded to IEEE half precision (to nearest even; beyond 65504
 //   they become infinite, below 2^-24 zero). Its narrow range needs loss scaling, which
 //   tower::Trainer applies under fp16 (tower/loss_scale.h).
-// - How: where the device's backend has kernels that read bf16 themselves
-//   (supports(OpKind::kBf16Products): oneDNN's on CPUs with AVX512-BF16 or AMX, core/cpu/bf16.h),
+// - How: where the device's backend has kernels that read bf16 or fp16 themselves
+//   (supports(OpKind::kBf16Products / kFp16Products): oneDNN's bf16 kernels on CPUs with
+//   AVX512-BF16 or AMX, core/cpu/bf16.h; cuDNN and cuBLAS on GPU tensor cores, core/cuda/ops.h),
 //   they run on the fp32 tensors. Elsewhere the operands are rounded by the backend
 //   (Backend::round_to_bf16 / round_to_fp16) and the float32 kernels run on them, which gives
 //   exactly the same products with float32 accumulation: the emulated path, correct and slower
-//   than fp32 (the rounding is an extra pass over the operands). fp16 is always emulated.
+//   than fp32 (the rounding is an extra pass over the operands). fp16 on CPUs is always emulated.
 
 #include <cstdint>
 #include <string>
@@ -35,7 +36,15 @@ enum class Precision { Fp32, Bf16, Fp16 };
 
 // "fp32" | "bf16" | "fp16". InvalidArgument naming the value and the choices.
 Precision parse_precision(std::string_view text);
-std::string to_string(Precision p);
+// Inline, so that backends (core/tensor/backend_impl.h) name a precision without linking this
+// library.
+inline std::string to_string(Precision p) {
+  switch (p) {
+    case Precision::Bf16: return "bf16";
+    case Precision::Fp16: return "fp16";
+    default: return "fp32";
+  }
+}
 
 // The calling thread's precision (Fp32 outside any scope).
 Precision current_precision();

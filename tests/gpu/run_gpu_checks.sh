@@ -11,7 +11,8 @@
 # there are several; and the benchmark suite's GPU part, bench/suite.py --gpu-only), the NCCL
 # communicator tests (one rank; two ranks with two GPUs), GPU
 # towers against CPU towers (test_tower_trainer_gpu), and cifar10_train for TW_GPU_CHECK_STEPS
-# (300) steps with each reduction on the GPU(s) and on as many CPU towers, loss curves compared
+# (300) steps with each reduction, and in bf16 and fp16, on the GPU(s) and on as many CPU towers
+# (the training benchmark also in bf16 and fp16), loss curves compared
 # by tests/gpu/compare_loss_curves.py (tolerances in its header); with two GPUs and mpirun, the
 # same across 2 processes (NCCL over both processes' GPUs) and the GPU stream-ordering cases.
 # The report (markdown) goes to <build-dir>/gpu_report.md and to stdout; the full logs sit next
@@ -107,18 +108,20 @@ for reduction in all_reduce bucketed:0.05 parameter_device; do
     python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_$tag.log" "$build/train_cpu_$tag.log"
 done
 
-# bf16 precision: the same run in bf16 on the GPU(s) (operands rounded on the GPU) against the
-# CPU towers' bf16 run, all-reduce only.
-common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
-        --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
-        --reduction all_reduce --precision bf16 --save_every 0 --start_over delete)
-step "cifar10_train bf16 on $gpu_towers ($train_steps steps)" "$build/train_gpu_bf16.log" \
-  "$build/bin/cifar10_train" "${common[@]}" --devices "$gpu_towers" --train_dir "$build/train_gpu_bf16"
-step "cifar10_train bf16 on $cpu_towers ($train_steps steps)" "$build/train_cpu_bf16.log" \
-  "$build/bin/cifar10_train" "${common[@]}" --devices "$cpu_towers" \
-  --device_count "CPU=$ntowers" --train_dir "$build/train_cpu_bf16"
-step "loss curves GPU vs CPU, bf16" "$build/compare_bf16.log" \
-  python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_bf16.log" "$build/train_cpu_bf16.log"
+# bf16 and fp16 precision: the same run on the GPU(s) (cuDNN and cuBLAS on tensor cores; fp16
+# with dynamic loss scaling) against the CPU towers' run in the same precision, all-reduce only.
+for precision in bf16 fp16; do
+  common=(--model resnet20 --batch_size 64 --max_steps "$train_steps" --log_every 10 --json
+          --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2
+          --reduction all_reduce --precision "$precision" --save_every 0 --start_over delete)
+  step "cifar10_train $precision on $gpu_towers ($train_steps steps)" "$build/train_gpu_$precision.log" \
+    "$build/bin/cifar10_train" "${common[@]}" --devices "$gpu_towers" --train_dir "$build/train_gpu_$precision"
+  step "cifar10_train $precision on $cpu_towers ($train_steps steps)" "$build/train_cpu_$precision.log" \
+    "$build/bin/cifar10_train" "${common[@]}" --devices "$cpu_towers" \
+    --device_count "CPU=$ntowers" --train_dir "$build/train_cpu_$precision"
+  step "loss curves GPU vs CPU, $precision" "$build/compare_$precision.log" \
+    python3 tests/gpu/compare_loss_curves.py "$build/train_gpu_$precision.log" "$build/train_cpu_$precision.log"
+done
 
 # Across processes: 2 processes x 1 GPU (task-named devices give rank 0 GPU 0 and rank 1 GPU 1),
 # one NCCL communicator over both processes' GPUs, against the same run's 2 CPU towers.
@@ -140,6 +143,11 @@ fi
 if [ -x "$build/bin/towerflow_bench_train" ]; then
   step "training benchmark on /gpu:0" "$build/bench_train_gpu.log" \
     "$build/bin/towerflow_bench_train" --model resnet20 --batch 128 --devices /gpu:0 --json
+  for precision in bf16 fp16; do
+    step "training benchmark on /gpu:0, $precision" "$build/bench_train_gpu_$precision.log" \
+      "$build/bin/towerflow_bench_train" --model resnet20 --batch 128 --devices /gpu:0 --json \
+      --precision "$precision"
+  done
   if [ "$ngpu" -gt 1 ]; then
     gpus=$(seq -s, -f '/gpu:%g' 0 $((ngpu - 1)))
     step "training benchmark on $gpus (all_reduce)" "$build/bench_train_gpus.log" \

@@ -314,6 +314,13 @@ TEST_CASE("a set-up that differs between ranks is refused on every rank, naming 
                       Catch::Contains("the ranks disagree") && Catch::Contains("parameters"));
   REQUIRE_THROWS_WITH((Trainer(net(false), cpus(world().rank() + 1), {.processes = &world()})),
                       Catch::Contains("1 devices") && Catch::Contains("2 devices"));
+  // fp16's loss scaling decides every step's skip on each rank alone, so its rules must agree.
+  const TrainerOptions fp16{.precision = Precision::Fp16,
+                            .loss_scale = {.growth_interval = world().rank() == 0 ? 2000 : 100},
+                            .processes = &world()};
+  REQUIRE_THROWS_WITH((Trainer(net(false), cpus(1), fp16)),
+                      Catch::Contains("the ranks disagree") && Catch::Contains("every 2000 good steps") &&
+                          Catch::Contains("every 100 good steps"));
 }
 
 // These break the job's process group (as a real failure does), so each runs in its own mpirun;

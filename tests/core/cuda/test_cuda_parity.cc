@@ -395,6 +395,166 @@ TEST_CASE("gemm matches the CPU kernel for every transposition", "[cuda]") {
                     tw::InvalidArgument);
 }
 
+// ---- 16-bit products on tensor cores -------------------------------------------------------------
+
+namespace {
+
+std::vector<float> rounded_to(gpu::Half t, std::vector<float> v) {
+  for (float& x : v) x = t == gpu::Half::Bf16 ? tw::round_to_bf16(x) : tw::round_to_fp16(x);
+  return v;
+}
+
+// How many of v are not exactly values of t (0 when v went through t: a tensor-core output).
+std::size_t not_of_type(gpu::Half t, const std::vector<float>& v) {
+  return std::size_t(std::count_if(v.begin(), v.end(), [&](float x) {
+    const float r = t == gpu::Half::Bf16 ? tw::round_to_bf16(x) : tw::round_to_fp16(x);
+    return std::memcmp(&r, &x, 4) != 0;
+  }));
+}
+
+// Half the spacing of t's values, relative: the error of the one rounding of a cuDNN 16-bit
+// output (Note [16-bit convolutions on tensor cores] in core/cuda/conv.cc).
+double output_rounding(gpu::Half t) { return t == gpu::Half::Bf16 ? 0x1p-9 : 0x1p-12; }
+
+// The GPU's 16-bit convolutions against the CPU's fp32 kernels on operands rounded to t: the same
+// products, summed in another order (atol as the fp32 parity test's), and then the output rounded
+// to t once (rtol). `tensor_cores` also asks that every output went through t, i.e. that cuDNN
+// offered a 16-bit algorithm and the shape did not fall back to the emulated path.
+void half_conv_parity(gpu::Half t, const char* name, const cpu::Conv2dShape& s, bool tensor_cores,
+                      std::uint32_t seed) {
+  auto& ctx = *the_gpu().ctx;
+  const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
+  const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+  const std::size_t nw = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+  const auto x = random_vector(nx, seed), w = random_vector(nw, seed + 1),
+             dy = random_vector(ny, seed + 2);
+  const auto xr = rounded_to(t, x), wr = rounded_to(t, w), dyr = rounded_to(t, dy);
+  auto gx = upload(x), gw = upload(w), gdy = upload(dy);
+  auto gy = device_zeros(ny), gdx = device_zeros(nx), gdw = device_zeros(nw);
+  std::vector<float> y(ny), dx(nx), dw(nw);
+  INFO(gpu::to_string(t) << " " << name << " (" << s.to_string() << ")");
+  const double rtol = 1.01 * output_rounding(t);
+
+  gpu::conv2d_forward_half(ctx, t, s, gx.as<float>(), gw.as<float>(), gy.as<float>());
+  cpu::conv2d_forward(the_cpu(), s, xr.data(), wr.data(), y.data());
+  const auto got_y = download(gy, ny);
+  expect_close("conv2d_forward_half", got_y, y, 2e-6 * double(s.c_in) * s.kh * s.kw, rtol);
+
+  gpu::conv2d_backward_input_half(ctx, t, s, gdy.as<float>(), gw.as<float>(), gdx.as<float>());
+  cpu::conv2d_backward_input(the_cpu(), s, dyr.data(), wr.data(), dx.data());
+  const auto got_dx = download(gdx, nx);
+  expect_close("conv2d_backward_input_half", got_dx, dx, 2e-6 * double(s.c_out) * s.kh * s.kw,
+               rtol);
+
+  gpu::conv2d_backward_weight_half(ctx, t, s, gx.as<float>(), gdy.as<float>(), gdw.as<float>());
+  cpu::conv2d_backward_weight(the_cpu(), s, xr.data(), dyr.data(), dw.data());
+  const auto got_dw = download(gdw, nw);
+  expect_close("conv2d_backward_weight_half", got_dw, dw,
+               2e-6 * double(s.n) * s.out_h() * s.out_w(), rtol);
+
+  const std::size_t off_y = not_of_type(t, got_y), off_dx = not_of_type(t, got_dx),
+                    off_dw = not_of_type(t, got_dw);
+  std::printf("[cuda] %s %-40s %s\n", gpu::to_string(t), name,
+              off_y + off_dx + off_dw == 0 ? "tensor-core path (outputs in the 16-bit type)"
+                                           : "emulated path (float32 outputs)");
+  if (tensor_cores) {
+    CHECK(off_y == 0);
+    CHECK(off_dx == 0);
+    CHECK(off_dw == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("float32 <-> bf16 and fp16 conversions round as the CPU does, bit for bit", "[cuda][bf16]") {
+  auto& ctx = *the_gpu().ctx;
+  std::vector<float> v = random_vector(5003, 104, -70000.0f, 70000.0f);
+  const auto small = random_vector(997, 105, -1e-3f, 1e-3f);
+  v.insert(v.end(), small.begin(), small.end());
+  for (float extra : {0.0f, -0.0f, 65504.0f, 65520.0f, 5.9604645e-8f, 1e-9f, INFINITY, -INFINITY})
+    v.push_back(extra);
+  for (const gpu::Half t : {gpu::Half::Bf16, gpu::Half::Fp16}) {
+    auto gv = upload(v);
+    gpu::DeviceBuffer gh(ctx, v.size() * 2);
+    auto gback = device_zeros(v.size());
+    gpu::float_to_half(ctx, t, std::int64_t(v.size()), gv.as<float>(), gh.data());
+    gpu::half_to_float(ctx, t, std::int64_t(v.size()), gh.data(), gback.as<float>());
+    const auto back = download(gback, v.size());
+    const auto want = rounded_to(t, v);
+    int mismatches = 0;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (std::memcmp(&want[i], &back[i], 4) != 0) ++mismatches;
+    INFO(gpu::to_string(t));
+    CHECK(mismatches == 0);
+  }
+}
+
+TEST_CASE("bf16 and fp16 convolutions on tensor cores match the CPU on rounded operands, every ResNet-20 and tfcnn shape",
+          "[cuda][bf16]") {
+  struct Case {
+    const char* name;
+    cpu::Conv2dShape s;
+    bool tensor_cores;  // channels in multiples of 8: cuDNN's tensor-core kernels take them
+  };
+  const std::vector<Case> cases = {
+      {"resnet20 conv1 3->16", {.n = 4, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, false},
+      {"resnet20 16->16", {.n = 4, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, true},
+      {"resnet20 16->32 stride 2", {.n = 4, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
+      {"resnet20 shortcut 1x1 16->32 stride 2", {.n = 4, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}, true},
+      {"resnet20 32->32", {.n = 4, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, true},
+      {"resnet20 32->64 stride 2", {.n = 4, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}, true},
+      {"resnet20 shortcut 1x1 32->64 stride 2", {.n = 4, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2}, true},
+      {"resnet20 64->64", {.n = 4, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, true},
+      {"tfcnn conv1 5x5 3->64", {.n = 4, .h = 32, .w = 32, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}, false},
+      {"tfcnn conv2 5x5 64->64", {.n = 4, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}, true},
+      {"odd 5->7 on 7x9, no padding", {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3}, false},
+      {"odd 3x2 kernel, stride 2 dropping a column", {.n = 1, .h = 8, .w = 8, .c_in = 6, .c_out = 10, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 2}, false},
+  };
+  std::uint32_t seed = 200;
+  for (const gpu::Half t : {gpu::Half::Bf16, gpu::Half::Fp16}) {
+    if (!gpu::half_products_supported(*the_gpu().ctx, t)) {
+      WARN("this GPU has no " << gpu::to_string(t) << " tensor cores; their kernels are not tested");
+      continue;
+    }
+    for (const Case& c : cases) half_conv_parity(t, c.name, c.s, c.tensor_cores, seed += 3);
+  }
+}
+
+TEST_CASE("bf16 and fp16 GEMM on tensor cores match the CPU on rounded operands", "[cuda][bf16]") {
+  auto& ctx = *the_gpu().ctx;
+  struct Case {
+    int m, n, k;
+  };
+  // The models' fully connected layers at batch 128 (ResNet-20's 64->10, tfcnn's 4096->384,
+  // 384->192, 192->10) and odd sizes.
+  for (const gpu::Half t : {gpu::Half::Bf16, gpu::Half::Fp16}) {
+    if (!gpu::half_products_supported(ctx, t)) continue;
+    for (const Case c : {Case{128, 10, 64}, Case{128, 384, 4096}, Case{128, 192, 384},
+                         Case{128, 10, 192}, Case{37, 29, 53}, Case{1, 7, 3}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          const int m = c.m, n = c.n, k = c.k;
+          const int lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+          const auto a = random_vector(std::size_t(ta ? k : m) * lda, 51);
+          const auto b = random_vector(std::size_t(tb ? n : k) * ldb, 52);
+          const auto ar = rounded_to(t, a), br = rounded_to(t, b);
+          std::vector<float> want(std::size_t(m) * ldc, 0.0f);
+          auto ga = upload(a), gb = upload(b), gc = device_zeros(want.size());
+          gpu::gemm_half(ctx, t, ta, tb, m, n, k, ga.as<float>(), lda, gb.as<float>(), ldb,
+                         gc.as<float>(), ldc);
+          cpu::gemm(the_cpu(), ta, tb, m, n, k, 1.0f, ar.data(), lda, br.data(), ldb, 0.0f,
+                    want.data(), ldc);
+          INFO(gpu::to_string(t) << " m " << m << " n " << n << " k " << k << " trans_a " << ta
+                                 << " trans_b " << tb);
+          // cuBLAS writes float32: only the order of the sums differs.
+          expect_close("gemm_half", download(gc, want.size()), want, 2e-6 * k, 1e-5);
+        }
+  }
+  REQUIRE_THROWS_AS(gpu::gemm_half(ctx, gpu::Half::Bf16, false, false, 4, 4, 4, nullptr, 2,
+                                   nullptr, 4, nullptr, 4),
+                    tw::InvalidArgument);
+}
+
 TEST_CASE("softmax and log-softmax forward and backward match a double reference", "[cuda]") {
   auto& ctx = *the_gpu().ctx;
   const std::int64_t rows = 13;
@@ -782,7 +942,7 @@ TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]"
   CHECK(relative_l2("resnet20 parameters after SGD", g.params, c.params) < 1e-6);
 }
 
-TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, and a ResNet-20 step matches the CPU's bf16 step",
+TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, and ResNet-20 steps match the CPU's bf16 and fp16 steps",
           "[cuda][bf16]") {
   tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
   // The rounding: ties to even both ways, NaN and infinities kept, overflow to infinity.
@@ -815,15 +975,19 @@ TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, 
   }
   CHECK(mismatches16 == 0);
 
-  // A training step in bf16: the GPU rounds the same operands as the CPU, so the two differ only
-  // by the fp32 kernels' summation order, as in fp32 (the tolerances of the fp32 step above,
-  // widened for bf16 operands of gradients that differ slightly before rounding).
+  // A training step in bf16 and in fp16. The GPU multiplies on tensor cores, the CPU runs its bf16
+  // kernels or rounds the operands for its fp32 ones: the products are the same, but the GPU's
+  // convolution outputs and weight gradients are rounded once more to the 16-bit type (Note
+  // [16-bit convolutions on tensor cores] in core/cuda/conv.cc), relative 2^-9 in bf16 and 2^-12
+  // in fp16 per layer, which twenty layers of batch norm carry to the logits and gradients. The
+  // bounds allow that for bf16 (about sqrt(20) layers x 2^-9, times batch norm's amplification
+  // over a batch of 8) and an eighth of it, with a floor, for fp16.
   const int n = 8;
   const auto images = random_vector(std::size_t(n) * 32 * 32 * 3, 103);
   std::vector<std::int32_t> labels(n);
   for (int i = 0; i < n; ++i) labels[i] = (i * 7) % 10;
-  auto step = [&](const tw::Device& device) {
-    const tw::PrecisionScope bf16(tw::Precision::Bf16);
+  auto step = [&](const tw::Device& device, tw::Precision precision) {
+    const tw::PrecisionScope scope(precision);
     auto model = tw::models::make_model("resnet20", device, {.num_classes = 10, .seed = 6});
     model->zero_grad();
     const tw::Tensor x = tw::Tensor::from_host(std::span<const float>(images), {n, 32, 32, 3}, device);
@@ -832,10 +996,17 @@ TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, 
     tw::softmax_cross_entropy(logits, y, {.scale = float(n)}).backward();
     return std::pair{logits.to_host(), model->flat_gradients().to_host()};
   };
-  const auto c = step(tw::Device::cpu(0));
-  const auto g = step(tw::Device::gpu(0));
-  CHECK(relative_l2("resnet20 bf16 logits", g.first, c.first) < 1e-2);
-  CHECK(relative_l2("resnet20 bf16 flat gradients", g.second, c.second) < 2e-2);
+  std::printf("[cuda] 16-bit products on the GPU: bf16 %s, fp16 %s\n",
+              tw::backend_for(tw::Device::gpu(0)).describe_products(tw::Precision::Bf16).c_str(),
+              tw::backend_for(tw::Device::gpu(0)).describe_products(tw::Precision::Fp16).c_str());
+  const auto c = step(tw::Device::cpu(0), tw::Precision::Bf16);
+  const auto g = step(tw::Device::gpu(0), tw::Precision::Bf16);
+  CHECK(relative_l2("resnet20 bf16 logits", g.first, c.first) < 3e-2);
+  CHECK(relative_l2("resnet20 bf16 flat gradients", g.second, c.second) < 6e-2);
+  const auto c16 = step(tw::Device::cpu(0), tw::Precision::Fp16);
+  const auto g16 = step(tw::Device::gpu(0), tw::Precision::Fp16);
+  CHECK(relative_l2("resnet20 fp16 logits", g16.first, c16.first) < 1e-2);
+  CHECK(relative_l2("resnet20 fp16 flat gradients", g16.second, c16.second) < 2e-2);
 }
 #else
 TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]") {

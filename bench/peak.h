@@ -1,0 +1,29 @@
+#pragma once
+// The machine's arithmetic peak, for benchmarks to put kernel rates beside: an FMA loop per x86
+// instruction set the CPU and OS can run, and VDPBF16PS (bf16 pairs into fp32) where the CPU has
+// AVX512-BF16. Each loop is compiled for its own instruction set (target attributes) and listed
+// only where it can run, so a portable build measures any machine. Note [The peak loop] in
+// peak.cc says what the loops retire.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace towerflow::bench {
+
+struct PeakLoop {
+  std::string name;  // peak/<kind>/<isa>: peak/fp32_fma/avx512, peak/bf16_dot/avx512bf16, ...
+  float (*fn)(std::int64_t iters);
+  double flop_per_iter;  // FLOPs of one iteration over all accumulators
+};
+
+// Iterations of one call of a PeakLoop's fn: about 100 us at 2 FMA ports.
+constexpr std::int64_t kPeakIters = 1 << 14;
+
+// The loops this machine can run, lowest instruction set first (empty off x86-64).
+std::vector<PeakLoop> peak_loops();
+
+// FLOP/s of `loop` run on `threads` threads at once for about `seconds` each.
+double measure_peak_flops(const PeakLoop& loop, int threads, double seconds);
+
+}  // namespace towerflow::bench
