@@ -25,13 +25,20 @@ the start (the best of the repetitions) and again at the end, and the higher fig
 share above 100% still means the limit was measured low, and the report says so.
 
 Note [Shares] below)  (towerflow_bench_kernels)
+    kernel_bf16  the same convolutions and GEMMs through the bf16 kernels the CPU chooses, each
+               beside its fp32 row and over the peak of the instructions it runs (bf16 peak for
+               oneDNN's bf16 kernels where measured, else fp32)    (towerflow_bench_kernels)
     train      tfcnn and ResNet-20 on 1, 2 and 4 logical CPU devices, every reduction
                                                                          (towerflow_bench_train)
     peer, compare  towerflow against PyTorch (one process, NCHW and channels-last, the better
                counts; DDP over gloo with N processes) and TensorFlow (one process; MirroredStrategy
                over N logical CPUs), alternating, --rounds rounds; median ratio and spread
+    bf16       towerflow in fp32 and in bf16, and PyTorch's bf16 autocast (channels-last), one
+               process, alternating, --rounds rounds: bf16 against its own fp32 and against PyTorch's
+               bf16 (median ratio and spread)                    (towerflow_bench_train --precision)
     allreduce, alloc, data   towerflow_bench_allreduce, _alloc, _data
-    gpu_*      --gpu: the GPU benchmarks, only when nvidia-smi finds a GPU
+    gpu_*      --gpu: the GPU benchmarks, only when nvidia-smi finds a GPU (training in fp32, bf16
+               and fp16; the op benchmark's fp32, bf16 and fp16 rows)
 
 Note [Shares]
 A kernel's share is its achieved rate over the roofline at the same thread count: attainable =
@@ -251,14 +258,16 @@ def run_kernels(rec, a, limits, when="start"):
     if not any(k[0] == "bf16_dot" for k in limits.get("peak", {})):
         rec.add("peak", kind="bf16_dot", isa="avx512bf16", threads=a.threads, gflop_per_s=None,
                 skipped=ctx.get("bf16_peak", "skipped: this CPU has no AVX512-BF16"))
+    limits["bf16_kernels"] = ctx.get("towerflow_bf16_kernels", "unknown")
     for key, b in median.items():
         name = re.sub(r"/(real_time|threads:\d+)", "", key)
-        if not name.startswith("kernel/"):
+        if not name.startswith(("kernel/", "kernel_bf16/")):
             continue
-        _, model, op, layer = name.split("/", 3)
-        rec.add("kernel", model=model, op=op, layer=layer, threads=a.threads, batch=a.kernel_batch,
-                ms=b["real_time"], gflop_per_s=b["flop_per_s"] / 1e9, gb_per_s=b["byte_per_s"] / 1e9,
-                cv=cv.get(key), isa=limits["isa"], command=f"{cmd_base} --benchmark_filter='^{regex_escape(name)}$'")
+        family, model, op, layer = name.split("/", 3)
+        rec.add("kernel" if family == "kernel" else "kernel_bf16", model=model, op=op, layer=layer,
+                threads=a.threads, batch=a.kernel_batch, ms=b["real_time"], gflop_per_s=b["flop_per_s"] / 1e9,
+                gb_per_s=b["byte_per_s"] / 1e9, cv=cv.get(key), isa=limits["isa"],
+                command=f"{cmd_base} --benchmark_filter='^{regex_escape(name)}$'")
     apply_shares(rec, a, limits)
 
 
@@ -266,9 +275,17 @@ def apply_shares(rec, a, limits):
     """(Re)computes every share from the limits as they stand (Note [Shares])."""
     peak_all = fp32_peak(limits, a.threads)
     bw = limits.get("bw", {}).get(("triad", a.threads))
+    bf16_peak = limits.get("peak", {}).get(("bf16_dot", "avx512bf16", a.threads))
+    native = limits.get("bf16_kernels", "").startswith("oneDNN")
     for r in rec.rows:
         if r["section"] == "kernel":
             r["bound"], r["share_of_bound"] = roofline(r["gflop_per_s"], r["gb_per_s"], peak_all, bw)
+        elif r["section"] == "kernel_bf16":
+            # Over the peak of the instructions the row runs: VDPBF16PS for oneDNN's bf16 kernels
+            # where that peak was measured (an AMX peak is not), else the fp32 FMA peak.
+            peak = bf16_peak if native and bf16_peak else peak_all
+            r["peak"] = "bf16_dot" if native and bf16_peak else "fp32_fma"
+            r["share_of_peak"] = r["gflop_per_s"] / peak if peak and r["gflop_per_s"] > 0 else None
         elif r["section"] == "train" and r.get("threads_total"):
             peak = fp32_peak(limits, r["threads_total"])
             r["share_of_fp32_peak"] = r["gflop_per_s"] / peak if peak else None
@@ -300,14 +317,15 @@ def roofline(gflops, gbytes, peak, bw):
 # ---------------------------------------------------------------------------------------------
 # Training: towerflow's sweep, and the peers in alternating rounds
 # ---------------------------------------------------------------------------------------------
-def tw_train_cmd(a, model, devices, reduction):
+def tw_train_cmd(a, model, devices, reduction, precision="fp32"):
     return [os.path.join(a.bin, "towerflow_bench_train"), "--model", model, "--batch", str(a.batch),
             "--threads", str(max(1, a.threads // devices)), "--devices", str(devices),
-            "--reduction", reduction, "--steps", str(a.steps), "--warmup", str(a.warmup), "--json"]
+            "--reduction", reduction, "--steps", str(a.steps), "--warmup", str(a.warmup), "--json"] + (
+        ["--precision", precision] if precision != "fp32" else [])
 
 
-def run_tw_train(rec, a, limits, model, devices, reduction, **extra):
-    cmd = tw_train_cmd(a, model, devices, reduction)
+def run_tw_train(rec, a, limits, model, devices, reduction, precision="fp32", **extra):
+    cmd = tw_train_cmd(a, model, devices, reduction, precision)
     rc, out = rec.run(cmd)
     rows = json_lines(out)
     if rc != 0 or not rows:
@@ -444,6 +462,54 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
+def ratio_row(num, den):
+    """Median, min and max of the per-round ratios num / den (rounds where both ran)."""
+    ratios = [x / y for x, y in zip(num, den) if x and y]
+    if not ratios:
+        return {}
+    m = statistics.median(ratios)
+    spread = (max(ratios) - min(ratios)) / m
+    return dict(ratios=ratios, ratio_median=m, ratio_min=min(ratios), ratio_max=max(ratios), spread=spread,
+                trusted=spread <= SPREAD_LIMIT, rounds=len(ratios))
+
+
+def compare_bf16(rec, a, limits, versions):
+    """Per model, one process: each round runs towerflow in fp32, towerflow in bf16, and PyTorch's bf16
+    autocast (channels-last). bf16 against towerflow's own fp32 and against PyTorch's bf16."""
+    have_torch = versions.get("torch")
+    for model in a.models:
+        runs = {"fp32": [], "bf16": [], "torch": []}
+        for rnd in range(a.rounds):
+            for precision in ("fp32", "bf16"):
+                r = run_tw_train(rec, a, limits, model, 1, "all_reduce", precision, round=rnd + 1,
+                                 comparison="bf16")
+                runs[precision].append(r["img_per_s"] if r else None)
+            if not have_torch:
+                continue
+            cmd = peer_cmd(a, "torch_cl", model, 1) + ["--bf16"]
+            rc, out = rec.run(cmd, env=PEER_ENV, timeout=1200)
+            res = json_lines(out, prefix="JSON ")
+            if rc != 0 or not res:
+                rec.add("error", what="torch_cl --bf16", model=model, rc=rc, command=short_cmd(cmd))
+                runs["torch"].append(None)
+                continue
+            j = res[-1]
+            rec.add("peer", peer="torch_cl_bf16", label="PyTorch bf16 autocast, channels-last", model=model,
+                    comparison="bf16", round=rnd + 1, img_per_s=j["img_per_s_median"], ms_per_step=j["step_ms_median"],
+                    gflop_per_s=j.get("train_gflop_per_s"), version=j.get("torch_version"),
+                    loss_first=j.get("loss_first"), loss_last=j.get("loss_last"), command=short_cmd(cmd))
+            runs["torch"].append(j["img_per_s_median"])
+        row = dict(model=model, bf16_kernels=limits.get("bf16_kernels", "unknown"),
+                   fp32_img_per_s=med(runs["fp32"]), bf16_img_per_s=med(runs["bf16"]),
+                   torch_bf16_img_per_s=med(runs["torch"]),
+                   command_fp32=short_cmd(tw_train_cmd(a, model, 1, "all_reduce")),
+                   command=short_cmd(tw_train_cmd(a, model, 1, "all_reduce", "bf16")),
+                   command_peer=short_cmd(peer_cmd(a, "torch_cl", model, 1) + ["--bf16"]) if have_torch else None)
+        row["vs_fp32"] = ratio_row(runs["bf16"], runs["fp32"])
+        row["vs_torch_bf16"] = ratio_row(runs["bf16"], runs["torch"])
+        rec.add("compare_bf16", **row)
+
+
 # ---------------------------------------------------------------------------------------------
 # All-reduce, allocator, data pipeline
 # ---------------------------------------------------------------------------------------------
@@ -495,11 +561,13 @@ def run_gpu(rec, a):
     else:
         rec.add("skip", what="gpu kernels", reason="towerflow_bench_gpu_ops not built (a CUDA build makes it)")
     for model in a.models:
-        cmd = [os.path.join(a.bin, "towerflow_bench_train"), "--model", model, "--batch", str(a.batch),
-               "--devices", "/gpu:0", "--steps", str(a.steps), "--warmup", str(a.warmup), "--json"]
-        rc, out = rec.run(cmd)
-        for r in json_lines(out):
-            rec.add("gpu_train", **r, gpu=found[0], command=short_cmd(cmd))
+        for precision in ("fp32", "bf16", "fp16"):
+            cmd = [os.path.join(a.bin, "towerflow_bench_train"), "--model", model, "--batch", str(a.batch),
+                   "--devices", "/gpu:0", "--steps", str(a.steps), "--warmup", str(a.warmup), "--json",
+                   "--precision", precision]
+            rc, out = rec.run(cmd)
+            for r in json_lines(out):
+                rec.add("gpu_train", **r, gpu=found[0], command=short_cmd(cmd))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,6 +646,29 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                 md += [f"- {r['reason']}"]
         md += [""]
 
+    if sec("compare_bf16"):
+        md += ["## bf16 training", "",
+               "One process, all threads; each round runs towerflow in fp32, then in bf16 (`--precision bf16`), then "
+               "PyTorch's bf16 autocast (channels-last). Ratios: towerflow bf16 img/s over towerflow fp32 and over "
+               "PyTorch bf16, per round; median and spread. The targets (bf16 at >= 1.7x towerflow's fp32 and "
+               ">= 1.5x PyTorch's bf16) apply to CPUs with AVX512-BF16 or AMX; elsewhere bf16 is emulated.", ""]
+
+        def ratio(d):
+            if not d:
+                return "-"
+            return (f"**{d['ratio_median']:.2f}x** ({d['ratio_min']:.2f}-{d['ratio_max']:.2f}"
+                    + ("" if d["trusted"] else ", **noisy**") + ")")
+
+        rows = [[r["model"], fmt(r["fp32_img_per_s"]), fmt(r["bf16_img_per_s"]), fmt(r["torch_bf16_img_per_s"]),
+                 ratio(r["vs_fp32"]), ratio(r["vs_torch_bf16"])] for r in sec("compare_bf16")]
+        md += [table(["model", "fp32 img/s", "bf16 img/s", "PyTorch bf16 img/s", "bf16 / fp32", "bf16 / PyTorch bf16"],
+                     rows), ""]
+        md += [f"bf16 kernels: {sec('compare_bf16')[0]['bf16_kernels']}", "", "Commands (one round):", ""]
+        for r in sec("compare_bf16"):
+            md += [f"- {r['model']}: `{r['command_fp32']}`, `{r['command']}`"
+                   + (f", `{r['command_peer']}`" if r.get("command_peer") else "")]
+        md += [""]
+
     if sec("peak") or sec("bandwidth"):
         md += ["## The machine's limits", "",
                "An FMA loop per instruction set the CPU can run (each compiled for its own set, chosen by what the "
@@ -621,6 +712,20 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                  r["bound"] or "-", pct(r["share_of_bound"]), pct(r.get("cv")), f"`{r['command']}`"] for r in sec("kernel")]
         md += [table(["model", "op", "layer", "ms", "GFLOP/s", "GB/s", "bound", "share", "cv", "command"], rows), ""]
 
+    if sec("kernel_bf16"):
+        fp32 = {(r["model"], r["op"], r["layer"]): r for r in sec("kernel")}
+        md += ["## bf16 kernels", "",
+               f"The convolutions and GEMMs above through the bf16 kernels ({limits.get('bf16_kernels', '?')}). "
+               "Share: of the peak of the instructions they run (the bf16 peak for oneDNN's bf16 kernels where it "
+               "was measured, else the fp32 peak). vs fp32: the fp32 row's time over this one's.", ""]
+        rows = []
+        for r in sec("kernel_bf16"):
+            f = fp32.get((r["model"], r["op"], r["layer"]))
+            rows.append([r["model"], r["op"], r["layer"], fmt(r["ms"], ".3f"), fmt(r["gflop_per_s"]),
+                         f"{r.get('peak', '-')}: {pct(r.get('share_of_peak'))}",
+                         f"{f['ms'] / r['ms']:.2f}x" if f and r["ms"] else "-", f"`{r['command']}`"])
+        md += [table(["model", "op", "layer", "ms", "GFLOP/s", "share of peak", "vs fp32", "command"], rows), ""]
+
     if sec("allreduce"):
         md += ["## All-reduce (local, shared memory)", "",
                "busbw as nccl-tests defines it; bound: the memcpy traffic the same threads can move.", ""]
@@ -646,9 +751,9 @@ def report(rec, a, info, limits, versions, argv, elapsed):
             md += ["No GPU on this machine: no GPU figures.", ""]
         else:
             md += [f"GPUs: {', '.join(g[0]['gpus'])}", ""]
-            rows = [[r.get("model"), r.get("devices"), fmt(r.get("img_per_s")), fmt(r.get("ms_per_step"), ".2f"),
-                     r.get("timing"), f"`{r['command']}`"] for r in sec("gpu_train")]
-            md += [table(["model", "devices", "img/s", "ms/step", "timing", "command"], rows), ""]
+            rows = [[r.get("model"), r.get("precision", "fp32"), r.get("devices"), fmt(r.get("img_per_s")),
+                     fmt(r.get("ms_per_step"), ".2f"), r.get("timing"), f"`{r['command']}`"] for r in sec("gpu_train")]
+            md += [table(["model", "precision", "devices", "img/s", "ms/step", "timing", "command"], rows), ""]
             rows = [[r.get("op"), r.get("shape"), fmt(r.get("median_ms"), ".3f"),
                      fmt(r.get("gflops")), fmt(r.get("gbps")), f"`{r['command']}`"] for r in sec("gpu_kernel")]
             md += [table(["op", "shape", "ms", "GFLOP/s", "GB/s", "command"], rows), ""]
@@ -671,8 +776,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a smoke run on tiny settings (about a minute)")
     ap.add_argument("--peer-python", default=sys.executable, help="the Python that has torch / tensorflow")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch and TensorFlow")
-    ap.add_argument("--only", default="kernels,train,peers,others",
-                    help="comma-separated parts: kernels, train, peers, others (the limits come with kernels)")
+    ap.add_argument("--only", default="kernels,train,peers,bf16,others",
+                    help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels)")
     ap.add_argument("--gpu", action="store_true", help="also the GPU part (when nvidia-smi finds a GPU)")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU part")
     ap.add_argument("--models", default="tfcnn,resnet20")
@@ -720,7 +825,7 @@ def main():
     print(f"# towerflow benchmarks on {info['cpu_model']} ({info['logical_cpus']} CPUs), commit {info['commit']}",
           flush=True)
     versions = {}
-    if not a.no_peers and "peers" in parts:
+    if not a.no_peers and parts & {"peers", "bf16"}:
         versions = {m: have_module(a.peer_python, m) for m in ("torch", "tensorflow")}
     limits = {}
     if "kernels" in parts:
@@ -729,6 +834,8 @@ def main():
         sweep(rec, a, limits)
     if "peers" in parts:
         compare(rec, a, limits, versions)
+    if "bf16" in parts:
+        compare_bf16(rec, a, limits, versions)
     if "others" in parts:
         others(rec, a, limits)
     if "kernels" in parts and (set(parts) - {"kernels"}):

@@ -1,5 +1,6 @@
 #include "core/cpu/bf16.h"
 
+#include <bit>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +70,16 @@ const Choice& choice_locked() {
 
 // ---- the emulated path: the fp32 kernels on rounded copies ---------------------------------
 
+// The bits of a float rounded to bf16: to nearest, ties to even (a carry into the exponent is
+// right, and the largest floats round to infinity); infinities pass unchanged; a NaN is truncated
+// with the quiet bit set, so that it stays a NaN whatever payload it had. Both results are
+// computed and one is selected, so that loops over it vectorise.
+inline std::uint32_t bf16_bits(std::uint32_t bits) {
+  const std::uint32_t nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  const std::uint32_t quiet_nan = (bits & 0xffff0000u) | 0x00400000u;
+  return (bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest;
+}
+
 // x rounded into one of this thread's two scratch buffers.
 const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int slot) {
   thread_local std::vector<float> scratch[2];
@@ -76,7 +87,7 @@ const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int 
   if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
   float* out = buf.data();
   ctx.parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i) out[i] = round_to_bf16(x[i]);
+    round_to_bf16(e - b, x + b, out + b);
   });
   return out;
 }
@@ -92,19 +103,12 @@ bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
 }  // namespace
 
 float round_to_bf16(float x) {
-  std::uint32_t bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u) {
-    // Infinity: its low bits are zero already. NaN: truncated, with the quiet bit set so that it
-    // stays a NaN whatever payload it had.
-    if (bits & 0x007fffffu) bits = (bits & 0xffff0000u) | 0x00400000u;
-  } else {
-    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
-    bits &= 0xffff0000u;
-  }
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
+  return std::bit_cast<float>(bf16_bits(std::bit_cast<std::uint32_t>(x)));
+}
+
+void round_to_bf16(std::int64_t n, const float* x, float* y) {
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = std::bit_cast<float>(bf16_bits(std::bit_cast<std::uint32_t>(x[i])));
 }
 
 const char* bf16_kernels_name(Bf16Kernels k) {

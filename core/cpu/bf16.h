@@ -36,6 +36,9 @@ enum class Bf16Kernels { Emulated, OneDnn };
 // x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, infinities stay
 // (towerflow::round_to_bf16 of core/tensor/precision.h).
 float round_to_bf16(float x);
+// y[i] = round_to_bf16(x[i]) for i < n (y == x allowed): the same rounding, without branches, so
+// that the compiler vectorises the loop.
+void round_to_bf16(std::int64_t n, const float* x, float* y);
 
 const char* bf16_kernels_name(Bf16Kernels k);  // "emulated", "onednn"
 // The choice the bf16 kernels use (the environment is read once, at the first call).

@@ -31,9 +31,9 @@
 // type, the convolution descriptor's compute type float, so products accumulate in float32) with
 // CUDNN_TENSOR_OP_MATH, which lets the ranking offer tensor-core algorithms. These configurations
 // write y (dx, dw) in the 16-bit type too: the result is widened back to float32, and so carries
-// one rounding to bf16 (relative 2^-9) or fp16 (2^-12, and overflow past 65504, which fp16's
-// loss scaling catches as a non-finite gradient) that the CPU's bf16 kernels, which write float32,
-// do not. This is also what PyTorch's autocast does on a GPU. cuBLAS (gemm_half) writes float32.
+// one rounding to bf16 (at most 2^-8 relative) or fp16 (2^-11, and overflow past 65504, which
+// fp16's loss scaling catches as a non-finite gradient) that the CPU's bf16 kernels, which write
+// float32, do not. This is also what PyTorch's autocast does on a GPU. cuBLAS (gemm_half) writes float32.
 // Each data type has its own plan per shape, ranked as above. Where cuDNN ranks no 16-bit
 // algorithm for a shape (or cannot rank the configuration at all), that convolution runs the
 // float32 algorithm on operands rounded to the type (the emulated path), and a warning says so

@@ -166,7 +166,7 @@ class GpuBackend final : public Backend {
            " on the GPU for the fp32 cuDNN and cuBLAS kernels, slower than fp32";
   }
 
-  // ---- 16-bit products on tensor cores (kBf16Products, kFp16Products) ----------------------------
+  // ---- 16-bit products on tensor cores (kBf16Products, kFp16Products) -------------------------
   void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x, const float* w,
                            const float* bias_or_null, float* y) override {
     gpu::conv2d_forward_half(ctx_, half(p), s, x, w, y);

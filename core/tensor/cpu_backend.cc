@@ -69,15 +69,11 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void round_to_bf16(std::int64_t n, const float* x, float* y) override {
-    each(n, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) y[i] = towerflow::round_to_bf16(x[i]);
-    });
+    each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_bf16(e - b, x + b, y + b); });
   }
 
   void round_to_fp16(std::int64_t n, const float* x, float* y) override {
-    each(n, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) y[i] = towerflow::round_to_fp16(x[i]);
-    });
+    each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_fp16(e - b, x + b, y + b); });
   }
 
   // ---- elementwise -------------------------------------------------------------------------

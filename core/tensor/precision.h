@@ -65,5 +65,9 @@ float round_to_bf16(float x);
 // x rounded to the nearest IEEE binary16 value (ties to even, subnormals kept, beyond the largest
 // finite half infinity), as a float; NaN stays NaN.
 float round_to_fp16(float x);
+// y[i] = round_to_bf16(x[i]) / round_to_fp16(x[i]) for i < n (y == x allowed), without branches
+// so that the loops vectorise: what the CPU backend's Backend::round_to_* run on each thread's part.
+void round_to_bf16(std::int64_t n, const float* x, float* y);
+void round_to_fp16(std::int64_t n, const float* x, float* y);
 
 }  // namespace towerflow

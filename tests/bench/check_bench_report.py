@@ -73,6 +73,30 @@ def main():
                 if not (r["ms"] > 0 and r.get("share_of_bound") is not None and r.get("bound") in ("compute", "memory")):
                     problems.append(f"kernel row without time, bound or share: {r}")
 
+    for model, ops in (("resnet20", ("conv_fwd", "conv_bwd_input", "conv_bwd_weight")),
+                       ("tfcnn", ("conv_fwd", "conv_bwd_input", "conv_bwd_weight", "gemm_fwd"))):
+        for op in ops:
+            got = [r for r in sec("kernel_bf16") if r["model"] == model and r["op"] == op]
+            if not got:
+                problems.append(f"no bf16 kernel row {model} {op}")
+            for r in got:
+                if not (r["ms"] > 0 and r.get("share_of_peak") is not None and r.get("peak") in ("bf16_dot", "fp32_fma")):
+                    problems.append(f"bf16 kernel row without time, peak or share: {r}")
+
+    for model in a.models.split(","):
+        got = [r for r in sec("compare_bf16") if r["model"] == model]
+        if len(got) != 1:
+            problems.append(f"{len(got)} bf16 training comparisons for {model}, want 1")
+        for r in got:
+            if not (r.get("fp32_img_per_s") and r.get("bf16_img_per_s") and r.get("bf16_kernels")):
+                problems.append(f"bf16 comparison without fp32 and bf16 figures or the kernels: {r}")
+            d = r.get("vs_fp32") or {}
+            if not d or not (d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]):
+                problems.append(f"bf16 comparison without a ratio to fp32 inside its spread: {r}")
+        bf16_runs = [r for r in sec("train") if r.get("comparison") == "bf16" and r["model"] == model]
+        if {r.get("precision") for r in bf16_runs} != {"fp32", "bf16"}:
+            problems.append(f"bf16 comparison of {model} lacks its fp32 or bf16 training rows")
+
     train = [r for r in sec("train") if not r.get("comparison")]
     for model in a.models.split(","):
         for d in (int(x) for x in a.devices.split(",")):
@@ -103,8 +127,9 @@ def main():
     md = open(a.stem + ".md").read()
     if not md.startswith("# towerflow benchmarks on ") or m and m[0]["cpu_model"] not in md.splitlines()[0]:
         problems.append("report does not open with the CPU model")
-    for heading in ("## towerflow against the peers", "## The machine's limits", "## Training (towerflow)",
-                    "## Kernels", "## All-reduce", "## Allocator", "## Data pipeline"):
+    for heading in ("## towerflow against the peers", "## bf16 training", "## The machine's limits",
+                    "## Training (towerflow)", "## Kernels", "## bf16 kernels", "## All-reduce", "## Allocator",
+                    "## Data pipeline"):
         if heading not in md:
             problems.append(f"report lacks the section '{heading}'")
     cells = lambda line: len(re.findall(r"(?<!\\)\|", line)) - 1

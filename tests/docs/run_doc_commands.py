@@ -90,7 +90,7 @@ def small(cmd):
     words = [w for w in cmd.split() if "=" not in w]
     known = ("cifar10_train", "train_resnet20_cifar10.sh", "cifar10_eval", "towerflow_bench_train",
              "towerflow_bench_allreduce", "towerflow_bench_alloc", "towerflow_bench_data", "towerflow_bench_kernels",
-             "bench.sh")
+             "towerflow_bench_ops", "bench.sh")
     name = next((os.path.basename(w) for w in words if os.path.basename(w) in known),
                 os.path.basename(words[0]) if words else "")
     if name in ("cifar10_train", "train_resnet20_cifar10.sh"):
@@ -114,6 +114,9 @@ def small(cmd):
         cmd = set_flag(cmd, "--images", "512")
     elif name == "towerflow_bench_kernels":
         cmd = f"{cmd} --benchmark_min_time=0.01"
+    elif name == "towerflow_bench_ops":
+        cmd = set_flag(cmd, "--batch", "8")
+        cmd = set_flag(cmd, "--min_time", "0.01")
     elif name == "bench.sh":
         # The suite's smoke run, on the build there is, its report in the scratch directory (not
         # over the reports in bench/results/).

@@ -44,8 +44,8 @@ struct ForceKernels {
 // Same products, summed in another order: the emulated path runs the very fp32 kernel (equal),
 // oneDNN sums in its own order (fp32 rounding of sums of up to a few thousand terms).
 double same_products_tolerance(Bf16Kernels k) { return k == Bf16Kernels::Emulated ? 0.0 : 2e-5; }
-// Against fp32 operands: each operand's relative rounding error is at most 2^-9, so a product's
-// is at most about 2^-8, and sums of products with random signs stay well within 2e-2 of the
+// Against fp32 operands: each operand's relative rounding error is at most 2^-8 (8 significant
+// bits), so a product's is at most about 2^-7, and sums of products with random signs stay well within 2e-2 of the
 // output's scale (compare() measures relative to |want| + rms(want)).
 constexpr double kBf16Tolerance = 2e-2;
 
