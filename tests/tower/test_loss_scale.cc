@@ -127,6 +127,11 @@ TEST_CASE("fp16: a scale too large overflows, the step is skipped untouched, and
                     {.precision = Precision::Fp16, .loss_scale = {.initial_scale = std::ldexp(1.0, 40), .growth_interval = 1000}});
     optim::Sgd sgd(trainer.parameters(), {.lr = 0.05, .momentum = 0.9});
     REQUIRE(trainer.loss_scaler() != nullptr);
+    // The start-up block says what fp16 runs on (CPUs have no fp16 product kernels) and the scaling.
+    CHECK_THAT(trainer.describe(),
+               Catch::Contains("fp16 convolutions and matrix products (fp32 accumulation; emulated: "
+                               "operands rounded to fp16 for the fp32 kernels, slower than fp32); "
+                               "dynamic loss scaling from"));
     int skipped = 0, applied = 0;
     for (int step = 0; step < 30; ++step) {
       const auto before = trainer.model().flat_parameters().to_host();
