@@ -483,9 +483,19 @@ std::string Trainer::describe() const {
       s += str("all_reduce over ", impl_->comm_name);
   }
   if (options_.accumulation_steps > 1) s += str("; ", options_.accumulation_steps, " micro-batches per step");
-  if (options_.precision != Precision::Fp32)
+  if (options_.precision != Precision::Fp32) {
+    // What each kind of device runs them on (a mixed /gpu:0,/cpu:0 run names both).
+    std::string how;
+    std::vector<std::string> seen;
+    for (const Device& d : devices_) {
+      const std::string what = backend_for(d).describe_products(options_.precision);
+      if (std::find(seen.begin(), seen.end(), what) != seen.end()) continue;
+      seen.push_back(what);
+      how += str(how.empty() ? "" : "; ", what);
+    }
     s += "; " + to_string(options_.precision) + " convolutions and matrix products (fp32 accumulation; " +
-         backend_for(devices_.front()).describe_products(options_.precision) + ")";
+         how + ")";
+  }
   if (options_.precision == Precision::Fp16) s += "; " + impl_->scaler->describe();
   if (impl_->buffers_synced)
     s += str("; synchronised batch norm (", impl_->bn_layers, " layers, statistics over all towers)");

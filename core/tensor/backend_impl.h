@@ -35,8 +35,8 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/queue_event.h"
-#include "core/tensor/precision.h"
 #include "core/tensor/optimizer_update.h"
+#include "core/tensor/precision.h"
 
 namespace towerflow {
 

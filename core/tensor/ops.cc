@@ -210,14 +210,16 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
       if (need_dx) {
         dx = empty_like(xo);
         if (by_half_kernels)
-          be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(), dx.data<float>());
+          be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(),
+                                        dx.data<float>());
         else
           be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
       }
       if (need_dw) {
         dw = empty_like(wo);
         if (by_half_kernels)
-          be.conv2d_backward_weight_half(half_type(p), s, xo.data<float>(), go.data<float>(), dw.data<float>());
+          be.conv2d_backward_weight_half(half_type(p), s, xo.data<float>(), go.data<float>(),
+                                         dw.data<float>());
         else
           be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
       }
