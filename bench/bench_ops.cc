@@ -143,7 +143,7 @@ double ref_dw(const tw::Conv2dShape& s, const float* x, const float* dy, int co,
 
 // v rounded to bf16 (the bf16 kernels' operands), for the references of bf16 rows.
 std::vector<float> rounded(std::vector<float> v) {
-  for (float& x : v) x = tw::round_to_bf16(x);
+  tw::round_to_bf16(static_cast<std::int64_t>(v.size()), v.data(), v.data());
   return v;
 }
 
