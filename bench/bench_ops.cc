@@ -194,7 +194,8 @@ int main(int argc, char** argv) {
       bf16_peak_name = loop.name;
     }
   }
-  const bool bf16_native = tw::active_bf16_kernels() == tw::Bf16Kernels::OneDnn;
+  const tw::Bf16Kernels bf16_kernels = tw::active_bf16_kernels();
+  const bool bf16_native = bf16_kernels == tw::Bf16Kernels::OneDnn || bf16_kernels == tw::Bf16Kernels::Avx512Bf16;
   // The peak of the instructions a row of this precision runs (see the header comment).
   auto peak_for = [&](const std::string& p) {
     return p == "bf16" && bf16_native && bf16_peak > 0 ? bf16_peak : fp32_peak;

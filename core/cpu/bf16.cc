@@ -1,5 +1,6 @@
 #include "core/cpu/bf16.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstdlib>
@@ -8,7 +9,10 @@
 #include <string_view>
 #include <vector>
 
+#include "core/cpu/bf16_bits.h"
+#include "core/cpu/bf16_pairs.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/onednn_impl.h"
 #include "core/error.h"
 
@@ -24,9 +28,17 @@
 // (ResNet-20 trains at 0.79x fp32: docs/tensors-and-models.md). So the emulated path is the
 // automatic choice without bf16 instructions, and TOWERFLOW_BF16_KERNELS=onednn can still ask for
 // oneDNN's kernels there (so that they are tested on every AVX-512 machine).
+//
+// towerflow's own vdpbf16ps kernels (avx512bf16, Note [bf16 pair kernels] in bf16_pairs.cc) run
+// where the CPU has AVX512-BF16. Until they are measured against oneDNN's on such a CPU, oneDNN
+// stays the automatic choice there, and the pair kernels are chosen automatically only by a build
+// without oneDNN. Their twin with the instruction emulated (avx512bf16-emulated) runs their
+// packing and tiling on any AVX-512 CPU, for the tests.
 
 namespace towerflow::cpu {
 namespace {
+
+using detail::bf16_bits;
 
 std::mutex g_mu;
 std::optional<Bf16Kernels> g_forced;
@@ -46,6 +58,33 @@ void require_onednn(std::string_view asked_by) {
                        "; bf16 needs AVX-512); use emulated or auto");
 }
 
+bool pairs_built() {
+#if defined(TW_HAVE_BF16_PAIRS)
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool avx512_supported() {
+  const std::vector<Isa> isas = supported_isas();
+  return std::find(isas.begin(), isas.end(), Isa::Avx512) != isas.end();
+}
+
+void require_pairs(std::string_view asked_by, bool emulated_instruction) {
+  if (!pairs_built())
+    raise<DeviceError>(asked_by, " asks for towerflow's AVX512-BF16 kernels, but this build has "
+                       "none (they need an x86-64 build with a compiler that knows -mavx512bf16); "
+                       "use auto or emulated");
+  if (!avx512_supported())
+    raise<DeviceError>(asked_by, " asks for towerflow's AVX512-BF16 kernels, but this CPU has no "
+                       "AVX-512 (its features: ", cpu_features(), "); use auto or emulated");
+  if (!emulated_instruction && !cpu_has_avx512_bf16())
+    raise<DeviceError>(asked_by, " asks for towerflow's AVX512-BF16 kernels, but this CPU has no "
+                       "AVX512-BF16 (its features: ", cpu_features(), "); use auto, emulated, or "
+                       "avx512bf16-emulated to run them with the instruction emulated (slower)");
+}
+
 Choice choose() {
   if (const char* env = std::getenv("TOWERFLOW_BF16_KERNELS"); env && *env) {
     const std::string_view v(env);
@@ -54,11 +93,19 @@ Choice choose() {
       require_onednn("TOWERFLOW_BF16_KERNELS=onednn");
       return {Bf16Kernels::OneDnn, "TOWERFLOW_BF16_KERNELS=onednn"};
     }
+    if (v == "avx512bf16" || v == "avx512bf16-emulated") {
+      const bool emulated_instruction = v == "avx512bf16-emulated";
+      const std::string asked = "TOWERFLOW_BF16_KERNELS=" + std::string(v);
+      require_pairs(asked, emulated_instruction);
+      return {emulated_instruction ? Bf16Kernels::Avx512Bf16Emulated : Bf16Kernels::Avx512Bf16, asked};
+    }
     if (v != "auto")
-      raise<InvalidArgument>("TOWERFLOW_BF16_KERNELS='", v,
-                             "' is not a choice; use auto, onednn or emulated (or unset it)");
+      raise<InvalidArgument>("TOWERFLOW_BF16_KERNELS='", v, "' is not a choice; use auto, onednn, "
+                             "avx512bf16, avx512bf16-emulated or emulated (or unset it)");
   }
   if (onednn::built() && onednn::native_bf16()) return {Bf16Kernels::OneDnn, "the best this CPU has"};
+  if (pairs_built() && cpu_has_avx512_bf16() && active_isa() == Isa::Avx512)
+    return {Bf16Kernels::Avx512Bf16, "the best this build has for this CPU"};
   return {Bf16Kernels::Emulated, onednn::built() ? "this CPU has no AVX512-BF16 or AMX"
                                                  : "this build has no oneDNN"};
 }
@@ -69,16 +116,6 @@ const Choice& choice_locked() {
 }
 
 // ---- the emulated path: the fp32 kernels on rounded copies ---------------------------------
-
-// The bits of a float rounded to bf16: to nearest, ties to even (a carry into the exponent is
-// right, and the largest floats round to infinity); infinities pass unchanged; a NaN is truncated
-// with the quiet bit set, so that it stays a NaN whatever payload it had. Both results are
-// computed and one is selected, so that loops over it vectorise.
-inline std::uint32_t bf16_bits(std::uint32_t bits) {
-  const std::uint32_t nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  const std::uint32_t quiet_nan = (bits & 0xffff0000u) | 0x00400000u;
-  return (bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest;
-}
 
 // x rounded into one of this thread's two scratch buffers.
 const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int slot) {
@@ -100,6 +137,22 @@ std::int64_t y_size(const Conv2dShape& s) {
 
 bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
 
+// The pair kernels in use, or null.
+const Bf16PairKernels* pair_kernels() {
+#if defined(TW_HAVE_BF16_PAIRS)
+  switch (active_bf16_kernels()) {
+    case Bf16Kernels::Avx512Bf16:
+      return &towerflow_bf16_pairs_avx512bf16;
+    case Bf16Kernels::Avx512Bf16Emulated:
+      return &towerflow_bf16_pairs_avx512bf16_emulated;
+    default:
+      return nullptr;
+  }
+#else
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 float round_to_bf16(float x) {
@@ -112,8 +165,20 @@ void round_to_bf16(std::int64_t n, const float* x, float* y) {
 }
 
 const char* bf16_kernels_name(Bf16Kernels k) {
-  return k == Bf16Kernels::OneDnn ? "onednn" : "emulated";
+  switch (k) {
+    case Bf16Kernels::OneDnn:
+      return "onednn";
+    case Bf16Kernels::Avx512Bf16:
+      return "avx512bf16";
+    case Bf16Kernels::Avx512Bf16Emulated:
+      return "avx512bf16-emulated";
+    case Bf16Kernels::Emulated:
+      break;
+  }
+  return "emulated";
 }
+
+bool bf16_products_in_kernels(Bf16Kernels k) { return k != Bf16Kernels::Emulated; }
 
 Bf16Kernels active_bf16_kernels() {
   std::lock_guard lock(g_mu);
@@ -129,6 +194,10 @@ std::string describe_bf16_kernels() {
   const std::string why = g_forced ? std::string("chosen by a test") : c.why;
   if (k == Bf16Kernels::Emulated)
     return "emulated (" + why + "): operands rounded to bf16 for the fp32 kernels, slower than fp32";
+  if (k == Bf16Kernels::Avx512Bf16) return "towerflow's AVX512-BF16 kernels (vdpbf16ps; " + why + ")";
+  if (k == Bf16Kernels::Avx512Bf16Emulated)
+    return "towerflow's AVX512-BF16 kernels with vdpbf16ps emulated by AVX-512F FMAs (" + why +
+           "): for testing, slower than fp32";
   const std::string isa = onednn::isa();
   const std::string how = isa == "avx512_core_amx"    ? "AMX tiles"
                           : onednn::native_bf16()     ? "AVX512-BF16 vdpbf16ps"
@@ -138,6 +207,8 @@ std::string describe_bf16_kernels() {
 
 void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k) {
   if (k == Bf16Kernels::OneDnn) require_onednn("a test");
+  if (k == Bf16Kernels::Avx512Bf16 || k == Bf16Kernels::Avx512Bf16Emulated)
+    require_pairs("a test", k == Bf16Kernels::Avx512Bf16Emulated);
   std::lock_guard lock(g_mu);
   g_forced = k;
 }
@@ -146,6 +217,7 @@ void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const floa
                          const float* w, const float* bias_or_null, float* y) {
   s.validate();
   if (use_onednn() && onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y)) return;
+  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_forward_bias(ctx, s, xr, wr, bias_or_null, y);
@@ -155,6 +227,7 @@ void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, con
                                 const float* w, float* dx) {
   s.validate();
   if (use_onednn() && onednn::conv2d_backward_input(ctx, s, dy, w, dx)) return;
+  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_backward_input(ctx, s, dy, w, dx);
   const float* dyr = rounded(ctx, dy, y_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_backward_input(ctx, s, dyr, wr, dx);
@@ -164,6 +237,7 @@ void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, co
                                  const float* dy, float* dw) {
   s.validate();
   if (use_onednn() && onednn::conv2d_backward_weight(ctx, s, x, dy, dw)) return;
+  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_backward_weight(ctx, s, x, dy, dw);
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* dyr = rounded(ctx, dy, y_size(s), 1);
   conv2d_backward_weight(ctx, s, xr, dyr, dw);
@@ -177,6 +251,8 @@ void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, 
     return;
   }
   if (use_onednn() && onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)) return;
+  if (const Bf16PairKernels* p = pair_kernels())
+    return p->gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   // op(a) and op(b) as stored: [m, k] or [k, m] rows of lda; [k, n] or [n, k] rows of ldb.
   const std::int64_t a_n = std::int64_t(trans_a ? k : m) * lda, b_n = std::int64_t(trans_b ? n : k) * ldb;
   const float* ar = rounded(ctx, a, a_n - (lda - (trans_a ? m : k)), 0);

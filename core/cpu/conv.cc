@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/conv_impl.h"
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
 
@@ -64,9 +65,12 @@
 namespace towerflow::cpu::TW_ISA {
 
 using detail::kWideLanes;
+using detail::pad_rows;
+using detail::sum_weight_grad;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
+using detail::StridePhases;
 using detail::Vec;
 
 namespace {
@@ -157,25 +161,6 @@ using ConvTileFn = void (*)(const float*, const std::int64_t*, std::int64_t, int
 template <int L, int V, std::size_t... P>
 constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
   return {&conv_tile<L, static_cast<int>(P) + 1, V>...};
-}
-
-// Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
-// which is laid out [h + 2*pad_h][w + 2*pad_w][c], zeroing the border.
-void pad_rows(const float* img, int h, int w, int c, int pad_h, int pad_w, int row_begin,
-              int row_end, float* dst) {
-  const std::int64_t wp = w + 2 * pad_w;
-  for (int r = row_begin; r < row_end; ++r) {
-    float* d = dst + r * wp * c;
-    const int src_row = r - pad_h;
-    if (src_row < 0 || src_row >= h) {
-      std::fill(d, d + wp * c, 0.0f);
-      continue;
-    }
-    std::fill(d, d + std::int64_t{pad_w} * c, 0.0f);
-    std::copy(img + std::int64_t{src_row} * w * c, img + std::int64_t{src_row + 1} * w * c,
-              d + std::int64_t{pad_w} * c);
-    std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, 0.0f);
-  }
 }
 
 // Packs weights for direct_conv: dst[cob][i][j*c_in + ci][b] = get(co = cob*B + b, ci, i, j),
@@ -449,40 +434,6 @@ constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequenc
   return {&weight_tile<L, static_cast<int>(Q) + 1, V>...};
 }
 
-// Note [Weight gradient: image groups or tiles]
-// Large batches split the images into kGroups fixed groups, each summed into its own partial
-// dw by one thread, and the partials are added in group order: every thread pads and reads only
-// its own images, and each image's x and dy stay in cache for all tiles. Small batches (fewer
-// than 2*kGroups images) split the dw tiles over threads instead, each summing all images.
-// Either way the choice and the summation order depend on the shape only, never on the thread
-// count (Note [Deterministic reductions]).
-//
-// sum_weight_grad runs that schedule for a kernel whose accumulate(n0, n1, t0, t1, dst) adds
-// images [n0, n1) into tiles [t0, t1) of dst (dw_size floats); the sum lands in dwp, zeroed by
-// the caller. Tiles are split over threads at least min_tiles at a time.
-template <typename Accumulate>
-void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles, std::int64_t min_tiles,
-                     std::int64_t dw_size, float* dwp, Accumulate& accumulate) {
-  constexpr int kGroups = 8;
-  if (n < 2 * kGroups) {
-    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, n, t0, t1, dwp); });
-    return;
-  }
-  float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
-  ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
-    for (std::int64_t g = g0; g < g1; ++g) {
-      float* dst = partial + g * dw_size;
-      std::fill(dst, dst + dw_size, 0.0f);
-      accumulate(static_cast<int>(n * g / kGroups), static_cast<int>(n * (g + 1) / kGroups), 0, tiles, dst);
-    }
-  });
-  std::copy(partial, partial + dw_size, dwp);
-  for (int g = 1; g < kGroups; ++g) {
-    const float* src = partial + g * dw_size;
-    for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
-  }
-}
-
 // dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
 // of output channels) from tiles of Q q-values x B channels, each tile's accumulators held in
 // registers over a pass of output pixels.
@@ -722,85 +673,39 @@ void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const fl
   constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
   static constexpr auto kTiles = conv_tiles<L, V>(std::make_index_sequence<kP>{});
-  const int oh = s.out_h(), ow = s.out_w();
-  const int sh = s.stride_h, sw = s.stride_w;
   const int blocks = (s.c_in + kBlock - 1) / kBlock;
-  auto taps = [](int k, int stride, int phase) { return phase < k ? (k - phase + stride - 1) / stride : 0; };
-  const int top = taps(s.kh, sh, 0) - 1, left = taps(s.kw, sw, 0) - 1;
-  const int hp = top + std::max(oh, (s.h - 1 + s.pad_h) / sh + 1);
-  const int wpad = left + std::max(ow, (s.w - 1 + s.pad_w) / sw + 1);
-  const std::int64_t row_step = std::int64_t{wpad} * s.c_out;
-
   // Packed sub-kernels of every phase, one after the other: [a][b][block][i'][j'][co][lane].
-  std::vector<std::int64_t> phase_offset(static_cast<std::size_t>(sh * sw) + 1, 0);
-  for (int a = 0; a < sh; ++a)
-    for (int b = 0; b < sw; ++b)
-      phase_offset[a * sw + b + 1] = phase_offset[a * sw + b] + std::int64_t{blocks} * kBlock *
-                                     taps(s.kh, sh, a) * taps(s.kw, sw, b) * s.c_out;
-  float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(phase_offset.back()));
-  for (int a = 0; a < sh; ++a)
-    for (int b = 0; b < sw; ++b) {
-      const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
-      pack_weights(s.c_in, s.c_out, ma, mb, kBlock, wp + phase_offset[a * sw + b],
-                   [&](int ci, int co, int i, int j) {
-                     const int ki = a + (ma - 1 - i) * sh, kj = b + (mb - 1 - j) * sw;
-                     return w[((std::int64_t{co} * s.c_in + ci) * s.kh + ki) * s.kw + kj];
-                   });
+  const StridePhases g(s, std::int64_t{blocks} * kBlock * s.c_out);
+  const std::int64_t row_step = std::int64_t{g.wp} * s.c_out;
+  float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(g.phase_offset.back()));
+  for (int a = 0; a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
+      pack_weights(s.c_in, s.c_out, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
+                   [&](int ci, int co, int i, int j) { return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j); });
     }
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
-  const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
-  const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (sh * sw);
+  const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
+  const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
   const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    float* buf = scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step);
+    float* buf = scratch(Scratch::kInput, static_cast<std::size_t>(g.hp) * row_step);
     for (std::int64_t r = r0; r < r1;) {
       const std::int64_t n = r / s.h;
       const int row_begin = static_cast<int>(r % s.h);
       const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
       r = n * s.h + row_end;
-      embed_image(dy + n * image_out, oh, ow, s.c_out, top, left, hp, wpad, buf);
+      embed_image(dy + n * image_out, g.oh, g.ow, s.c_out, g.top, g.left, g.hp, g.wp, buf);
       float* img_dx = dx + n * image_in;
-      for (int a = 0; a < sh; ++a)
-        for (int b = 0; b < sw; ++b) {
-          const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
-          // This phase's dx rows and columns: (ih + pad) mod stride == phase.
-          const int ih0 = row_begin + ((a - (row_begin + s.pad_h) % sh) % sh + sh) % sh;
-          const int iw0 = ((b - s.pad_w % sw) % sw + sw) % sw;
-          if (ih0 >= row_end || iw0 >= s.w) continue;
-          const int rows = (row_end - 1 - ih0) / sh + 1, cols = (s.w - 1 - iw0) / sw + 1;
-          const std::int64_t u0 = (ih0 + s.pad_h - a) / sh, v0 = (iw0 + s.pad_w - b) / sw;
-          if (ma == 0 || mb == 0) {
-            for (int y = 0; y < rows; ++y)
-              for (int x = 0; x < cols; ++x) {
-                float* d = img_dx + (std::int64_t{ih0 + y * sh} * s.w + iw0 + x * sw) * s.c_in;
-                std::fill(d, d + s.c_in, 0.0f);
-              }
-            continue;
-          }
-          const float* wph = wp + phase_offset[a * sw + b];
-          const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
-          const std::int64_t pixels = std::int64_t{rows} * cols;
-          const std::int64_t tiles = (pixels + kP - 1) / kP;
-          for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
-            for (int cb = 0; cb < blocks; ++cb) {
-              const int lanes = std::min(kBlock, s.c_in - cb * kBlock);
-              for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
-                const std::int64_t p0 = pixels * t / tiles;
-                const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
-                std::int64_t offs[kP], out_offs[kP];
-                // Consecutive phase pixels step dx by the stride and dy by one.
-                std::int64_t y = p0 / cols, x = p0 % cols;
-                for (int k = 0; k < p; ++k) {
-                  offs[k] = (u0 + y - (ma - 1) + top) * row_step + (v0 + x - (mb - 1) + left) * s.c_out;
-                  out_offs[k] = ((ih0 + y * sh) * s.w + iw0 + x * sw) * s.c_in;
-                  if (++x == cols) x = 0, ++y;
-                }
-                kTiles[p - 1](buf, offs, row_step, ma, mb * s.c_out, wph + cb * wblock, nullptr,
-                              img_dx + cb * kBlock, out_offs, lanes);
-              }
-            }
-        }
+      g.for_each_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, img_dx,
+                          [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
+                              const std::int64_t* out_offs, int cb, int lanes) {
+                            const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
+                            kTiles[p - 1](buf, offs, row_step, ma, mb * s.c_out,
+                                          wp + g.phase_offset[phase] + cb * wblock, nullptr,
+                                          img_dx + cb * kBlock, out_offs, lanes);
+                          });
     }
   });
 }

@@ -250,6 +250,11 @@ std::string describe_active_isa() {
   return str(isa_name(c.isa), " (", c.why, ")");
 }
 
+bool cpu_has_avx512_bf16() {
+  const Features& f = features();
+  return f.avx512_bf16 && f.avx512f && f.os_avx512;
+}
+
 std::string cpu_features() {
   const Features& f = features();
   std::string out;

@@ -35,6 +35,9 @@ Isa active_isa();
 // For the start-up block and towerflow_devices: "avx512 (the best this CPU supports)" or
 // "avx2 (TOWERFLOW_CPU_ISA=avx2; the CPU supports avx512)".
 std::string describe_active_isa();
+// Whether the CPU has AVX512-BF16 (vdpbf16ps) with the AVX-512 registers saved by the OS: the bf16
+// pair kernels of bf16.h run there. False where the build does not target x86-64.
+bool cpu_has_avx512_bf16();
 // The instruction-set features the CPU reports, e.g. "sse4.2 avx avx2 fma avx512f avx512bw ...".
 std::string cpu_features();
 

@@ -39,7 +39,7 @@ class CpuBackend final : public Backend {
   // The CPU's optimizer updates are optim/'s host loops (PyTorch's float arithmetic, tested
   // against its fixtures), not backend kernels.
   bool supports(OpKind op) const override {
-    if (op == OpKind::kBf16Products && cpu::active_bf16_kernels() != cpu::Bf16Kernels::OneDnn)
+    if (op == OpKind::kBf16Products && !cpu::bf16_products_in_kernels(cpu::active_bf16_kernels()))
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
     if (op == OpKind::kFp16Products) return false;  // fp16 is always emulated on CPUs
     return op != OpKind::kOptimizerUpdate &&

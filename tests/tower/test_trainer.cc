@@ -315,7 +315,7 @@ TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, diffe
   const Data data = make_data(B * K, 12);
   std::vector<float> fp32_losses;
   const auto fp32 = train(2, {}, data, B, K, &fp32_losses);
-  // Every bf16 path this CPU runs: emulated, and oneDNN's kernels where it has JIT bf16 kernels.
+  // Every bf16 path this CPU runs (tests/bf16_paths.h).
   const std::vector<cpu::Bf16Kernels> paths = testing::bf16_paths();
   const testing::AutomaticBf16Kernels automatic;
   for (const cpu::Bf16Kernels path : paths) {
@@ -335,8 +335,10 @@ TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, diffe
     CHECK(max_rel_diff(bf16, fp32) > 0);  // bf16 did round something
     CHECK(max_rel_diff(bf16, fp32) < 0.1);
     Trainer t(mlp_factory(7), cpus(2), {.precision = Precision::Bf16});
-    CHECK_THAT(t.describe(), Catch::Contains(path == cpu::Bf16Kernels::OneDnn ? "bf16 convolutions and matrix products (fp32 accumulation; oneDNN"
-                                                                              : "bf16 convolutions and matrix products (fp32 accumulation; emulated"));
+    const char* named = path == cpu::Bf16Kernels::OneDnn     ? "fp32 accumulation; oneDNN"
+                        : path == cpu::Bf16Kernels::Emulated ? "fp32 accumulation; emulated"
+                                                             : "fp32 accumulation; towerflow's AVX512-BF16 kernels";
+    CHECK_THAT(t.describe(), Catch::Contains(std::string("bf16 convolutions and matrix products (") + named));
   }
 }
 

@@ -1,6 +1,7 @@
-// The bf16 kernels (core/cpu/bf16.h) on each path this CPU can run -- always the emulated one,
-// and oneDNN's where it has JIT bf16 kernels (AVX-512 and up; run_bf16_on_isa.sh runs this file
-// again with oneDNN held to each lower instruction set) -- against the fp32 kernels on the same
+// The bf16 kernels (core/cpu/bf16.h) on each path this CPU can run -- always the emulated one;
+// oneDNN's where it has JIT bf16 kernels (AVX-512 and up; run_bf16_on_isa.sh runs this file
+// again with oneDNN held to each lower instruction set); towerflow's AVX512-BF16 kernels where the
+// CPU has the instruction, and with it emulated on any AVX-512 CPU -- against the fp32 kernels on the same
 // bf16-rounded operands (the same products: equal up to the order of the fp32 sums) and on the
 // fp32 operands (within what bf16 rounding implies), for every ResNet-20 and tfcnn layer shape
 // and odd ones.
@@ -11,6 +12,7 @@
 
 #include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
 #include "core/error.h"
 #include "bf16_paths.h"
 #include "kernel_test_util.h"
@@ -42,7 +44,8 @@ struct ForceKernels {
 };
 
 // Same products, summed in another order: the emulated path runs the very fp32 kernel (equal),
-// oneDNN sums in its own order (fp32 rounding of sums of up to a few thousand terms).
+// oneDNN and the pair kernels sum in their own orders (fp32 rounding of sums of up to a few
+// thousand terms).
 double same_products_tolerance(Bf16Kernels k) { return k == Bf16Kernels::Emulated ? 0.0 : 2e-5; }
 // Against fp32 operands: each operand's relative rounding error is at most 2^-8 (8 significant
 // bits), so a product's is at most about 2^-7, and sums of products with random signs stay well within 2e-2 of the
@@ -153,13 +156,75 @@ TEST_CASE("bf16 kernels: the automatic choice follows the CPU and says so", "[bf
   const std::string isa = onednn_isa();
   const bool native = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
   const std::string why = describe_bf16_kernels();
-  INFO("oneDNN's instruction set: '" << isa << "'; " << why);
+  INFO("oneDNN's instruction set: '" << isa << "'; CPU features: " << cpu_features() << "; " << why);
   if (std::getenv("TOWERFLOW_BF16_KERNELS")) return;  // a forced choice: the environment's test
   if (native) {
     CHECK(active_bf16_kernels() == Bf16Kernels::OneDnn);
     CHECK_THAT(why, Catch::StartsWith("oneDNN ") && Catch::Contains(isa));
+  } else if (isa.empty() && cpu_has_avx512_bf16() && active_isa() == Isa::Avx512 &&
+             towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16)) {
+    // A build without oneDNN on a CPU with AVX512-BF16.
+    CHECK(active_bf16_kernels() == Bf16Kernels::Avx512Bf16);
+    CHECK_THAT(why, Catch::StartsWith("towerflow's AVX512-BF16 kernels (vdpbf16ps"));
   } else {
     CHECK(active_bf16_kernels() == Bf16Kernels::Emulated);
     CHECK_THAT(why, Catch::StartsWith("emulated") && Catch::Contains("slower than fp32"));
+  }
+}
+
+TEST_CASE("bf16 pair kernels: the instruction and its emulation give the same bits", "[bf16]") {
+  // The emulation (two FMAs per lane, high products first) rounds as vdpbf16ps does; they differ
+  // only on denormals, which these operands do not produce.
+  if (!towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16) ||
+      !towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16Emulated)) {
+    WARN("SKIPPED: needs a CPU with AVX512-BF16 (this one: " << cpu_features() << ")");
+    return;
+  }
+  const towerflow::testing::AutomaticBf16Kernels automatic;
+  const CpuContext ctx(2);
+  const std::vector<Conv2dShape> shapes = {
+      {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3},
+      {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+  };
+  for (const Conv2dShape& s : shapes) {
+    const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                      yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+    const auto x = random_vector(xn, 11), w = random_vector(wn, 12), dy = random_vector(yn, 13);
+    std::vector<float> out[2][3];
+    for (int e = 0; e < 2; ++e) {
+      force_bf16_kernels_for_testing(e ? Bf16Kernels::Avx512Bf16Emulated : Bf16Kernels::Avx512Bf16);
+      out[e][0].resize(yn), out[e][1].resize(xn), out[e][2].resize(wn);
+      conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[e][0].data());
+      conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[e][1].data());
+      conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[e][2].data());
+    }
+    INFO(s.to_string());
+    for (int k = 0; k < 3; ++k) CHECK(out[0][k] == out[1][k]);
+  }
+}
+
+TEST_CASE("bf16 pair kernels: the same bits for any number of threads", "[bf16]") {
+  // Each output element is summed by one thread in a fixed order (Note [bf16 pair kernels]).
+  const towerflow::testing::AutomaticBf16Kernels automatic;
+  for (const Bf16Kernels k : {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated}) {
+    if (!towerflow::testing::bf16_path_runs(k)) continue;  // the WARN says why
+    force_bf16_kernels_for_testing(k);
+    // 32 images: the weight gradient sums image groups (Note [Weight gradient: image groups or tiles]).
+    const Conv2dShape s{.n = 32, .h = 8, .w = 8, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+    const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                      yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+    const auto x = random_vector(xn, 21), w = random_vector(wn, 22), dy = random_vector(yn, 23);
+    std::vector<float> out[2][4];
+    for (int t = 0; t < 2; ++t) {
+      const CpuContext ctx(t + 1);
+      out[t][0].resize(yn), out[t][1].resize(xn), out[t][2].resize(wn), out[t][3].resize(64 * 32);
+      conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[t][0].data());
+      conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[t][1].data());
+      conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[t][2].data());
+      gemm_bf16(ctx, false, true, 64, 32, 144, x.data(), 144, w.data(), 144, out[t][3].data(), 32);
+    }
+    INFO(bf16_kernels_name(k));
+    for (int e = 0; e < 4; ++e) CHECK(out[0][e] == out[1][e]);
   }
 }

@@ -202,8 +202,9 @@ TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded oper
        [&](const Tensor& x, const Tensor& w) { return linear(x, w, none); }},
       {"matmul 13x17 by 17x11", {13, 17}, {17, 11}, [&](const Tensor& a, const Tensor& b) { return matmul(a, b); }},
   };
-  // Every bf16 path this CPU runs: the emulated one (ops.cc rounds the operands), and oneDNN's
-  // kernels (the CPU backend's *_bf16) where oneDNN has JIT bf16 kernels for this CPU.
+  // Every bf16 path this CPU runs: the emulated one (ops.cc rounds the operands), and the bf16
+  // kernels of the CPU backend's *_bf16 (oneDNN's, towerflow's AVX512-BF16 ones) where they run
+  // here (tests/bf16_paths.h).
   const std::vector<cpu::Bf16Kernels> paths = testing::bf16_paths();
   const testing::AutomaticBf16Kernels automatic;
   for (const cpu::Bf16Kernels path : paths)
@@ -217,7 +218,7 @@ TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded oper
     const Result fp32 = run(c.op, x, c.xs, w, c.ws, Precision::Fp32);
     INFO(c.name);
     // Forward: the fp32 kernel on rounded operands exactly (emulated), or the same products summed
-    // in oneDNN's order.
+    // in the bf16 kernels' order.
     CHECK(max_rel(bf16.y, same_arithmetic.y) <= (path == cpu::Bf16Kernels::Emulated ? 0.0 : 1e-5));
     // Backward rounds the incoming gradient too, so against fp32 backward on rounded operands
     // the difference is that of one rounding of the gradient.

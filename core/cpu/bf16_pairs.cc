@@ -1,0 +1,522 @@
+// bf16 convolutions and GEMM on products of bf16 pairs (bf16_pairs.h), compiled once with
+// AVX512-BF16 and once for AVX-512F with the instruction emulated.
+#include "core/cpu/bf16_pairs.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/cpu/bf16_bits.h"
+#include "core/cpu/conv_impl.h"
+#include "core/cpu/simd_impl.h"
+
+// Note [bf16 pair kernels]
+// vdpbf16ps (AVX512-BF16) takes 16 dwords of each operand, each dword a pair of bf16, and adds
+// both products of each pair to an fp32 lane: 32 multiply-adds per instruction, twice an fp32
+// FMA's. The two bf16 of a pair must belong to the same sum, so each kernel packs its reduction
+// into pairs (bf16 rounding to nearest even, as bf16.h's, while packing):
+//   forward, backward input  the reduction of a kernel row walks q = (kernel column, channel),
+//                            contiguous in NHWC. The input is converted to bf16 rows with the
+//                            channels padded to an even count, so every dword of a row is a pair
+//                            of channels; the weights are packed [block][kh][kw][channel pair][B].
+//                            The register tile is conv.cc's (P pixels x V vectors of 16 output
+//                            channels, one broadcast dword per pixel and pair), and so is the
+//                            driver: threads split the output rows; stride > 1 backward input runs
+//                            per stride phase (Note [Backward input by stride phases]).
+//   backward weight          the reduction is over output pixels, so the pairs are neighbouring
+//                            pixels: per pass of about 96 pixels, x is packed [pixel pair][q] for
+//                            each kernel row and dy [pixel pair][output channel]; the tile is
+//                            conv.cc's weight tile (Q inputs x V vectors). Images and tiles follow
+//                            Note [Weight gradient: image groups or tiles].
+//   GEMM                     a 1x1 convolution over the rows of op(a) as pixels.
+// Every output element is summed by one thread in a fixed order, so results do not depend on the
+// thread count (Note [Deterministic reductions]); the order differs from the fp32 kernels' (pairs).
+//
+// Without AVX512-BF16 the instruction is emulated with two FMAs per lane in its own order (the
+// high products, then the low). A product of two bf16 is exact in fp32, so each FMA rounds as
+// the instruction's accumulation does and the emulation gives the same bits, except that the
+// instruction treats denormal inputs as zero and flushes denormal results. The emulation exists
+// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. Measured on a
+// 2-core Intel Xeon @ 2.80GHz (Ice Lake-SP, no AVX512-BF16), towerflow_bench_ops --precision both:
+// 0.65x the fp32 kernels (geometric mean of 31 ResNet-20 and tfcnn rows; 0.29x to 1.46x), 0.90x
+// the emulated path of bf16.h; ResNet-20 trains at 0.88x the emulated path.
+
+namespace towerflow::cpu::TW_ISA {
+
+using ::towerflow::cpu::detail::bf16_bits;
+using detail::pad_rows;
+using detail::round_up;
+using detail::Scratch;
+using detail::scratch;
+using detail::StridePhases;
+using detail::sum_weight_grad;
+
+namespace {
+
+// Two bf16 of one sum in a dword: the even-indexed one in the low half.
+using Pair = std::uint32_t;
+// Pairs read from an image written as 16-bit values.
+typedef std::uint32_t AliasedPair __attribute__((may_alias));
+
+constexpr int kLanes = 16;
+// As conv.cc's tiles on AVX-512: 24 accumulators, forward tiles of at most 12 pixels.
+constexpr int kAccumulators = 24;
+template <int V>
+constexpr int kMaxPixels = std::min(12, kAccumulators / V);
+template <int V>
+constexpr int kMaxInputs = kAccumulators / V;
+
+// acc + a.high * b.high + a.low * b.low in each lane, as vdpbf16ps computes it.
+inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
+#if defined(__AVX512BF16__)
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
+                        _mm512_castsi512_ps(_mm512_and_si512(b, high)), acc);
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                         _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
+#endif
+}
+
+inline std::uint32_t rounded_bits(float x) { return bf16_bits(std::bit_cast<std::uint32_t>(x)); }
+
+// dst[i] = the bf16 of src[i], i < n.
+void to_bf16(std::int64_t n, const float* __restrict src, std::uint16_t* __restrict dst) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<std::uint16_t>(rounded_bits(src[i]) >> 16);
+}
+
+// dst[i] = the pair (low[i], high[i]), i < n; a null high is zeros.
+void to_pairs(std::int64_t n, const float* __restrict low, const float* __restrict high,
+              Pair* __restrict dst) {
+  if (!high) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_bits(low[i]) >> 16;
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = (rounded_bits(low[i]) >> 16) | rounded_bits(high[i]);
+}
+
+// Rows [row_begin, row_end) of dst, an image [rows][wp][c2] of bf16 (c2 >= c, even) that holds
+// img ([h][w] pixels of c channels, ld_x floats apart) at (top, left) and zeros elsewhere,
+// channels c..c2 included.
+void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, int c2, int top, int left,
+               int wp, int row_begin, int row_end, std::uint16_t* dst) {
+  const std::int64_t row = std::int64_t{wp} * c2;
+  for (int r = row_begin; r < row_end; ++r) {
+    std::uint16_t* d = dst + r * row;
+    const int src = r - top;
+    if (src < 0 || src >= h) {
+      std::fill(d, d + row, std::uint16_t{0});
+      continue;
+    }
+    std::fill(d, d + std::int64_t{left} * c2, std::uint16_t{0});
+    const float* s = img + std::int64_t{src} * w * ld_x;
+    std::uint16_t* o = d + std::int64_t{left} * c2;
+    if (c == c2 && ld_x == c) {
+      to_bf16(std::int64_t{w} * c, s, o);
+    } else {
+      for (int x = 0; x < w; ++x) {
+        to_bf16(c, s + x * ld_x, o + std::int64_t{x} * c2);
+        std::fill(o + std::int64_t{x} * c2 + c, o + std::int64_t{x + 1} * c2, std::uint16_t{0});
+      }
+    }
+    std::fill(d + std::int64_t{left + w} * c2, d + row, std::uint16_t{0});
+  }
+}
+
+// Packs weights for the forward tile: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
+// get(co, 2k + 1, i, j)) with co = cb * block + b, zero where co >= c_out or a channel >= c_in.
+template <typename Get>
+void pack_weight_pairs(int c_out, int c_in, int kh, int kw, int block, Pair* dst, Get get) {
+  const int blocks = (c_out + block - 1) / block, pairs = (c_in + 1) / 2;
+  std::int64_t o = 0;
+  for (int cb = 0; cb < blocks; ++cb)
+    for (int i = 0; i < kh; ++i)
+      for (int j = 0; j < kw; ++j)
+        for (int k = 0; k < pairs; ++k)
+          for (int b = 0; b < block; ++b, ++o) {
+            const int co = cb * block + b;
+            float low = 0.0f, high = 0.0f;
+            if (co < c_out) {
+              low = get(co, 2 * k, i, j);
+              if (2 * k + 1 < c_in) high = get(co, 2 * k + 1, i, j);
+            }
+            dst[o] = (rounded_bits(low) >> 16) | rounded_bits(high);
+          }
+}
+
+// Calls fn.template operator()<V>() with the vectors of 16 output channels per block for
+// `channels` channels: as conv.cc's with_block on AVX-512, 64-channel blocks where they waste no
+// more lanes than 32-channel ones.
+template <typename Fn>
+void with_block(int channels, Fn&& fn) {
+  if (channels <= kLanes) return fn.template operator()<1>();
+  if (channels > 32 && round_up(channels, 64) == round_up(channels, 32)) return fn.template operator()<4>();
+  return fn.template operator()<2>();
+}
+
+// ---- the forward register kernel -----------------------------------------------------------
+
+// conv.cc's conv_tile on pairs: P output pixels x 16*V channels. Pixel p reads the q-th pair of
+// kernel row 0 at img[offs[p] + q], kernel row i row_step pairs further; wp is the block's packed
+// weights [kh][q_len][16*V]; bias (nullable) holds 16*V values. Pixel p is written at
+// out + out_offs[p] (its first `lanes` channels).
+template <int P, int V>
+void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_t row_step,
+               int kh, int q_len, const Pair* __restrict wp, const float* bias,
+               float* __restrict out, const std::int64_t* out_offs, int lanes) {
+  __m512 acc[P][V];
+#pragma GCC unroll 32
+  for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[p][v] = bias ? _mm512_loadu_ps(bias + kLanes * v) : _mm512_setzero_ps();
+  // Indexed from -q_len up to zero, as in conv_tile, so that the P pointers stay in registers.
+  const auto* img = reinterpret_cast<const AliasedPair*>(img16);
+  const AliasedPair* xe[P];
+#pragma GCC unroll 32
+  for (int p = 0; p < P; ++p) xe[p] = img + offs[p] + q_len;
+  const Pair* wr = wp;
+  for (int i = 0; i < kh; ++i) {
+    for (std::ptrdiff_t q = -q_len; q != 0; ++q, wr += kLanes * V) {
+      __m512i wv[V];
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(wr + kLanes * v);
+#pragma GCC unroll 32
+      for (int p = 0; p < P; ++p) {
+        const __m512i b = _mm512_set1_epi32(static_cast<int>(xe[p][q]));
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[p][v] = dot(acc[p][v], b, wv[v]);
+      }
+    }
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) xe[p] += row_step;
+  }
+  if (lanes == kLanes * V) {
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + out_offs[p] + kLanes * v, acc[p][v]);
+  } else {
+    for (int p = 0; p < P; ++p) {
+      float tmp[kLanes * V];
+      for (int v = 0; v < V; ++v) _mm512_storeu_ps(tmp + kLanes * v, acc[p][v]);
+      std::copy(tmp, tmp + lanes, out + out_offs[p]);
+    }
+  }
+}
+
+using PairTileFn = void (*)(const std::uint16_t*, const std::int64_t*, std::int64_t, int, int,
+                            const Pair*, const float*, float*, const std::int64_t*, int);
+
+template <int V, std::size_t... P>
+constexpr std::array<PairTileFn, sizeof...(P)> pair_tiles(std::index_sequence<P...>) {
+  return {&pair_tile<static_cast<int>(P) + 1, V>...};
+}
+
+// Runs the tile of p pixels (1 <= p <= kMaxPixels<V>).
+template <int V>
+void run_tile(int p, const std::uint16_t* img, const std::int64_t* offs, std::int64_t row_step,
+              int kh, int q_len, const Pair* wp, const float* bias, float* out,
+              const std::int64_t* out_offs, int lanes) {
+  static constexpr auto kTiles = pair_tiles<V>(std::make_index_sequence<kMaxPixels<V>>{});
+  kTiles[p - 1](img, offs, row_step, kh, q_len, wp, bias, out, out_offs, lanes);
+}
+
+// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_x
+// floats apart, pixels of y ld_y apart. Threads split the output rows, as direct_conv does.
+template <typename Get>
+void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+               const float* bias, float* y, std::int64_t ld_y, Get get) {
+  with_block(s.c_out, [&]<int V>() {
+    constexpr int kBlock = kLanes * V;
+    constexpr int kP = kMaxPixels<V>;
+    const int oh = s.out_h(), ow = s.out_w();
+    const int blocks = (s.c_out + kBlock - 1) / kBlock;
+    const int c2 = static_cast<int>(round_up(s.c_in, 2)), half = c2 / 2;
+    const int q_len = s.kw * half;
+    const std::int64_t wblock = std::int64_t{s.kh} * q_len * kBlock;
+    Pair* wp = reinterpret_cast<Pair*>(scratch(Scratch::kWeights, static_cast<std::size_t>(blocks * wblock)));
+    pack_weight_pairs(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
+    float* bias_padded = nullptr;
+    if (bias) {
+      bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * kBlock));
+      std::fill(bias_padded, bias_padded + blocks * kBlock, 0.0f);
+      std::copy(bias, bias + s.c_out, bias_padded);
+    }
+    const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+    const std::int64_t row_step = std::int64_t{wpad} * half;
+    const std::int64_t pix_step = std::int64_t{s.stride_w} * half;
+    const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
+    const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
+    const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+
+    ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+      auto* buf = reinterpret_cast<std::uint16_t*>(
+          scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)));
+      const std::uint16_t* img = buf;
+      for (std::int64_t r = r0; r < r1;) {
+        const std::int64_t n = r / oh;
+        const int row_begin = static_cast<int>(r % oh);
+        const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
+        r = n * oh + row_end;
+        // Only the padded input rows these output rows read.
+        bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, c2, s.pad_h, s.pad_w, wpad,
+                  row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+        const std::int64_t pix_begin = std::int64_t{row_begin} * ow;
+        const std::int64_t pixels = std::int64_t{row_end - row_begin} * ow;
+        float* ybase = y + (n * oh * ow + pix_begin) * ld_y;
+        // Balanced tiles in groups of 8, every block over a group before the next (direct_conv).
+        const std::int64_t tiles = (pixels + kP - 1) / kP;
+        for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
+          for (int cb = 0; cb < blocks; ++cb) {
+            const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
+            for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
+              const std::int64_t p0 = pixels * t / tiles;
+              const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
+              std::int64_t offs[kP], out_offs[kP];
+              std::int64_t row = (pix_begin + p0) / ow, col = (pix_begin + p0) % ow;
+              for (int k = 0; k < p; ++k) {
+                offs[k] = row * s.stride_h * row_step + col * pix_step;
+                out_offs[k] = std::int64_t{k} * ld_y;
+                if (++col == ow) col = 0, ++row;
+              }
+              run_tile<V>(p, img, offs, row_step, s.kh, q_len, wp + cb * wblock,
+                          bias_padded ? bias_padded + cb * kBlock : nullptr,
+                          ybase + p0 * ld_y + cb * kBlock, out_offs, lanes);
+            }
+          }
+      }
+    });
+  });
+}
+
+// ---- backward input by stride phases ------------------------------------------------------
+
+// conv.cc's backward_input_phases (Note [Backward input by stride phases]) on pairs of dy's
+// channels.
+template <int V>
+void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                const float* w, float* dx) {
+  constexpr int kBlock = kLanes * V;
+  constexpr int kP = kMaxPixels<V>;
+  const int blocks = (s.c_in + kBlock - 1) / kBlock;
+  const int c2 = static_cast<int>(round_up(s.c_out, 2)), half = c2 / 2;
+  // Packed sub-kernels of every phase, one after the other: [a][b][block][i'][j'][pair][lane].
+  const StridePhases g(s, std::int64_t{blocks} * kBlock * half);
+  const std::int64_t row_step = std::int64_t{g.wp} * half;
+  Pair* wp = reinterpret_cast<Pair*>(scratch(Scratch::kWeights, static_cast<std::size_t>(g.phase_offset.back())));
+  for (int a = 0; a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
+      pack_weight_pairs(s.c_in, s.c_out, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
+                        [&](int ci, int co, int i, int j) { return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j); });
+    }
+
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
+  const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    auto* buf = reinterpret_cast<std::uint16_t*>(scratch(Scratch::kInput, static_cast<std::size_t>(g.hp * row_step)));
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / s.h;
+      const int row_begin = static_cast<int>(r % s.h);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
+      r = n * s.h + row_end;
+      bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, c2, g.top, g.left, g.wp, 0, g.hp, buf);
+      float* img_dx = dx + n * image_in;
+      g.for_each_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, img_dx,
+                          [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
+                              const std::int64_t* out_offs, int cb, int lanes) {
+                            const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;
+                            run_tile<V>(p, buf, offs, row_step, ma, mb * half,
+                                        wp + g.phase_offset[phase] + cb * wblock, nullptr,
+                                        img_dx + cb * kBlock, out_offs, lanes);
+                          });
+    }
+  });
+}
+
+// ---- the weight-gradient register kernel ---------------------------------------------------
+
+// acc[q][v] += sum over `pairs` pixel pairs of the products of x pair xp[pair * ld_x + q] and dy
+// pair dyp[pair * ld_dy + 16v + lane].
+template <int Q, int V>
+void pair_weight_tile(const Pair* __restrict xp, std::int64_t ld_x, const Pair* __restrict dyp,
+                      std::int64_t ld_dy, int pairs, float* __restrict acc_mem, std::int64_t ld_acc) {
+  __m512 acc[Q][V];
+#pragma GCC unroll 32
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) acc[q][v] = _mm512_loadu_ps(acc_mem + q * ld_acc + kLanes * v);
+  for (int pp = 0; pp < pairs; ++pp, xp += ld_x, dyp += ld_dy) {
+    __m512i d[V];
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) d[v] = _mm512_loadu_si512(dyp + kLanes * v);
+#pragma GCC unroll 32
+    for (int q = 0; q < Q; ++q) {
+      const __m512i b = _mm512_set1_epi32(static_cast<int>(xp[q]));
+#pragma GCC unroll 4
+      for (int v = 0; v < V; ++v) acc[q][v] = dot(acc[q][v], b, d[v]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 4
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc_mem + q * ld_acc + kLanes * v, acc[q][v]);
+}
+
+using PairWeightTileFn = void (*)(const Pair*, std::int64_t, const Pair*, std::int64_t, int,
+                                  float*, std::int64_t);
+
+template <int V, std::size_t... Q>
+constexpr std::array<PairWeightTileFn, sizeof...(Q)> pair_weight_tiles(std::index_sequence<Q...>) {
+  return {&pair_weight_tile<static_cast<int>(Q) + 1, V>...};
+}
+
+// dw = correlate(x, dy), built in dwp [kh][kw*c_in][blocks*B] as conv.cc's weight_grad.
+template <int V>
+void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                      float* dw) {
+  constexpr int kBlock = kLanes * V;
+  constexpr int kQ = kMaxInputs<V>;
+  static constexpr auto kTiles = pair_weight_tiles<V>(std::make_index_sequence<kQ>{});
+  const int oh = s.out_h(), ow = s.out_w();
+  const int blocks = (s.c_out + kBlock - 1) / kBlock;
+  const int q_len = s.kw * s.c_in;
+  const int q_tiles = (q_len + kQ - 1) / kQ;
+  const std::int64_t ld_acc = std::int64_t{blocks} * kBlock;
+  const std::int64_t k_rows = std::int64_t{s.kh} * q_len;
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
+  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow;
+  // Passes of about 96 pixels, as weight_grad's, so that a pass's packed pairs stay in cache
+  // across the tiles that share them.
+  const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
+  const std::int64_t max_pairs = (std::int64_t{rows_per_pass} * ow + 1) / 2;
+  const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
+  const std::int64_t dw_size = k_rows * ld_acc;
+
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
+    float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
+    Pair* dyb = reinterpret_cast<Pair*>(scratch(Scratch::kOutput, static_cast<std::size_t>(max_pairs * ld_acc)));
+    Pair* xpb = reinterpret_cast<Pair*>(scratch(Scratch::kPacked, static_cast<std::size_t>(s.kh * max_pairs * q_len)));
+    for (int n = n0; n < n1; ++n) {
+      pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+      const float* dimg = dy + n * image_out * s.c_out;
+      for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
+        const int pixels = std::min(rows_per_pass, oh - r0) * ow;
+        const int pairs = (pixels + 1) / 2;
+        // dy [pair][ld_acc]: pixels 2k and 2k + 1 of the pass (the last one alone when odd).
+        const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
+        for (int k = 0; k < pairs; ++k) {
+          Pair* d = dyb + k * ld_acc;
+          to_pairs(s.c_out, dpass + std::int64_t{2 * k} * s.c_out,
+                   2 * k + 1 < pixels ? dpass + std::int64_t{2 * k + 1} * s.c_out : nullptr, d);
+          std::fill(d + s.c_out, d + ld_acc, Pair{0});
+        }
+        // x [kernel row][pair][q]: the inputs of the two pixels under kernel row i.
+        auto input = [&](int pixel, int i) {
+          return xbuf + (std::int64_t{r0 + pixel / ow} * s.stride_h + i) * row_step + (pixel % ow) * pix_step;
+        };
+        for (int i = 0; i < s.kh; ++i)
+          for (int k = 0; k < pairs; ++k)
+            to_pairs(q_len, input(2 * k, i), 2 * k + 1 < pixels ? input(2 * k + 1, i) : nullptr,
+                     xpb + (std::int64_t{i} * pairs + k) * q_len);
+        for (std::int64_t t = t0; t < t1; ++t) {
+          const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
+          const int i = static_cast<int>(t / q_tiles % s.kh);
+          const int qt = static_cast<int>(t % q_tiles);
+          const int q0 = q_len * qt / q_tiles;
+          const int q = q_len * (qt + 1) / q_tiles - q0;
+          kTiles[q - 1](xpb + std::int64_t{i} * pairs * q_len + q0, q_len, dyb + cb * kBlock, ld_acc,
+                        pairs, dst + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
+        }
+      }
+    }
+  };
+
+  const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
+  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
+                  accumulate);
+
+  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
+              dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
+}
+
+// ---- the kernels of the table --------------------------------------------------------------
+
+void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y) {
+  pair_conv(ctx, s, x, s.c_in, bias_or_null, y, s.c_out, [&](int co, int ci, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  });
+}
+
+void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw) {
+    // The transposed convolution as a forward one, as conv.cc's.
+    const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
+                        .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
+                        .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
+    pair_conv(ctx, t, dy, s.c_out, nullptr, dx, s.c_in, [&](int ci, int co, int i, int j) {
+      return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
+    });
+    return;
+  }
+  with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
+}
+
+void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw) {
+  with_block(s.c_out, [&]<int V>() { pair_weight_grad<V>(ctx, s, x, dy, dw); });
+}
+
+void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc) {
+  // The rows of op(a) are the pixels of a 1x1 convolution; a transposed a is copied first.
+  const float* rows = a;
+  std::int64_t ld_rows = lda;
+  thread_local std::vector<float> transposed;
+  if (trans_a) {
+    transposed.resize(static_cast<std::size_t>(m) * k);
+    for (int kk = 0; kk < k; ++kk)
+      for (int i = 0; i < m; ++i) transposed[std::size_t(i) * k + kk] = a[std::int64_t{kk} * lda + i];
+    rows = transposed.data();
+    ld_rows = k;
+  }
+  const Conv2dShape s{.n = 1, .h = m, .w = 1, .c_in = k, .c_out = n, .kh = 1, .kw = 1};
+  pair_conv(ctx, s, rows, ld_rows, nullptr, c, ldc, [&](int co, int ci, int, int) {
+    return trans_b ? b[std::int64_t{co} * ldb + ci] : b[std::int64_t{ci} * ldb + co];
+  });
+}
+
+}  // namespace
+}  // namespace towerflow::cpu::TW_ISA
+
+#define TW_CAT_(a, b) a##b
+#define TW_CAT(a, b) TW_CAT_(a, b)
+
+extern "C" const towerflow::cpu::Bf16PairKernels TW_CAT(towerflow_bf16_pairs_, TW_ISA) = {
+    .conv2d_forward = &towerflow::cpu::TW_ISA::conv2d_forward,
+    .conv2d_backward_input = &towerflow::cpu::TW_ISA::conv2d_backward_input,
+    .conv2d_backward_weight = &towerflow::cpu::TW_ISA::conv2d_backward_weight,
+    .gemm = &towerflow::cpu::TW_ISA::gemm,
+};

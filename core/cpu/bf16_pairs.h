@@ -1,0 +1,28 @@
+#pragma once
+// The bf16 kernels of bf16.h built on vdpbf16ps, the AVX512-BF16 product of bf16 pairs (private
+// to core/cpu; Note [bf16 pair kernels] in bf16_pairs.cc). bf16_pairs.cc is compiled twice, into
+// objects of their own as the kernel tables of kernel_table.h are: with the instruction
+// (towerflow_bf16_pairs_avx512bf16), and for AVX-512F alone with the instruction emulated
+// (towerflow_bf16_pairs_avx512bf16_emulated). The build defines TW_HAVE_BF16_PAIRS where it
+// compiles them (x86-64 with a compiler that knows -mavx512bf16).
+//
+// Contract: bf16.h's, for the kernels it names; callers have checked the CPU (AVX512-BF16 for
+// the first table, AVX-512F, BW, DQ and VL for both).
+
+#include "core/cpu/bf16.h"
+
+namespace towerflow::cpu {
+
+struct Bf16PairKernels {
+  decltype(&conv2d_forward_bf16) conv2d_forward;
+  decltype(&conv2d_backward_input_bf16) conv2d_backward_input;
+  decltype(&conv2d_backward_weight_bf16) conv2d_backward_weight;
+  decltype(&gemm_bf16) gemm;
+};
+
+}  // namespace towerflow::cpu
+
+#if defined(TW_HAVE_BF16_PAIRS)
+extern "C" const towerflow::cpu::Bf16PairKernels towerflow_bf16_pairs_avx512bf16;
+extern "C" const towerflow::cpu::Bf16PairKernels towerflow_bf16_pairs_avx512bf16_emulated;
+#endif

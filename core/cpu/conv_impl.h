@@ -1,0 +1,152 @@
+#pragma once
+// Private helpers shared by the convolution kernels of conv.cc and bf16_pairs.cc: padding an
+// image, and the fixed schedule of the weight gradient's sums. Compiled into each instruction
+// set's namespace, as simd_impl.h is.
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu/context.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/simd_impl.h"
+
+namespace towerflow::cpu::TW_ISA::detail {
+
+// Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
+// which is laid out [h + 2*pad_h][w + 2*pad_w][c], zeroing the border.
+inline void pad_rows(const float* img, int h, int w, int c, int pad_h, int pad_w,
+                     int row_begin, int row_end, float* dst) {
+  const std::int64_t wp = w + 2 * pad_w;
+  for (int r = row_begin; r < row_end; ++r) {
+    float* d = dst + r * wp * c;
+    const int src_row = r - pad_h;
+    if (src_row < 0 || src_row >= h) {
+      std::fill(d, d + wp * c, 0.0f);
+      continue;
+    }
+    std::fill(d, d + std::int64_t{pad_w} * c, 0.0f);
+    std::copy(img + std::int64_t{src_row} * w * c, img + std::int64_t{src_row + 1} * w * c,
+              d + std::int64_t{pad_w} * c);
+    std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, 0.0f);
+  }
+}
+
+// Note [Weight gradient: image groups or tiles]
+// Large batches split the images into kGroups fixed groups, each summed into its own partial
+// dw by one thread, and the partials are added in group order: every thread pads and reads only
+// its own images, and each image's x and dy stay in cache for all tiles. Small batches (fewer
+// than 2*kGroups images) split the dw tiles over threads instead, each summing all images.
+// Either way the choice and the summation order depend on the shape only, never on the thread
+// count (Note [Deterministic reductions]).
+//
+// sum_weight_grad runs that schedule for a kernel whose accumulate(n0, n1, t0, t1, dst) adds
+// images [n0, n1) into tiles [t0, t1) of dst (dw_size floats); the sum lands in dwp, zeroed by
+// the caller. Tiles are split over threads at least min_tiles at a time.
+template <typename Accumulate>
+inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
+                            std::int64_t min_tiles, std::int64_t dw_size, float* dwp,
+                            Accumulate& accumulate) {
+  constexpr int kGroups = 8;
+  if (n < 2 * kGroups) {
+    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, n, t0, t1, dwp); });
+    return;
+  }
+  float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
+  ctx.parallel_for(kGroups, 1, [&](std::int64_t g0, std::int64_t g1) {
+    for (std::int64_t g = g0; g < g1; ++g) {
+      float* dst = partial + g * dw_size;
+      std::fill(dst, dst + dw_size, 0.0f);
+      accumulate(static_cast<int>(n * g / kGroups), static_cast<int>(n * (g + 1) / kGroups), 0, tiles, dst);
+    }
+  });
+  std::copy(partial, partial + dw_size, dwp);
+  for (int g = 1; g < kGroups; ++g) {
+    const float* src = partial + g * dw_size;
+    for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
+  }
+}
+
+// The plan of a backward input by stride phases (Note [Backward input by stride phases] in
+// conv.cc), shared by the fp32 and the bf16 pair kernels: the zero frame of the embedded dy, and
+// where each phase's packed sub-kernel starts.
+struct StridePhases {
+  int oh, ow, sh, sw;
+  int top, left;  // the zero frame: dy sits at (top, left) of the embedded [hp][wp] image
+  int hp, wp;
+  // phase_offset[a * sw + b]: the start of phase (a, b)'s packed sub-kernel, in weight elements;
+  // phase_offset[sh * sw]: the total.
+  std::vector<std::int64_t> phase_offset;
+
+  // `per_tap`: weight elements of one tap of the sub-kernel (the packed blocks times the
+  // channels of dy, in the packing's units).
+  StridePhases(const Conv2dShape& s, std::int64_t per_tap)
+      : oh(s.out_h()), ow(s.out_w()), sh(s.stride_h), sw(s.stride_w),
+        top(taps(s.kh, sh, 0) - 1), left(taps(s.kw, sw, 0) - 1),
+        hp(top + std::max(oh, (s.h - 1 + s.pad_h) / sh + 1)),
+        wp(left + std::max(ow, (s.w - 1 + s.pad_w) / sw + 1)),
+        phase_offset(static_cast<std::size_t>(sh * sw) + 1, 0) {
+    for (int a = 0; a < sh; ++a)
+      for (int b = 0; b < sw; ++b)
+        phase_offset[a * sw + b + 1] = phase_offset[a * sw + b] + per_tap * taps(s.kh, sh, a) * taps(s.kw, sw, b);
+  }
+  // The taps of a kernel of size k at this stride in phase `phase` (0 when phase >= k).
+  static int taps(int k, int stride, int phase) { return phase < k ? (k - phase + stride - 1) / stride : 0; }
+  // w[co][ci][ki][kj] of OIHW weights for tap (i, j) of phase (a, b)'s flipped sub-kernel of
+  // ma x mb taps.
+  static float tap(const Conv2dShape& s, const float* w, int a, int b, int ma, int mb, int ci, int co,
+                   int i, int j) {
+    const int ki = a + (ma - 1 - i) * s.stride_h, kj = b + (mb - 1 - j) * s.stride_w;
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + ki) * s.kw + kj];
+  }
+
+  // For dx rows [row_begin, row_end) of one image (img_dx, NHWC): zeroes the pixels of phases
+  // without taps, and calls tile(phase, ma, mb, p, offs, out_offs, cb, lanes) for every tile of
+  // p <= P pixels of every other phase and every block cb of `block` dx channels. offs are the
+  // tile's pixels in the embedded dy (row_step units per row, `unit` per pixel), out_offs in
+  // img_dx. Tiles come in groups of 8, every block over a group before the next (direct_conv).
+  template <int P, typename Tile>
+  void for_each_tile(const Conv2dShape& s, int row_begin, int row_end, std::int64_t row_step,
+                     std::int64_t unit, int block, float* img_dx, Tile&& tile) const {
+    const int blocks = (s.c_in + block - 1) / block;
+    for (int a = 0; a < sh; ++a)
+      for (int b = 0; b < sw; ++b) {
+        const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
+        // This phase's dx rows and columns: (ih + pad) mod stride == phase.
+        const int ih0 = row_begin + ((a - (row_begin + s.pad_h) % sh) % sh + sh) % sh;
+        const int iw0 = ((b - s.pad_w % sw) % sw + sw) % sw;
+        if (ih0 >= row_end || iw0 >= s.w) continue;
+        const int rows = (row_end - 1 - ih0) / sh + 1, cols = (s.w - 1 - iw0) / sw + 1;
+        const std::int64_t u0 = (ih0 + s.pad_h - a) / sh, v0 = (iw0 + s.pad_w - b) / sw;
+        if (ma == 0 || mb == 0) {
+          for (int y = 0; y < rows; ++y)
+            for (int x = 0; x < cols; ++x) {
+              float* d = img_dx + (std::int64_t{ih0 + y * sh} * s.w + iw0 + x * sw) * s.c_in;
+              std::fill(d, d + s.c_in, 0.0f);
+            }
+          continue;
+        }
+        const std::int64_t pixels = std::int64_t{rows} * cols;
+        const std::int64_t tiles = (pixels + P - 1) / P;
+        for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
+          for (int cb = 0; cb < blocks; ++cb) {
+            const int lanes = std::min(block, s.c_in - cb * block);
+            for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
+              const std::int64_t p0 = pixels * t / tiles;
+              const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
+              std::int64_t offs[P], out_offs[P];
+              // Consecutive phase pixels step dx by the stride and dy by one.
+              std::int64_t y = p0 / cols, x = p0 % cols;
+              for (int k = 0; k < p; ++k) {
+                offs[k] = (u0 + y - (ma - 1) + top) * row_step + (v0 + x - (mb - 1) + left) * unit;
+                out_offs[k] = ((ih0 + y * sh) * s.w + iw0 + x * sw) * s.c_in;
+                if (++x == cols) x = 0, ++y;
+              }
+              tile(a * sw + b, ma, mb, p, offs, out_offs, cb, lanes);
+            }
+          }
+      }
+  }
+};
+
+}  // namespace towerflow::cpu::TW_ISA::detail
