@@ -14,8 +14,9 @@
 // (core/cpu/bf16.h, the ones this CPU chooses; TOWERFLOW_BF16_KERNELS forces one). The header
 // gives the machine's peaks on --threads threads (bench/peak.h: the widest fp32 FMA loop, and
 // VDPBF16PS where the CPU has AVX512-BF16), and the "% peak" column puts each row against the
-// peak of the instructions it runs: the bf16 peak for oneDNN's bf16 kernels where it was
-// measured, the fp32 peak for fp32 rows and for emulated bf16 (which runs the fp32 kernels).
+// peak of the instructions it runs: the bf16 peak for oneDNN's and towerflow's AVX512-BF16
+// kernels where it was measured, the fp32 peak for fp32 rows and for emulated bf16 (which runs
+// the fp32 kernels).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>

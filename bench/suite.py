@@ -27,7 +27,8 @@ share above 100% still means the limit was measured low, and the report says so.
 Note [Shares] below)  (towerflow_bench_kernels)
     kernel_bf16  the same convolutions and GEMMs through the bf16 kernels the CPU chooses, each
                beside its fp32 row and over the peak of the instructions it runs (bf16 peak for
-               oneDNN's bf16 kernels where measured, else fp32)    (towerflow_bench_kernels)
+               oneDNN's or towerflow's bf16 kernels where measured, else fp32)
+                                                                         (towerflow_bench_kernels)
     train      tfcnn and ResNet-20 on 1, 2 and 4 logical CPU devices, every reduction
                                                                          (towerflow_bench_train)
     peer, compare  towerflow against PyTorch (one process, NCHW and channels-last, the better
@@ -35,7 +36,9 @@ Note [Shares] below)  (towerflow_bench_kernels)
                over N logical CPUs), alternating, --rounds rounds; median ratio and spread
     bf16       towerflow in fp32 and in bf16, and PyTorch's bf16 autocast (channels-last), one
                process, alternating, --rounds rounds: bf16 against its own fp32 and against PyTorch's
-               bf16 (median ratio and spread)                    (towerflow_bench_train --precision)
+               bf16 (median ratio and spread); on a CPU with AVX512-BF16 also towerflow's own
+               AVX512-BF16 kernels against oneDNN's (--bf16-also)
+                                                                 (towerflow_bench_train --precision)
     allreduce, alloc, data   towerflow_bench_allreduce, _alloc, _data
     gpu_*      --gpu: the GPU benchmarks, only when nvidia-smi finds a GPU (training in fp32, bf16
                and fp16; the op benchmark's fp32, bf16 and fp16 rows)
@@ -276,13 +279,13 @@ def apply_shares(rec, a, limits):
     peak_all = fp32_peak(limits, a.threads)
     bw = limits.get("bw", {}).get(("triad", a.threads))
     bf16_peak = limits.get("peak", {}).get(("bf16_dot", "avx512bf16", a.threads))
-    native = limits.get("bf16_kernels", "").startswith("oneDNN")
+    native = limits.get("bf16_kernels", "").startswith(("oneDNN", "towerflow's AVX512-BF16 kernels (vdpbf16ps"))
     for r in rec.rows:
         if r["section"] == "kernel":
             r["bound"], r["share_of_bound"] = roofline(r["gflop_per_s"], r["gb_per_s"], peak_all, bw)
         elif r["section"] == "kernel_bf16":
-            # Over the peak of the instructions the row runs: VDPBF16PS for oneDNN's bf16 kernels
-            # where that peak was measured (an AMX peak is not), else the fp32 FMA peak.
+            # Over the peak of the instructions the row runs: VDPBF16PS for oneDNN's or towerflow's
+            # bf16 kernels where that peak was measured (an AMX peak is not), else the fp32 FMA peak.
             peak = bf16_peak if native and bf16_peak else peak_all
             r["peak"] = "bf16_dot" if native and bf16_peak else "fp32_fma"
             r["share_of_peak"] = r["gflop_per_s"] / peak if peak and r["gflop_per_s"] > 0 else None
@@ -324,9 +327,9 @@ def tw_train_cmd(a, model, devices, reduction, precision="fp32"):
         ["--precision", precision] if precision != "fp32" else [])
 
 
-def run_tw_train(rec, a, limits, model, devices, reduction, precision="fp32", **extra):
+def run_tw_train(rec, a, limits, model, devices, reduction, precision="fp32", env=None, **extra):
     cmd = tw_train_cmd(a, model, devices, reduction, precision)
-    rc, out = rec.run(cmd)
+    rc, out = rec.run(cmd, env=env)
     rows = json_lines(out)
     if rc != 0 or not rows:
         rec.add("error", what="train", model=model, devices=devices, reduction=reduction, rc=rc,
@@ -338,7 +341,20 @@ def run_tw_train(rec, a, limits, model, devices, reduction, precision="fp32", **
     r.update(extra)
     r["share_of_fp32_peak"] = r["gflop_per_s"] / peak if peak else None
     r["threads_total"] = used
-    return rec.add("train", **r, command=short_cmd(cmd))
+    prefix = "".join(f"{k}={v} " for k, v in (env or {}).items())
+    return rec.add("train", **r, command=prefix + short_cmd(cmd))
+
+
+def second_bf16_kernels(a, limits, cpu):
+    """The bf16 kernels that compare_bf16 also runs, beside the automatic choice, or None: towerflow's
+    own AVX512-BF16 kernels where the CPU has the instruction and oneDNN's are chosen (Note [bf16
+    kernels] in core/cpu/bf16.cc: which is faster is measured here), or what --bf16-also names."""
+    if a.bf16_also == "none":
+        return None
+    if a.bf16_also != "auto":
+        return a.bf16_also
+    native_onednn = limits.get("bf16_kernels", "").startswith("oneDNN")
+    return "avx512bf16" if native_onednn and "avx512_bf16" in cpu.get("isa_extensions", []) else None
 
 
 def sweep(rec, a, limits):
@@ -475,15 +491,23 @@ def ratio_row(num, den):
 
 def compare_bf16(rec, a, limits, versions):
     """Per model, one process: each round runs towerflow in fp32, towerflow in bf16, and PyTorch's bf16
-    autocast (channels-last). bf16 against towerflow's own fp32 and against PyTorch's bf16."""
+    autocast (channels-last). bf16 against towerflow's own fp32 and against PyTorch's bf16. Where a
+    second set of bf16 kernels applies (second_bf16_kernels), each round runs it too, after the
+    automatic choice, and the row gives its ratio to the automatic choice."""
     have_torch = versions.get("torch")
+    second = second_bf16_kernels(a, limits, rec.cpu)
     for model in a.models:
-        runs = {"fp32": [], "bf16": [], "torch": []}
+        runs = {"fp32": [], "bf16": [], "torch": [], "second": []}
         for rnd in range(a.rounds):
             for precision in ("fp32", "bf16"):
                 r = run_tw_train(rec, a, limits, model, 1, "all_reduce", precision, round=rnd + 1,
                                  comparison="bf16")
                 runs[precision].append(r["img_per_s"] if r else None)
+            if second:
+                r = run_tw_train(rec, a, limits, model, 1, "all_reduce", "bf16",
+                                 env={"TOWERFLOW_BF16_KERNELS": second}, round=rnd + 1,
+                                 comparison="bf16", bf16_kernels=second)
+                runs["second"].append(r["img_per_s"] if r else None)
             if not have_torch:
                 continue
             cmd = peer_cmd(a, "torch_cl", model, 1) + ["--bf16"]
@@ -507,6 +531,10 @@ def compare_bf16(rec, a, limits, versions):
                    command_peer=short_cmd(peer_cmd(a, "torch_cl", model, 1) + ["--bf16"]) if have_torch else None)
         row["vs_fp32"] = ratio_row(runs["bf16"], runs["fp32"])
         row["vs_torch_bf16"] = ratio_row(runs["bf16"], runs["torch"])
+        if second:
+            row.update(second_kernels=second, second_img_per_s=med(runs["second"]),
+                       second_vs_automatic=ratio_row(runs["second"], runs["bf16"]),
+                       command_second=f"TOWERFLOW_BF16_KERNELS={second} " + row["command"])
         rec.add("compare_bf16", **row)
 
 
@@ -663,9 +691,18 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                  ratio(r["vs_fp32"]), ratio(r["vs_torch_bf16"])] for r in sec("compare_bf16")]
         md += [table(["model", "fp32 img/s", "bf16 img/s", "PyTorch bf16 img/s", "bf16 / fp32", "bf16 / PyTorch bf16"],
                      rows), ""]
-        md += [f"bf16 kernels: {sec('compare_bf16')[0]['bf16_kernels']}", "", "Commands (one round):", ""]
+        md += [f"bf16 kernels: {sec('compare_bf16')[0]['bf16_kernels']}", ""]
+        seconds = [r for r in sec("compare_bf16") if r.get("second_kernels")]
+        if seconds:
+            md += [f"The same bf16 training with `TOWERFLOW_BF16_KERNELS={seconds[0]['second_kernels']}`, run in "
+                   "each round after the automatic choice: its img/s over the automatic choice's.", ""]
+            md += [table(["model", "bf16 kernels", "img/s", "over the automatic choice"],
+                         [[r["model"], r["second_kernels"], fmt(r["second_img_per_s"]), ratio(r["second_vs_automatic"])]
+                          for r in seconds]), ""]
+        md += ["Commands (one round):", ""]
         for r in sec("compare_bf16"):
             md += [f"- {r['model']}: `{r['command_fp32']}`, `{r['command']}`"
+                   + (f", `{r['command_second']}`" if r.get("command_second") else "")
                    + (f", `{r['command_peer']}`" if r.get("command_peer") else "")]
         md += [""]
 
@@ -778,6 +815,10 @@ def main():
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch and TensorFlow")
     ap.add_argument("--only", default="kernels,train,peers,bf16,others",
                     help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels)")
+    ap.add_argument("--bf16-also", default="auto",
+                    help="bf16 kernels the bf16 part also trains with (TOWERFLOW_BF16_KERNELS), beside the automatic "
+                         "choice: auto (avx512bf16 where the CPU has AVX512-BF16 and oneDNN's are chosen), none, "
+                         "or a name")
     ap.add_argument("--gpu", action="store_true", help="also the GPU part (when nvidia-smi finds a GPU)")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU part")
     ap.add_argument("--models", default="tfcnn,resnet20")

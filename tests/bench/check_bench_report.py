@@ -93,6 +93,10 @@ def main():
             d = r.get("vs_fp32") or {}
             if not d or not (d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]):
                 problems.append(f"bf16 comparison without a ratio to fp32 inside its spread: {r}")
+            if r.get("second_kernels"):
+                d = r.get("second_vs_automatic") or {}
+                if not (r.get("second_img_per_s") and d and d["ratio_min"] <= d["ratio_median"] <= d["ratio_max"]):
+                    problems.append(f"bf16 comparison of a second set of kernels without figures: {r}")
         bf16_runs = [r for r in sec("train") if r.get("comparison") == "bf16" and r["model"] == model]
         if {r.get("precision") for r in bf16_runs} != {"fp32", "bf16"}:
             problems.append(f"bf16 comparison of {model} lacks its fp32 or bf16 training rows")
