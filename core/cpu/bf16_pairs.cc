@@ -85,6 +85,16 @@ inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
 #endif
 }
 
+// The pair p in every lane. Clang 16 crashes folding a broadcast load into vdpbf16ps (as an
+// embedded {1to16} operand); an empty asm keeps the broadcast in a register there.
+inline __m512i broadcast(Pair p) {
+  __m512i b = _mm512_set1_epi32(static_cast<int>(p));
+#if defined(__clang__) && defined(__AVX512BF16__)
+  __asm__("" : "+v"(b));
+#endif
+  return b;
+}
+
 inline std::uint32_t rounded_bits(float x) { return bf16_bits(std::bit_cast<std::uint32_t>(x)); }
 
 // dst[i] = the bf16 of src[i], i < n.
@@ -189,7 +199,7 @@ void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_
       for (int v = 0; v < V; ++v) wv[v] = _mm512_loadu_si512(wr + kLanes * v);
 #pragma GCC unroll 32
       for (int p = 0; p < P; ++p) {
-        const __m512i b = _mm512_set1_epi32(static_cast<int>(xe[p][q]));
+        const __m512i b = broadcast(xe[p][q]);
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[p][v] = dot(acc[p][v], b, wv[v]);
       }
@@ -361,7 +371,7 @@ void pair_weight_tile(const Pair* __restrict xp, std::int64_t ld_x, const Pair* 
     for (int v = 0; v < V; ++v) d[v] = _mm512_loadu_si512(dyp + kLanes * v);
 #pragma GCC unroll 32
     for (int q = 0; q < Q; ++q) {
-      const __m512i b = _mm512_set1_epi32(static_cast<int>(xp[q]));
+      const __m512i b = broadcast(xp[q]);
 #pragma GCC unroll 4
       for (int v = 0; v < V; ++v) acc[q][v] = dot(acc[q][v], b, d[v]);
     }
