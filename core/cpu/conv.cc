@@ -50,8 +50,18 @@
 // of one 16-lane vector (P FMAs per P broadcasts) is no faster in isolation than the 8-lane
 // 8 x 2 block, and in a whole layer it was 10-25% slower (the core also clocks lower while it
 // runs 512-bit FMAs). 16 x 2 and 16 x 4 reuse each broadcast two or four times and reach about
-// 1.5 times the 8-lane speed in isolation. So 16 channels keep 8 x 2 (with up to 12 pixels),
-// and 48 channels get two 16 x 2 blocks (25% of the lanes idle) rather than three 16 x 1.
+// 1.5 times the 8-lane speed in isolation. So 16 channels keep 8 x 2, and 48 channels get two
+// 16 x 2 blocks (25% of the lanes idle) rather than three 16 x 1.
+// On AVX-512 a forward tile of 2 vectors stops at 9 pixels: with 10 to 12 pixels, GCC 12 keeps
+// one or both weight vectors of the inner loop on the stack (a spilled general register lands in
+// a vector register, and the allocator gives a weight vector's register up), so half or all of
+// the FMAs read memory. Measured on the Ice Lake Xeon, towerflow_bench_ops, three alternating
+// rounds: 9 pixels against 12 ran the 16 x 2 layers 1.3-2.4x faster (ResNet-20 32->32 forward
+// 134 -> 276 GFLOP/s, backward input 130 -> 274; 16->32 stride 2 forward 123 -> 233) and left
+// the others within 5% (1.14x over all 31 rows); 10 pixels spilled and were no faster than 12.
+// ResNet-20 trained 1.18x faster in fp32 (towerflow_bench_train, three alternating rounds: 638 ->
+// 736 img/s; tfcnn, whose layers have 64 channels, unchanged). One-vector tiles (up to 8
+// channels) keep 12 pixels: 9 measured 2% slower on tfcnn's first layer.
 // The forward and stride-1 backward-input convolutions of 16-channel layers with 3-wide kernels
 // go further with the row kernel, which reuses each broadcast across kernel columns
 // (Note [Row kernel for 16 channels]).
@@ -76,12 +86,13 @@ using detail::Vec;
 namespace {
 
 // Largest tiles (Note [Register tiles for 8 and 16 lanes]). Forward: P pixels x V vectors of
-// accumulators, P <= 12 so that the P input pointers stay in general registers. Weight
-// gradient: Q inputs x V vectors, read through one pointer, so Q is bounded by the vector
-// registers only. With AVX2 (16 registers) both are 12 / V; with AVX-512 (32) 24 / V.
+// accumulators, P <= 12 so that the P input pointers stay in general registers, and P <= 9 for
+// two vectors on AVX-512, where more keeps weight vectors on the stack. Weight gradient: Q inputs x V vectors,
+// read through one pointer, so Q is bounded by the vector registers only. With AVX2 (16
+// registers) both are 12 / V; with AVX-512 (32) 24 / V.
 constexpr int kAccumulators = kWideLanes == 16 ? 24 : 12;
 template <int V>
-constexpr int kMaxPixels = std::min(12, kAccumulators / V);
+constexpr int kMaxPixels = std::min(kWideLanes == 16 && V == 2 ? 9 : 12, kAccumulators / V);
 template <int V>
 constexpr int kMaxInputs = kAccumulators / V;
 
