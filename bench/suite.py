@@ -646,10 +646,10 @@ def report(rec, a, info, limits, versions, argv, elapsed):
             tw_share = {}
             for r in sec("train"):
                 if r.get("comparison"):
-                    tw_share.setdefault((r["model"], r["comparison"]), []).append(r["share_of_fp32_peak"])
+                    tw_share.setdefault((r["model"], r["comparison"]), []).append(r.get("share_of_fp32_peak"))
             peer_share = {}
             for r in sec("peer"):
-                peer_share.setdefault((r["model"], r["comparison"], r["peer"]), []).append(r["share_of_fp32_peak"])
+                peer_share.setdefault((r["model"], r["comparison"], r["peer"]), []).append(r.get("share_of_fp32_peak"))
             rows = []
             for r in cmp_rows:
                 rows.append([r["model"], r["comparison"], fmt(r["towerflow_img_per_s"]),
@@ -735,7 +735,7 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                "the devices share cores). Median step over the timed steps; share of the fp32 peak on the threads "
                "used.", ""]
         rows = [[r["model"], r["devices"], r["threads"], r["reduction"], fmt(r["img_per_s"]), fmt(r["ms_per_step"], ".2f"),
-                 fmt(r["gflop_per_s"]), pct(r["share_of_fp32_peak"]), f"{100 * r['reduction_share']:.1f}%", r["check"],
+                 fmt(r["gflop_per_s"]), pct(r.get("share_of_fp32_peak")), f"{100 * r['reduction_share']:.1f}%", r["check"],
                  f"`{r['command']}`"] for r in sec("train") if not r.get("comparison")]
         md += [table(["model", "devices", "threads/device", "reduction", "img/s", "ms/step", "GFLOP/s", "share of peak",
                       "reduction not hidden", "check", "command"], rows), ""]
