@@ -26,6 +26,7 @@
 #include "core/trace.h"
 #include "data/batch.h"
 #include "tower/batch_norm_sync.h"
+#include "tower/buckets.h"
 #include "tower/workers.h"
 
 namespace towerflow::tower {
@@ -39,107 +40,10 @@ namespace towerflow::tower {
 // slices; with a 3:1 split it would weight the small tower's rows three times too much. The
 // same holds for the reported loss: the sum of the towers' loss_i is the sample-weighted mean.
 
-// Note [Bucketed reduction during backward]
-// The autograd engine runs the graph's nodes by decreasing creation number and accumulates each
-// node's input gradients into the leaves before it moves to the next node (autograd.cc). So when
-// the engine is about to run the node numbered s, every node numbered above s has finished, and a
-// parameter's gradient is final once every node consuming the parameter has run: when the engine
-// starts a node numbered below the smallest consumer number. Before backward, the trainer walks
-// the graph from the loss, records for each bucket (a contiguous range of the flat gradient
-// buffer, whole parameters, filled from the last parameter backwards, as backward produces them)
-// the smallest number of a node consuming one of its parameters, and wraps every node's backward
-// function with a check that marks the buckets whose parameters are all final. A communication
-// thread per tower all-reduces the buckets in a fixed order as they become ready, while the tower
-// thread carries on with backward. Every tower reduces the same buckets in the same order, so
-// collectives match across towers.
-// "Final" is the host's view: on a GPU, backward has only queued the kernels that write the
-// bucket on the device's compute stream, and NCCL runs on a stream of its own. So when a bucket
-// becomes ready the tower thread records an event on its backend's queue (Backend::record_event;
-// null on the CPU, whose kernels are done when they return), and the all-reduce of the bucket is
-// ordered after that event (Communicator::all_reduce_sum_after: the NCCL stream waits for it on
-// the GPU). Without the event NCCL would sum partly written gradients and replicas would drift.
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-struct Bucket {
-  std::size_t begin = 0, end = 0;  // elements of the flat buffer
-};
-
-// Which buckets backward has finished, for one tower and one step, and the point in the tower's
-// backend queue after which each one's gradients are written (Note [Bucketed reduction during
-// backward]). before_node() and mark_all() run on the tower thread, which drives the backend.
-class BucketTracker {
- public:
-  explicit BucketTracker(Backend& backend) : backend_(&backend) {}
-  void reset(std::vector<std::uint64_t> min_sequence) {
-    std::lock_guard lock(mu_);
-    min_seq_ = std::move(min_sequence);
-    ready_.assign(min_seq_.size(), false);
-    events_.assign(min_seq_.size(), nullptr);
-    cancelled_ = false;
-  }
-  // The engine is about to run node `sequence`: every node above it has finished.
-  void before_node(std::uint64_t sequence) {
-    bool any = false;
-    {
-      std::lock_guard lock(mu_);
-      std::shared_ptr<const QueueEvent> event;
-      for (std::size_t b = 0; b < min_seq_.size(); ++b)
-        if (!ready_[b] && min_seq_[b] > sequence) {
-          if (!any) event = backend_->record_event();  // one event for all buckets ready now
-          ready_[b] = any = true;
-          events_[b] = event;
-          ++early_;
-        }
-    }
-    if (any) cv_.notify_all();
-  }
-  void mark_all() {
-    {
-      std::lock_guard lock(mu_);
-      std::shared_ptr<const QueueEvent> event = backend_->record_event();
-      for (std::size_t b = 0; b < ready_.size(); ++b)
-        if (!ready_[b]) {
-          ready_[b] = true;
-          events_[b] = event;
-        }
-    }
-    cv_.notify_all();
-  }
-  void cancel() {
-    {
-      std::lock_guard lock(mu_);
-      cancelled_ = true;
-    }
-    cv_.notify_all();
-  }
-  // Buckets found ready while backward was still running, since construction.
-  std::int64_t ready_during_backward() {
-    std::lock_guard lock(mu_);
-    return early_;
-  }
-  // False when cancelled; otherwise *event is the point after which bucket b is written (null
-  // when nothing is pending, as on the CPU).
-  bool wait(std::size_t b, std::shared_ptr<const QueueEvent>* event) {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return cancelled_ || ready_[b]; });
-    *event = events_[b];
-    return !cancelled_;
-  }
-
- private:
-  Backend* backend_;
-  std::vector<std::shared_ptr<const QueueEvent>> events_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::uint64_t> min_seq_;
-  std::vector<bool> ready_;
-  bool cancelled_ = false;
-  std::int64_t early_ = 0;
-};
 
 std::string device_list(const std::vector<Device>& devices) {
   std::string s;
@@ -194,8 +98,7 @@ struct Trainer::Impl {
 
   // Bucketed reduction
   std::size_t bucket_bytes = 0;
-  std::vector<Bucket> buckets;              // in reduction order (from the end of the buffer)
-  std::vector<std::size_t> bucket_of_param;  // parameter index -> bucket
+  BucketPlan bucket_plan;
   std::vector<std::unique_ptr<BucketTracker>> trackers;
 
   // fp16 only: the dynamic loss scale.
@@ -226,63 +129,6 @@ struct Trainer::Impl {
     for (Tensor& t : buffers_of(m)) {
       t.copy_from_host(std::span<const float>(in.data() + off, static_cast<std::size_t>(t.numel())));
       off += static_cast<std::size_t>(t.numel());
-    }
-  }
-
-  void plan_buckets(const nn::Module& m) {
-    const auto params = m.named_parameters();
-    const std::size_t cap = std::max<std::size_t>(1, bucket_bytes / sizeof(float));
-    bucket_of_param.assign(params.size(), 0);
-    std::vector<std::size_t> offsets(params.size() + 1, 0);
-    for (std::size_t p = 0; p < params.size(); ++p)
-      offsets[p + 1] = offsets[p] + static_cast<std::size_t>(params[p].second.numel());
-    buckets.clear();
-    std::size_t end = params.size();
-    while (end > 0) {
-      std::size_t begin = end;
-      while (begin > 0 && (begin == end || offsets[end] - offsets[begin] < cap)) --begin;
-      if (offsets[end] - offsets[begin] > cap && end - begin > 1) ++begin;  // keep under the cap
-      for (std::size_t p = begin; p < end; ++p) bucket_of_param[p] = buckets.size();
-      buckets.push_back({offsets[begin], offsets[end]});
-      end = begin;
-    }
-  }
-
-  // Note [Bucketed reduction during backward]: wraps the graph under `loss` so that `tracker`
-  // learns when each bucket's gradients are final.
-  void install_bucket_hooks(const nn::Module& m, const Tensor& loss, BucketTracker& tracker) {
-    std::unordered_map<const TensorImpl*, std::size_t> param_index;
-    {
-      std::size_t p = 0;
-      for (auto& [name, t] : m.named_parameters()) param_index[t.impl()] = p++;
-    }
-    std::vector<std::uint64_t> min_seq(buckets.size(), std::numeric_limits<std::uint64_t>::max());
-    std::vector<Node*> nodes;
-    std::set<Node*> seen;
-    if (loss.grad_fn()) {
-      nodes.push_back(loss.grad_fn().get());
-      seen.insert(nodes.back());
-    }
-    for (std::size_t k = 0; k < nodes.size(); ++k) {
-      Node* n = nodes[k];
-      for (const Tensor& in : n->inputs) {
-        if (!in.defined()) continue;
-        if (auto it = param_index.find(in.impl()); it != param_index.end()) {
-          auto& s = min_seq[bucket_of_param[it->second]];
-          s = std::min(s, n->sequence);
-        }
-        Node* child = in.impl()->grad_fn.get();
-        if (child && seen.insert(child).second) nodes.push_back(child);
-      }
-    }
-    tracker.reset(std::move(min_seq));
-    for (Node* n : nodes) {
-      if (!n->backward) continue;
-      n->backward = [inner = std::move(n->backward), seq = n->sequence,
-                     t = &tracker](const Tensor& g) {
-        t->before_node(seq);
-        return inner(g);
-      };
     }
   }
 };
@@ -457,7 +303,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     for (int i = 0; i < n; ++i) im.staging.push_back(Tensor::zeros({static_cast<std::int64_t>(im.numel)}, im.pd));
   }
   if (im.bucket_bytes > 0) {
-    im.plan_buckets(r0);
+    im.bucket_plan.plan(r0, im.bucket_bytes);
     for (int i = 0; i < n; ++i)
       im.trackers.push_back(std::make_unique<BucketTracker>(backend_for(devices_[i])));
   }
@@ -475,7 +321,7 @@ std::string Trainer::describe() const {
     if (impl_->world > 1) s += str(", then across processes over ", impl_->processes->name());
   } else {
     if (impl_->bucket_bytes > 0)
-      s += str("bucketed all_reduce (", impl_->buckets.size(), " buckets of at most ",
+      s += str("bucketed all_reduce (", impl_->bucket_plan.buckets.size(), " buckets of at most ",
                impl_->bucket_bytes >= (1 << 20) ? str(impl_->bucket_bytes >> 20, " MiB")
                                                 : str(impl_->bucket_bytes, " bytes"),
                " or one parameter) over ", impl_->comm_name);
@@ -698,10 +544,10 @@ float Trainer::forward_backward(const HostBatch& batch) {
       comm_thread = std::thread([&, i] {
         if (trace::enabled()) trace::set_thread_name(str("tower ", i, " reduction"));
         try {
-          for (std::size_t b = 0; b < im.buckets.size(); ++b) {
+          for (std::size_t b = 0; b < im.bucket_plan.buckets.size(); ++b) {
             std::shared_ptr<const QueueEvent> ready;
             if (!tracker->wait(b, &ready)) return;
-            const Bucket& bk = im.buckets[b];
+            const Bucket& bk = im.bucket_plan.buckets[b];
             const trace::Span span("reduction", trace::enabled() ? str("bucket ", b) : std::string());
             im.comm->all_reduce_sum_after(
                 i, host_span(grads).subspan(bk.begin, bk.end - bk.begin), ready.get());
@@ -731,7 +577,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
           im.correct[i] += top_k_correct(logits, y, 1);
         }
         if (tracker && m == k - 1) {
-          im.install_bucket_hooks(model, loss, *tracker);
+          im.bucket_plan.install_hooks(model, loss, *tracker);
           start_comm();
         }
         {
@@ -742,7 +588,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
       }
       if (tracker) {
         if (!comm_thread.joinable()) {
-          tracker->reset(std::vector<std::uint64_t>(im.buckets.size(), 0));
+          tracker->reset(std::vector<std::uint64_t>(im.bucket_plan.buckets.size(), 0));
           start_comm();
         }
         tracker->mark_all();

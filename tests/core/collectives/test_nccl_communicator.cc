@@ -168,7 +168,7 @@ struct PinnedFloats {
 
 }  // namespace
 
-// Note [Bucketed reduction during backward] in tower/trainer.cc: the all-reduce of a bucket must
+// Note [Bucketed reduction during backward] in tower/buckets.cc: the all-reduce of a bucket must
 // not start before the compute stream has written the bucket. Here the "backward" is 300 ms of
 // work queued on a compute stream, then the gradient written; all_reduce_sum_after must order
 // NCCL's stream after it. A communicator that ignored the event would read the old values (the
