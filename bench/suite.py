@@ -27,7 +27,8 @@ share above 100% still means the limit was measured low, and the report says so.
 Note [Shares] below)  (towerflow_bench_kernels)
     kernel_bf16  the same convolutions and GEMMs through the bf16 kernels the CPU chooses, each
                beside its fp32 row and over the peak of the instructions it runs (bf16 peak for
-               oneDNN's or towerflow's bf16 kernels where measured, else fp32)
+               oneDNN's or towerflow's bf16 kernels where measured, else fp32); on a CPU with
+               AVX512-BF16 also through towerflow's own, row by row against oneDNN's (--bf16-also)
                                                                          (towerflow_bench_kernels)
     train      tfcnn and ResNet-20 on 1, 2 and 4 logical CPU devices, every reduction
                                                                          (towerflow_bench_train)
@@ -55,6 +56,7 @@ peers' convention) over the fp32 peak on all the threads the run uses.
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -272,6 +274,35 @@ def run_kernels(rec, a, limits, when="start"):
                 gb_per_s=b["byte_per_s"] / 1e9, cv=cv.get(key), isa=limits["isa"],
                 command=f"{cmd_base} --benchmark_filter='^{regex_escape(name)}$'")
     apply_shares(rec, a, limits)
+
+
+def run_kernels_second(rec, a, limits):
+    """The bf16 kernel rows again through the second set of bf16 kernels (second_bf16_kernels),
+    so that the report puts each kernel of both sets side by side."""
+    second = second_bf16_kernels(a, limits, rec.cpu)
+    exe = os.path.join(a.bin, "towerflow_bench_kernels")
+    if not second or not os.path.exists(exe):
+        return
+    raw = rec.stem + ".kernels-bf16-second.json"
+    env = {"TOWERFLOW_BF16_KERNELS": second}
+    base = [exe, f"--threads={a.threads}", f"--batch={a.kernel_batch}", f"--benchmark_min_time={a.min_time}",
+            "--benchmark_filter=^kernel_bf16/"]
+    if a.kernel_reps > 1:
+        base += [f"--benchmark_repetitions={a.kernel_reps}", "--benchmark_display_aggregates_only=true"]
+    rc, _ = rec.run(base + [f"--benchmark_out={raw}", "--benchmark_out_format=json"], env=env)
+    if rc != 0 or not os.path.exists(raw):
+        rec.add("error", what=f"kernels with TOWERFLOW_BF16_KERNELS={second}", rc=rc)
+        return
+    cmd_base = f"TOWERFLOW_BF16_KERNELS={second} " + short_cmd([exe, f"--threads={a.threads}", f"--batch={a.kernel_batch}"])
+    for b in json.load(open(raw))["benchmarks"]:
+        if b.get("error_occurred") or not (b.get("aggregate_name") == "median" or
+                                           (b.get("aggregate_name") is None and a.kernel_reps == 1)):
+            continue
+        name = re.sub(r"/(real_time|threads:\d+)", "", b["run_name"])
+        _, model, op, layer = name.split("/", 3)
+        rec.add("kernel_bf16_second", kernels=second, model=model, op=op, layer=layer, threads=a.threads,
+                batch=a.kernel_batch, ms=b["real_time"], gflop_per_s=b["flop_per_s"] / 1e9,
+                command=f"{cmd_base} --benchmark_filter='^{regex_escape(name)}$'")
 
 
 def apply_shares(rec, a, limits):
@@ -762,6 +793,24 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                          f"{r.get('peak', '-')}: {pct(r.get('share_of_peak'))}",
                          f"{f['ms'] / r['ms']:.2f}x" if f and r["ms"] else "-", f"`{r['command']}`"])
         md += [table(["model", "op", "layer", "ms", "GFLOP/s", "share of peak", "vs fp32", "command"], rows), ""]
+        seconds = sec("kernel_bf16_second")
+        if seconds:
+            auto = {(r["model"], r["op"], r["layer"]): r for r in sec("kernel_bf16")}
+            kernels = seconds[0]["kernels"]
+            md += [f"The same rows with `TOWERFLOW_BF16_KERNELS={kernels}`, beside the automatic choice's: "
+                   "which kernels won, row by row (speed = the automatic choice's time over this one's).", ""]
+            rows, speeds = [], []
+            for r in seconds:
+                f = auto.get((r["model"], r["op"], r["layer"]))
+                speed = f["ms"] / r["ms"] if f and r["ms"] else None
+                if speed:
+                    speeds.append(speed)
+                rows.append([r["model"], r["op"], r["layer"], fmt(f["ms"], ".3f") if f else "-", fmt(r["ms"], ".3f"),
+                             f"{speed:.2f}x" if speed else "-", f"`{r['command']}`"])
+            md += [table(["model", "op", "layer", "automatic ms", f"{kernels} ms", "speed", "command"], rows), ""]
+            if speeds:
+                geo = math.exp(sum(math.log(x) for x in speeds) / len(speeds))
+                md += [f"Geometric mean: {kernels} at {geo:.2f}x the automatic choice's speed over {len(speeds)} rows.", ""]
 
     if sec("allreduce"):
         md += ["## All-reduce (local, shared memory)", "",
@@ -871,6 +920,7 @@ def main():
     limits = {}
     if "kernels" in parts:
         run_kernels(rec, a, limits)
+        run_kernels_second(rec, a, limits)
     if "train" in parts:
         sweep(rec, a, limits)
     if "peers" in parts:

@@ -83,6 +83,10 @@ def main():
                 if not (r["ms"] > 0 and r.get("share_of_peak") is not None and r.get("peak") in ("bf16_dot", "fp32_fma")):
                     problems.append(f"bf16 kernel row without time, peak or share: {r}")
 
+    for r in sec("kernel_bf16_second"):
+        if not (r.get("kernels") and r["ms"] > 0 and r["gflop_per_s"] > 0):
+            problems.append(f"bf16 kernel row of the second kernels without kernels or time: {r}")
+
     for model in a.models.split(","):
         got = [r for r in sec("compare_bf16") if r["model"] == model]
         if len(got) != 1:
