@@ -348,33 +348,40 @@ TEST_CASE("bf16: towers, reductions and accumulation train as one tower does in 
   // differences push across a bf16 rounding boundary in a later step.
   const int B = 24, K = 4;
   const Data data = make_data(B * K, 2);
-  std::vector<float> ref_losses;
-  const auto reference = train(1, {.precision = Precision::Bf16}, data, B, K, &ref_losses);
   const auto fp32 = train(1, {}, data, B, K);
-  struct Case {
-    const char* name;
-    int towers;
-    TrainerOptions options;
-  };
-  const std::vector<Case> cases = {
-      {"2 towers, all-reduce", 2, {.reduction = AllReduce{}, .precision = Precision::Bf16}},
-      {"2 towers 3:1, parameter device", 2,
-       {.reduction = ParameterDevice{}, .split = WeightedSplit{{3, 1}}, .precision = Precision::Bf16}},
-      {"4 towers, bucketed (1 KiB buckets)", 4, {.reduction = AllReduce{.bucket_bytes = 1024}, .precision = Precision::Bf16}},
-      {"2 towers, all-reduce, 3 micro-batches", 2,
-       {.reduction = AllReduce{}, .accumulation_steps = 3, .precision = Precision::Bf16}},
-  };
-  const double bf16_vs_fp32 = max_rel_diff(reference, fp32);
-  INFO("one tower, bf16 against fp32: max relative parameter difference " << bf16_vs_fp32);
-  CHECK(bf16_vs_fp32 > 1e-4);  // bf16 is measurably not fp32 here ...
-  for (const Case& c : cases) {
-    std::vector<float> losses;
-    const auto params = train(c.towers, c.options, data, B, K, &losses);
-    const double diff = max_rel_diff(params, reference);
-    INFO(c.name << ": max relative parameter difference to one bf16 tower " << diff);
-    // ... and towers stay as close to it as fp32 towers to one fp32 tower (measured: at most
-    // 8.5e-8 here, against 5.7e-3 between bf16 and fp32).
-    CHECK(diff < 2e-5);
-    for (int s = 0; s < K; ++s) CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-4));
+  // On every bf16 path this CPU runs (tests/bf16_paths.h).
+  const std::vector<cpu::Bf16Kernels> paths = testing::bf16_paths();
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : paths) {
+    cpu::force_bf16_kernels_for_testing(path);
+    INFO("bf16 kernels: " << cpu::bf16_kernels_name(path));
+    std::vector<float> ref_losses;
+    const auto reference = train(1, {.precision = Precision::Bf16}, data, B, K, &ref_losses);
+    struct Case {
+      const char* name;
+      int towers;
+      TrainerOptions options;
+    };
+    const std::vector<Case> cases = {
+        {"2 towers, all-reduce", 2, {.reduction = AllReduce{}, .precision = Precision::Bf16}},
+        {"2 towers 3:1, parameter device", 2,
+         {.reduction = ParameterDevice{}, .split = WeightedSplit{{3, 1}}, .precision = Precision::Bf16}},
+        {"4 towers, bucketed (1 KiB buckets)", 4, {.reduction = AllReduce{.bucket_bytes = 1024}, .precision = Precision::Bf16}},
+        {"2 towers, all-reduce, 3 micro-batches", 2,
+         {.reduction = AllReduce{}, .accumulation_steps = 3, .precision = Precision::Bf16}},
+    };
+    const double bf16_vs_fp32 = max_rel_diff(reference, fp32);
+    INFO("one tower, bf16 against fp32: max relative parameter difference " << bf16_vs_fp32);
+    CHECK(bf16_vs_fp32 > 1e-4);  // bf16 is measurably not fp32 here ...
+    for (const Case& c : cases) {
+      std::vector<float> losses;
+      const auto params = train(c.towers, c.options, data, B, K, &losses);
+      const double diff = max_rel_diff(params, reference);
+      INFO(c.name << ": max relative parameter difference to one bf16 tower " << diff);
+      // ... and towers stay as close to it as fp32 towers to one fp32 tower (measured: at most
+      // 8.5e-8 here, against 5.7e-3 between bf16 and fp32).
+      CHECK(diff < 2e-5);
+      for (int s = 0; s < K; ++s) CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-4));
+    }
   }
 }
