@@ -9,6 +9,8 @@
 //                            multiply + add, avx2: 256-bit FMA, avx512: 512-bit FMA), on 1 and on
 //                            N threads. counters: flop_per_s. See Note [The peak loop] (bench/peak.cc).
 //   peak/bf16_dot/avx512bf16 VDPBF16PS (bf16 pairs into fp32), only where the CPU has AVX512-BF16.
+//   peak/bf16_amx/amx        AMX's TDPBF16PS, only where the CPU has AMX-BF16 and Linux grants
+//                            the tile state.
 //   mem/copy, mem/triad      STREAM's copy (b = a) and triad (a = b + s*c) over arrays of
 //                            --bandwidth_mib each, split over 1 and N threads. counters:
 //                            byte_per_s (STREAM's count: reads + writes, no write-allocate).
@@ -250,7 +252,8 @@ int main(int argc, char** argv) {
   for (const auto& loop : loops)
     for (int t : thread_counts)
       benchmark::RegisterBenchmark(loop.name.c_str(), run_peak, loop)->Threads(t)->UseRealTime();
-  if (loops.empty() || loops.back().name.find("bf16") == std::string::npos)
+  if (std::none_of(loops.begin(), loops.end(),
+                   [](const auto& l) { return l.name.find("bf16_dot") != std::string::npos; }))
     benchmark::AddCustomContext("bf16_peak", "skipped: this CPU has no AVX512-BF16");
 
   const std::size_t n = std::size_t(bandwidth_mib) * 1024 * 1024 / sizeof(float);

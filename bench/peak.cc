@@ -4,8 +4,15 @@
 
 #include <immintrin.h>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <thread>
 
 #include "core/cpu/isa.h"
@@ -79,6 +86,65 @@ __attribute__((target("avx512f,avx512bf16"))) float peak_avx512bf16(std::int64_t
 }
 #endif
 
+#if defined(__x86_64__) && defined(__linux__)
+// AMX (Intel Sapphire Rapids and later): TDPBF16PS multiplies a tile of 16 rows x 32 bf16 by a tile
+// of 16 rows x 16 bf16 pairs into 16 x 16 fp32 accumulators, 16 * 16 * 32 multiply-adds. Four
+// accumulator tiles (0-3) from four source tiles (4-7), as oneDNN's kernels use them, so that
+// consecutive instructions do not wait on one accumulator.
+constexpr int kAmxTiles = 4;
+constexpr double kAmxFlopsPerTile = 16.0 * 16 * 32 * 2;
+
+// LDTILECFG's 64-byte operand (palette 1: up to 16 rows of up to 64 bytes per tile).
+struct alignas(64) TileConfig {
+  std::uint8_t palette_id = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+__attribute__((target("amx-tile,amx-bf16"))) float peak_amx_bf16(std::int64_t iters) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+  _tile_loadconfig(&cfg);
+  alignas(64) std::uint16_t a[16 * 32], b[16 * 32];
+  std::fill(a, a + 16 * 32, std::uint16_t{0x3f80});  // 1.0 in bf16
+  std::fill(b, b + 16 * 32, std::uint16_t{0x3380});  // ~6e-8 in bf16: the sums stay finite
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, b, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, a, 64);
+  for (std::int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(2, 7, 5);
+    _tile_dpbf16ps(3, 7, 6);
+  }
+  alignas(64) float out[kAmxTiles][16 * 16];
+  _tile_stored(0, out[0], 64);
+  _tile_stored(1, out[1], 64);
+  _tile_stored(2, out[2], 64);
+  _tile_stored(3, out[3], 64);
+  _tile_release();
+  return out[0][0] + out[1][0] + out[2][0] + out[3][255];
+}
+
+// The CPU has AMX-TILE and AMX-BF16 (CPUID 7.0: EDX bits 24 and 22), and Linux (5.16 and later)
+// granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
+// which it must before any thread touches a tile register.
+bool amx_bf16_usable() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+#endif
 
 }  // namespace
 
@@ -94,6 +160,10 @@ std::vector<PeakLoop> peak_loops() {
         // The OS saves the 512-bit state (supported_isas checked XGETBV); the CPU must have BF16.
         if (__builtin_cpu_supports("avx512bf16"))
           out.push_back({"peak/bf16_dot/avx512bf16", peak_avx512bf16, kAcc * 16 * 4.0});
+#if defined(__linux__)
+        if (amx_bf16_usable())
+          out.push_back({"peak/bf16_amx/amx", peak_amx_bf16, kAmxTiles * kAmxFlopsPerTile});
+#endif
         break;
       default: break;
     }

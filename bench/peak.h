@@ -1,7 +1,7 @@
 #pragma once
 // The machine's arithmetic peak, for benchmarks to put kernel rates beside: an FMA loop per x86
-// instruction set the CPU and OS can run, and VDPBF16PS (bf16 pairs into fp32) where the CPU has
-// AVX512-BF16. Each loop is compiled for its own instruction set (target attributes) and listed
+// instruction set the CPU and OS can run, VDPBF16PS (bf16 pairs into fp32) where the CPU has
+// AVX512-BF16, and AMX's TDPBF16PS where the CPU has AMX-BF16 and Linux grants the tile state. Each loop is compiled for its own instruction set (target attributes) and listed
 // only where it can run, so a portable build measures any machine. Note [The peak loop] in
 // peak.cc says what the loops retire.
 
@@ -12,7 +12,8 @@
 namespace towerflow::bench {
 
 struct PeakLoop {
-  std::string name;  // peak/<kind>/<isa>: peak/fp32_fma/avx512, peak/bf16_dot/avx512bf16, ...
+  std::string name;  // peak/<kind>/<isa>: peak/fp32_fma/avx512, peak/bf16_dot/avx512bf16,
+                     // peak/bf16_amx/amx, ...
   float (*fn)(std::int64_t iters);
   double flop_per_iter;  // FLOPs of one iteration over all accumulators
 };

@@ -309,16 +309,20 @@ def apply_shares(rec, a, limits):
     """(Re)computes every share from the limits as they stand (Note [Shares])."""
     peak_all = fp32_peak(limits, a.threads)
     bw = limits.get("bw", {}).get(("triad", a.threads))
+    bf16_kind = "bf16_dot"
     bf16_peak = limits.get("peak", {}).get(("bf16_dot", "avx512bf16", a.threads))
     native = limits.get("bf16_kernels", "").startswith(("oneDNN", "towerflow's AVX512-BF16 kernels (vdpbf16ps"))
+    amx_peak = limits.get("peak", {}).get(("bf16_amx", "amx", a.threads))
+    if amx_peak and "AMX tiles" in limits.get("bf16_kernels", ""):
+        bf16_kind, bf16_peak = "bf16_amx", amx_peak  # oneDNN runs its tile kernels
     for r in rec.rows:
         if r["section"] == "kernel":
             r["bound"], r["share_of_bound"] = roofline(r["gflop_per_s"], r["gb_per_s"], peak_all, bw)
         elif r["section"] == "kernel_bf16":
-            # Over the peak of the instructions the row runs: VDPBF16PS for oneDNN's or towerflow's
-            # bf16 kernels where that peak was measured (an AMX peak is not), else the fp32 FMA peak.
+            # Over the peak of the instructions the row runs: AMX's TDPBF16PS for oneDNN on AMX,
+            # VDPBF16PS for oneDNN's or towerflow's bf16 kernels, where measured; else the fp32 peak.
             peak = bf16_peak if native and bf16_peak else peak_all
-            r["peak"] = "bf16_dot" if native and bf16_peak else "fp32_fma"
+            r["peak"] = bf16_kind if native and bf16_peak else "fp32_fma"
             r["share_of_peak"] = r["gflop_per_s"] / peak if peak and r["gflop_per_s"] > 0 else None
         elif r["section"] == "train" and r.get("threads_total"):
             peak = fp32_peak(limits, r["threads_total"])

@@ -80,7 +80,7 @@ def main():
             if not got:
                 problems.append(f"no bf16 kernel row {model} {op}")
             for r in got:
-                if not (r["ms"] > 0 and r.get("share_of_peak") is not None and r.get("peak") in ("bf16_dot", "fp32_fma")):
+                if not (r["ms"] > 0 and r.get("share_of_peak") is not None and r.get("peak") in ("bf16_dot", "bf16_amx", "fp32_fma")):
                     problems.append(f"bf16 kernel row without time, peak or share: {r}")
 
     for r in sec("kernel_bf16_second"):
