@@ -95,6 +95,11 @@ inline __m512i broadcast(Pair p) {
   return b;
 }
 
+// This thread's scratch slot as n pairs (simd_impl.h's scratch counts 4-byte floats).
+inline Pair* scratch_pairs(Scratch slot, std::int64_t n) {
+  return reinterpret_cast<Pair*>(scratch(slot, static_cast<std::size_t>(n)));
+}
+
 inline std::uint32_t rounded_bits(float x) { return bf16_bits(std::bit_cast<std::uint32_t>(x)); }
 
 // dst[i] = the bf16 of src[i], i < n.
@@ -251,7 +256,7 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std:
     const int c2 = static_cast<int>(round_up(s.c_in, 2)), half = c2 / 2;
     const int q_len = s.kw * half;
     const std::int64_t wblock = std::int64_t{s.kh} * q_len * kBlock;
-    Pair* wp = reinterpret_cast<Pair*>(scratch(Scratch::kWeights, static_cast<std::size_t>(blocks * wblock)));
+    Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
     pack_weight_pairs(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
     float* bias_padded = nullptr;
     if (bias) {
@@ -267,8 +272,7 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std:
     const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
     ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-      auto* buf = reinterpret_cast<std::uint16_t*>(
-          scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)));
+      auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, hp * row_step));
       const std::uint16_t* img = buf;
       for (std::int64_t r = r0; r < r1;) {
         const std::int64_t n = r / oh;
@@ -320,12 +324,14 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   // Packed sub-kernels of every phase, one after the other: [a][b][block][i'][j'][pair][lane].
   const StridePhases g(s, std::int64_t{blocks} * kBlock * half);
   const std::int64_t row_step = std::int64_t{g.wp} * half;
-  Pair* wp = reinterpret_cast<Pair*>(scratch(Scratch::kWeights, static_cast<std::size_t>(g.phase_offset.back())));
+  Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
   for (int a = 0; a < g.sh; ++a)
     for (int b = 0; b < g.sw; ++b) {
       const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
       pack_weight_pairs(s.c_in, s.c_out, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
-                        [&](int ci, int co, int i, int j) { return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j); });
+                        [&](int ci, int co, int i, int j) {
+                          return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j);
+                        });
     }
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
@@ -333,7 +339,7 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
   const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    auto* buf = reinterpret_cast<std::uint16_t*>(scratch(Scratch::kInput, static_cast<std::size_t>(g.hp * row_step)));
+    auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, g.hp * row_step));
     for (std::int64_t r = r0; r < r1;) {
       const std::int64_t n = r / s.h;
       const int row_begin = static_cast<int>(r % s.h);
@@ -420,8 +426,8 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
     float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
-    Pair* dyb = reinterpret_cast<Pair*>(scratch(Scratch::kOutput, static_cast<std::size_t>(max_pairs * ld_acc)));
-    Pair* xpb = reinterpret_cast<Pair*>(scratch(Scratch::kPacked, static_cast<std::size_t>(s.kh * max_pairs * q_len)));
+    Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
+    Pair* xpb = scratch_pairs(Scratch::kPacked, s.kh * max_pairs * q_len);
     for (int n = n0; n < n1; ++n) {
       pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;

@@ -87,9 +87,9 @@ namespace {
 
 // Largest tiles (Note [Register tiles for 8 and 16 lanes]). Forward: P pixels x V vectors of
 // accumulators, P <= 12 so that the P input pointers stay in general registers, and P <= 9 for
-// two vectors on AVX-512, where more keeps weight vectors on the stack. Weight gradient: Q inputs x V vectors,
-// read through one pointer, so Q is bounded by the vector registers only. With AVX2 (16
-// registers) both are 12 / V; with AVX-512 (32) 24 / V.
+// two vectors on AVX-512, where more keeps weight vectors on the stack. Weight gradient: Q
+// inputs x V vectors, read through one pointer, so Q is bounded by the vector registers only.
+// With AVX2 (16 registers) both are 12 / V; with AVX-512 (32) 24 / V.
 constexpr int kAccumulators = kWideLanes == 16 ? 24 : 12;
 template <int V>
 constexpr int kMaxPixels = std::min(kWideLanes == 16 && V == 2 ? 9 : 12, kAccumulators / V);

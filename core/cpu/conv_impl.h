@@ -49,7 +49,8 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
                             Accumulate& accumulate) {
   constexpr int kGroups = 8;
   if (n < 2 * kGroups) {
-    ctx.parallel_for(tiles, min_tiles, [&](std::int64_t t0, std::int64_t t1) { accumulate(0, n, t0, t1, dwp); });
+    ctx.parallel_for(tiles, min_tiles,
+                     [&](std::int64_t t0, std::int64_t t1) { accumulate(0, n, t0, t1, dwp); });
     return;
   }
   float* partial = scratch(Scratch::kAux, static_cast<std::size_t>(kGroups * dw_size));
@@ -88,7 +89,8 @@ struct StridePhases {
         phase_offset(static_cast<std::size_t>(sh * sw) + 1, 0) {
     for (int a = 0; a < sh; ++a)
       for (int b = 0; b < sw; ++b)
-        phase_offset[a * sw + b + 1] = phase_offset[a * sw + b] + per_tap * taps(s.kh, sh, a) * taps(s.kw, sw, b);
+        phase_offset[a * sw + b + 1] =
+            phase_offset[a * sw + b] + per_tap * taps(s.kh, sh, a) * taps(s.kw, sw, b);
   }
   // The taps of a kernel of size k at this stride in phase `phase` (0 when phase >= k).
   static int taps(int k, int stride, int phase) { return phase < k ? (k - phase + stride - 1) / stride : 0; }
