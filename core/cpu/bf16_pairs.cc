@@ -54,6 +54,7 @@ using detail::pad_rows;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
+using detail::unpack_weight_grad;
 using detail::StridePhases;
 using detail::sum_weight_grad;
 
@@ -467,13 +468,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
   sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
                   accumulate);
 
-  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
-  for (int co = 0; co < s.c_out; ++co)
-    for (int ci = 0; ci < s.c_in; ++ci)
-      for (int i = 0; i < s.kh; ++i)
-        for (int j = 0; j < s.kw; ++j)
-          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
+  unpack_weight_grad(s, dwp, ld_acc, dw);
 }
 
 // ---- the kernels of the table --------------------------------------------------------------

@@ -80,6 +80,7 @@ using detail::sum_weight_grad;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
+using detail::unpack_weight_grad;
 using detail::StridePhases;
 using detail::Vec;
 
@@ -519,13 +520,7 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
                   accumulate);
 
-  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j*c_in + ci][co].
-  for (int co = 0; co < s.c_out; ++co)
-    for (int ci = 0; ci < s.c_in; ++ci)
-      for (int i = 0; i < s.kh; ++i)
-        for (int j = 0; j < s.kw; ++j)
-          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[(std::int64_t{i} * q_len + j * s.c_in + ci) * ld_acc + co];
+  unpack_weight_grad(s, dwp, ld_acc, dw);
 }
 
 // ---- the weight-gradient row kernel for 16 output channels (AVX-512) -------------------------
@@ -639,13 +634,7 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
     }
   };
   sum_weight_grad(ctx, s.n, tasks, 1, dw_size, dwp, accumulate);
-  // Unpack to OIHW: dw[co][ci][i][j] = dwp[i][j][ci][co].
-  for (int co = 0; co < s.c_out; ++co)
-    for (int ci = 0; ci < s.c_in; ++ci)
-      for (int i = 0; i < s.kh; ++i)
-        for (int j = 0; j < kKW; ++j)
-          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * kKW + j] =
-              dwp[((std::int64_t{i} * kKW + j) * s.c_in + ci) * 16 + co];
+  unpack_weight_grad(s, dwp, 16, dw);  // s.kw == kKW (weight_row_kernel_applies)
 }
 
 // ---- backward input by stride phases ---------------------------------------------------------
