@@ -4,12 +4,6 @@
 
 #include <immintrin.h>
 
-#if defined(__x86_64__) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -134,16 +128,6 @@ __attribute__((target("amx-tile,amx-bf16"))) float peak_amx_bf16(std::int64_t it
   return out[0][0] + out[1][0] + out[2][0] + out[3][255];
 }
 
-// The CPU has AMX-TILE and AMX-BF16 (CPUID 7.0: EDX bits 24 and 22), and Linux (5.16 and later)
-// granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA),
-// which it must before any thread touches a tile register.
-bool amx_bf16_usable() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  if (!(d & (1u << 24)) || !(d & (1u << 22))) return false;
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-}
 #endif
 
 }  // namespace
@@ -161,7 +145,8 @@ std::vector<PeakLoop> peak_loops() {
         if (__builtin_cpu_supports("avx512bf16"))
           out.push_back({"peak/bf16_dot/avx512bf16", peak_avx512bf16, kAcc * 16 * 4.0});
 #if defined(__linux__)
-        if (amx_bf16_usable())
+        // The CPU has AMX-BF16 and Linux granted the tile data (core/cpu/isa.h).
+        if (cpu::cpu_has_amx_bf16())
           out.push_back({"peak/bf16_amx/amx", peak_amx_bf16, kAmxTiles * kAmxFlopsPerTile});
 #endif
         break;

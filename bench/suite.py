@@ -28,7 +28,7 @@ Note [Shares] below)  (towerflow_bench_kernels)
     kernel_bf16  the same convolutions and GEMMs through the bf16 kernels the CPU chooses, each
                beside its fp32 row and over the peak of the instructions it runs (bf16 peak for
                oneDNN's or towerflow's bf16 kernels where measured, else fp32); on a CPU with
-               AVX512-BF16 also through towerflow's own, row by row against oneDNN's (--bf16-also)
+               AVX512-BF16 or AMX also through towerflow's own, row by row against oneDNN's (--bf16-also)
                                                                          (towerflow_bench_kernels)
     train      tfcnn and ResNet-20 on 1, 2 and 4 logical CPU devices, every reduction
                                                                          (towerflow_bench_train)
@@ -37,8 +37,8 @@ Note [Shares] below)  (towerflow_bench_kernels)
                over N logical CPUs), alternating, --rounds rounds; median ratio and spread
     bf16       towerflow in fp32 and in bf16, and PyTorch's bf16 autocast (channels-last), one
                process, alternating, --rounds rounds: bf16 against its own fp32 and against PyTorch's
-               bf16 (median ratio and spread); on a CPU with AVX512-BF16 also towerflow's own
-               AVX512-BF16 kernels against oneDNN's (--bf16-also)
+               bf16 (median ratio and spread); on a CPU with AMX or AVX512-BF16 also towerflow's own
+               AMX or AVX512-BF16 kernels against oneDNN's (--bf16-also)
                                                                  (towerflow_bench_train --precision)
     allreduce, alloc, data   towerflow_bench_allreduce, _alloc, _data
     gpu_*      --gpu: the GPU benchmarks, only when nvidia-smi finds a GPU (training in fp32, bf16
@@ -77,10 +77,11 @@ ISA_FLAGS = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx
 # Running commands and recording rows
 # ---------------------------------------------------------------------------------------------
 class Recorder:
-    def __init__(self, out_dir, stem, cpu):
+    def __init__(self, out_dir, stem, cpu, isa_extensions=()):
         os.makedirs(out_dir, exist_ok=True)
         self.stem = os.path.join(out_dir, stem)
         self.cpu = cpu
+        self.isa_extensions = list(isa_extensions)  # the CPU's, among ISA_FLAGS
         self.rows = []
         self.jsonl = open(self.stem + ".jsonl", "w")
         self.log = open(self.stem + ".log", "w")
@@ -279,7 +280,7 @@ def run_kernels(rec, a, limits, when="start"):
 def run_kernels_second(rec, a, limits):
     """The bf16 kernel rows again through the second set of bf16 kernels (second_bf16_kernels),
     so that the report puts each kernel of both sets side by side."""
-    second = second_bf16_kernels(a, limits, rec.cpu)
+    second = second_bf16_kernels(a, limits, rec.isa_extensions)
     exe = os.path.join(a.bin, "towerflow_bench_kernels")
     if not second or not os.path.exists(exe):
         return
@@ -311,10 +312,11 @@ def apply_shares(rec, a, limits):
     bw = limits.get("bw", {}).get(("triad", a.threads))
     bf16_kind = "bf16_dot"
     bf16_peak = limits.get("peak", {}).get(("bf16_dot", "avx512bf16", a.threads))
-    native = limits.get("bf16_kernels", "").startswith(("oneDNN", "towerflow's AVX512-BF16 kernels (vdpbf16ps"))
+    native = limits.get("bf16_kernels", "").startswith(("oneDNN", "towerflow's AVX512-BF16 kernels (vdpbf16ps",
+                                                         "towerflow's AMX kernels (tdpbf16ps"))
     amx_peak = limits.get("peak", {}).get(("bf16_amx", "amx", a.threads))
-    if amx_peak and "AMX tiles" in limits.get("bf16_kernels", ""):
-        bf16_kind, bf16_peak = "bf16_amx", amx_peak  # oneDNN runs its tile kernels
+    if amx_peak and any(t in limits.get("bf16_kernels", "") for t in ("AMX tiles", "tdpbf16ps tiles")):
+        bf16_kind, bf16_peak = "bf16_amx", amx_peak  # oneDNN's or towerflow's tile kernels
     for r in rec.rows:
         if r["section"] == "kernel":
             r["bound"], r["share_of_bound"] = roofline(r["gflop_per_s"], r["gb_per_s"], peak_all, bw)
@@ -380,16 +382,21 @@ def run_tw_train(rec, a, limits, model, devices, reduction, precision="fp32", en
     return rec.add("train", **r, command=prefix + short_cmd(cmd))
 
 
-def second_bf16_kernels(a, limits, cpu):
-    """The bf16 kernels that compare_bf16 also runs, beside the automatic choice, or None: towerflow's
-    own AVX512-BF16 kernels where the CPU has the instruction and oneDNN's are chosen (Note [bf16
-    kernels] in core/cpu/bf16.cc: which is faster is measured here), or what --bf16-also names."""
+def second_bf16_kernels(a, limits, extensions):
+    """The bf16 kernels that compare_bf16 also runs, beside the automatic choice, or None: where
+    oneDNN's are chosen, towerflow's own AMX kernels on a CPU with AMX-BF16, else its AVX512-BF16
+    kernels on a CPU with that instruction (Note [bf16 kernels] in core/cpu/bf16.cc: which is faster
+    is measured here), or what --bf16-also names."""
     if a.bf16_also == "none":
         return None
     if a.bf16_also != "auto":
         return a.bf16_also
     native_onednn = limits.get("bf16_kernels", "").startswith("oneDNN")
-    return "avx512bf16" if native_onednn and "avx512_bf16" in cpu.get("isa_extensions", []) else None
+    if not native_onednn:
+        return None
+    if "amx_bf16" in extensions:
+        return "amx"
+    return "avx512bf16" if "avx512_bf16" in extensions else None
 
 
 def sweep(rec, a, limits):
@@ -530,7 +537,7 @@ def compare_bf16(rec, a, limits, versions):
     second set of bf16 kernels applies (second_bf16_kernels), each round runs it too, after the
     automatic choice, and the row gives its ratio to the automatic choice."""
     have_torch = versions.get("torch")
-    second = second_bf16_kernels(a, limits, rec.cpu)
+    second = second_bf16_kernels(a, limits, rec.isa_extensions)
     for model in a.models:
         runs = {"fp32": [], "bf16": [], "torch": [], "second": []}
         for rnd in range(a.rounds):
@@ -870,8 +877,8 @@ def main():
                     help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels)")
     ap.add_argument("--bf16-also", default="auto",
                     help="bf16 kernels the bf16 part also trains with (TOWERFLOW_BF16_KERNELS), beside the automatic "
-                         "choice: auto (avx512bf16 where the CPU has AVX512-BF16 and oneDNN's are chosen), none, "
-                         "or a name")
+                         "choice: auto (where oneDNN's are chosen: amx where the CPU has AMX-BF16, else "
+                         "avx512bf16 where it has AVX512-BF16), none, or a name")
     ap.add_argument("--gpu", action="store_true", help="also the GPU part (when nvidia-smi finds a GPU)")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU part")
     ap.add_argument("--models", default="tfcnn,resnet20")
@@ -914,7 +921,7 @@ def main():
     t0 = time.time()
     info = machine_info()
     stem = a.name or f"{cpu_slug(info)}-" + ("quick" if q else datetime.date.today().isoformat())
-    rec = Recorder(a.out, stem, info["cpu_model"])
+    rec = Recorder(a.out, stem, info["cpu_model"], info["isa_extensions"])
     rec.add("machine", **info)
     print(f"# towerflow benchmarks on {info['cpu_model']} ({info['logical_cpus']} CPUs), commit {info['commit']}",
           flush=True)

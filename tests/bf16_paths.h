@@ -1,8 +1,8 @@
 #pragma once
 // Test helper: the bf16 kernel paths this CPU runs (core/cpu/bf16.h) -- the emulated one always;
-// oneDNN's where it has JIT bf16 kernels here; towerflow's AVX512-BF16 kernels where the CPU has
-// the instruction, and their twin with it emulated on any AVX-512 CPU (a WARN says why a path is
-// not run) -- and a guard that puts the automatic choice back however the test ends.
+// oneDNN's where it has JIT bf16 kernels here; towerflow's AMX and AVX512-BF16 kernels where the
+// CPU has the instructions, and their twins with them emulated on any AVX-512 CPU (a WARN says why
+// a path is not run) -- and a guard that puts the automatic choice back however the test ends.
 
 #include <catch2/catch.hpp>
 
@@ -29,7 +29,8 @@ inline bool bf16_path_runs(cpu::Bf16Kernels k) {
 
 inline std::vector<cpu::Bf16Kernels> bf16_paths() {
   std::vector<cpu::Bf16Kernels> paths{cpu::Bf16Kernels::Emulated};
-  for (const cpu::Bf16Kernels k : {cpu::Bf16Kernels::OneDnn, cpu::Bf16Kernels::Avx512Bf16,
+  for (const cpu::Bf16Kernels k : {cpu::Bf16Kernels::OneDnn, cpu::Bf16Kernels::Amx,
+                                   cpu::Bf16Kernels::AmxEmulated, cpu::Bf16Kernels::Avx512Bf16,
                                    cpu::Bf16Kernels::Avx512Bf16Emulated})
     if (bf16_path_runs(k)) paths.push_back(k);
   return paths;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/cpu/bf16_bits.h"
+#include "core/cpu/bf16_amx.h"
 #include "core/cpu/bf16_pairs.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/isa.h"
@@ -29,11 +30,12 @@
 // automatic choice without bf16 instructions, and TOWERFLOW_BF16_KERNELS=onednn can still ask for
 // oneDNN's kernels there (so that they are tested on every AVX-512 machine).
 //
-// towerflow's own vdpbf16ps kernels (avx512bf16, Note [bf16 pair kernels] in bf16_pairs.cc) run
-// where the CPU has AVX512-BF16. Until they are measured against oneDNN's on such a CPU, oneDNN
-// stays the automatic choice there, and the pair kernels are chosen automatically only by a build
-// without oneDNN. Their twin with the instruction emulated (avx512bf16-emulated) runs their
-// packing and tiling on any AVX-512 CPU, for the tests.
+// towerflow's own kernels run where the CPU has the instructions: on AMX tiles (amx, Note [bf16
+// AMX kernels] in bf16_amx.cc) and on vdpbf16ps (avx512bf16, Note [bf16 pair kernels] in
+// bf16_pairs.cc). Until they are measured against oneDNN's on such CPUs, oneDNN stays the
+// automatic choice there, and towerflow's are chosen automatically only by a build without oneDNN
+// (AMX first). Their twins with the instructions emulated (amx-emulated, avx512bf16-emulated) run
+// their packing and tiling on any AVX-512 CPU, for the tests.
 
 namespace towerflow::cpu {
 namespace {
@@ -85,25 +87,64 @@ void require_pairs(std::string_view asked_by, bool emulated_instruction) {
                        "avx512bf16-emulated to run them with the instruction emulated (slower)");
 }
 
+bool amx_built() {
+#if defined(TW_HAVE_BF16_AMX)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void require_amx(std::string_view asked_by, bool emulated_instruction) {
+  if (!amx_built())
+    raise<DeviceError>(asked_by, " asks for towerflow's AMX kernels, but this build has none (they "
+                       "need an x86-64 build with a compiler that knows -mamx-bf16); use auto or emulated");
+  if (!avx512_supported())
+    raise<DeviceError>(asked_by, " asks for towerflow's AMX kernels, but this CPU has no AVX-512 "
+                       "(its features: ", cpu_features(), "); use auto or emulated");
+  if (!emulated_instruction && !cpu_has_amx_bf16())
+    raise<DeviceError>(asked_by, " asks for towerflow's AMX kernels, but ", amx_unavailable(),
+                       " (CPU features: ", cpu_features(), "); use auto, emulated, or amx-emulated "
+                       "to run them with the tiles emulated (slower)");
+}
+
+// Checks that this build and CPU can run k, naming asked_by in the error.
+void require(Bf16Kernels k, std::string_view asked_by) {
+  switch (k) {
+    case Bf16Kernels::OneDnn:
+      return require_onednn(asked_by);
+    case Bf16Kernels::Avx512Bf16:
+    case Bf16Kernels::Avx512Bf16Emulated:
+      return require_pairs(asked_by, k == Bf16Kernels::Avx512Bf16Emulated);
+    case Bf16Kernels::Amx:
+    case Bf16Kernels::AmxEmulated:
+      return require_amx(asked_by, k == Bf16Kernels::AmxEmulated);
+    case Bf16Kernels::Emulated:
+      return;
+  }
+}
+
+constexpr Bf16Kernels kAllKernels[] = {Bf16Kernels::Emulated, Bf16Kernels::OneDnn,
+                                       Bf16Kernels::Amx, Bf16Kernels::AmxEmulated,
+                                       Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated};
+
 Choice choose() {
   if (const char* env = std::getenv("TOWERFLOW_BF16_KERNELS"); env && *env) {
     const std::string_view v(env);
-    if (v == "emulated") return {Bf16Kernels::Emulated, "TOWERFLOW_BF16_KERNELS=emulated"};
-    if (v == "onednn") {
-      require_onednn("TOWERFLOW_BF16_KERNELS=onednn");
-      return {Bf16Kernels::OneDnn, "TOWERFLOW_BF16_KERNELS=onednn"};
-    }
-    if (v == "avx512bf16" || v == "avx512bf16-emulated") {
-      const bool emulated_instruction = v == "avx512bf16-emulated";
-      const std::string asked = "TOWERFLOW_BF16_KERNELS=" + std::string(v);
-      require_pairs(asked, emulated_instruction);
-      return {emulated_instruction ? Bf16Kernels::Avx512Bf16Emulated : Bf16Kernels::Avx512Bf16, asked};
-    }
+    for (const Bf16Kernels k : kAllKernels)
+      if (v == bf16_kernels_name(k)) {
+        const std::string asked = "TOWERFLOW_BF16_KERNELS=" + std::string(v);
+        require(k, asked);
+        return {k, asked};
+      }
     if (v != "auto")
       raise<InvalidArgument>("TOWERFLOW_BF16_KERNELS='", v, "' is not a choice; use auto, onednn, "
-                             "avx512bf16, avx512bf16-emulated or emulated (or unset it)");
+                             "amx, amx-emulated, avx512bf16, avx512bf16-emulated or emulated (or "
+                             "unset it)");
   }
   if (onednn::built() && onednn::native_bf16()) return {Bf16Kernels::OneDnn, "the best this CPU has"};
+  if (amx_built() && cpu_has_amx_bf16() && active_isa() == Isa::Avx512)
+    return {Bf16Kernels::Amx, "the best this build has for this CPU"};
   if (pairs_built() && cpu_has_avx512_bf16() && active_isa() == Isa::Avx512)
     return {Bf16Kernels::Avx512Bf16, "the best this build has for this CPU"};
   return {Bf16Kernels::Emulated, onednn::built() ? "this CPU has no AVX512-BF16 or AMX"
@@ -137,20 +178,24 @@ std::int64_t y_size(const Conv2dShape& s) {
 
 bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
 
-// The pair kernels in use, or null.
-const Bf16PairKernels* pair_kernels() {
-#if defined(TW_HAVE_BF16_PAIRS)
+// towerflow's own kernels in use (pairs or AMX), or null.
+const Bf16KernelTable* own_kernels() {
   switch (active_bf16_kernels()) {
+#if defined(TW_HAVE_BF16_PAIRS)
     case Bf16Kernels::Avx512Bf16:
       return &towerflow_bf16_pairs_avx512bf16;
     case Bf16Kernels::Avx512Bf16Emulated:
       return &towerflow_bf16_pairs_avx512bf16_emulated;
+#endif
+#if defined(TW_HAVE_BF16_AMX)
+    case Bf16Kernels::Amx:
+      return &towerflow_bf16_amx;
+    case Bf16Kernels::AmxEmulated:
+      return &towerflow_bf16_amx_emulated;
+#endif
     default:
       return nullptr;
   }
-#else
-  return nullptr;
-#endif
 }
 
 }  // namespace
@@ -172,6 +217,10 @@ const char* bf16_kernels_name(Bf16Kernels k) {
       return "avx512bf16";
     case Bf16Kernels::Avx512Bf16Emulated:
       return "avx512bf16-emulated";
+    case Bf16Kernels::Amx:
+      return "amx";
+    case Bf16Kernels::AmxEmulated:
+      return "amx-emulated";
     case Bf16Kernels::Emulated:
       break;
   }
@@ -198,6 +247,10 @@ std::string describe_bf16_kernels() {
   if (k == Bf16Kernels::Avx512Bf16Emulated)
     return "towerflow's AVX512-BF16 kernels with vdpbf16ps emulated by AVX-512F FMAs (" + why +
            "): for testing, slower than fp32";
+  if (k == Bf16Kernels::Amx) return "towerflow's AMX kernels (tdpbf16ps tiles; " + why + ")";
+  if (k == Bf16Kernels::AmxEmulated)
+    return "towerflow's AMX kernels with the tiles emulated by AVX-512F FMAs (" + why +
+           "): for testing, much slower than fp32";
   const std::string isa = onednn::isa();
   const std::string how = isa == "avx512_core_amx"    ? "AMX tiles"
                           : onednn::native_bf16()     ? "AVX512-BF16 vdpbf16ps"
@@ -206,9 +259,7 @@ std::string describe_bf16_kernels() {
 }
 
 void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k) {
-  if (k == Bf16Kernels::OneDnn) require_onednn("a test");
-  if (k == Bf16Kernels::Avx512Bf16 || k == Bf16Kernels::Avx512Bf16Emulated)
-    require_pairs("a test", k == Bf16Kernels::Avx512Bf16Emulated);
+  if (k) require(*k, "a test");
   std::lock_guard lock(g_mu);
   g_forced = k;
 }
@@ -217,7 +268,7 @@ void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const floa
                          const float* w, const float* bias_or_null, float* y) {
   s.validate();
   if (use_onednn() && onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y)) return;
-  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
+  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_forward_bias(ctx, s, xr, wr, bias_or_null, y);
@@ -227,7 +278,7 @@ void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, con
                                 const float* w, float* dx) {
   s.validate();
   if (use_onednn() && onednn::conv2d_backward_input(ctx, s, dy, w, dx)) return;
-  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_backward_input(ctx, s, dy, w, dx);
+  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_backward_input(ctx, s, dy, w, dx);
   const float* dyr = rounded(ctx, dy, y_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_backward_input(ctx, s, dyr, wr, dx);
@@ -237,7 +288,7 @@ void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, co
                                  const float* dy, float* dw) {
   s.validate();
   if (use_onednn() && onednn::conv2d_backward_weight(ctx, s, x, dy, dw)) return;
-  if (const Bf16PairKernels* p = pair_kernels()) return p->conv2d_backward_weight(ctx, s, x, dy, dw);
+  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_backward_weight(ctx, s, x, dy, dw);
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* dyr = rounded(ctx, dy, y_size(s), 1);
   conv2d_backward_weight(ctx, s, xr, dyr, dw);
@@ -251,7 +302,7 @@ void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, 
     return;
   }
   if (use_onednn() && onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)) return;
-  if (const Bf16PairKernels* p = pair_kernels())
+  if (const Bf16KernelTable* p = own_kernels())
     return p->gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   // op(a) and op(b) as stored: [m, k] or [k, m] rows of lda; [k, n] or [n, k] rows of ldb.
   const std::int64_t a_n = std::int64_t(trans_a ? k : m) * lda, b_n = std::int64_t(trans_b ? n : k) * ldb;

@@ -8,14 +8,17 @@
 //   onednn      oneDNN's JIT kernels: AMX tiles on CPUs with AMX (Intel Sapphire Rapids and later),
 //               vdpbf16ps on CPUs with AVX512-BF16 (Intel Cooper Lake, AMD Zen 4 and later).
 //               oneDNN picks among them at run time, and requests the AMX permission from Linux.
+//   amx         towerflow's own kernels on AMX tiles (bf16_amx.cc): on CPUs with AMX-BF16, the
+//               automatic choice there in a build without oneDNN.
 //   avx512bf16  towerflow's own kernels on vdpbf16ps (bf16_pairs.cc): on CPUs with AVX512-BF16,
-//               the automatic choice there in a build without oneDNN.
+//               the automatic choice there in a build without oneDNN (and without AMX).
 //   emulated    the fp32 kernels on rounded copies of the operands: on every CPU, slower than fp32.
-// TOWERFLOW_BF16_KERNELS=auto|onednn|avx512bf16|avx512bf16-emulated|emulated overrides the choice
-// (auto by default): onednn on a CPU without bf16 instructions runs oneDNN's emulation of them
+// TOWERFLOW_BF16_KERNELS=auto|onednn|amx|amx-emulated|avx512bf16|avx512bf16-emulated|emulated
+// overrides the choice (auto by default): onednn on a CPU without bf16 instructions runs oneDNN's emulation of them
 // (AVX-512 CPUs only; measured slower than the emulated path, Note [bf16 kernels]);
 // avx512bf16-emulated runs towerflow's pair kernels with the instruction emulated by AVX-512F
-// FMAs (any AVX-512 CPU; for testing, slower than emulated); emulated runs emulated anywhere.
+// FMAs, amx-emulated the AMX kernels with the tiles emulated (any AVX-512 CPU; for testing,
+// slower than emulated); emulated runs emulated anywhere.
 // oneDNN's own ONEDNN_MAX_CPU_ISA (e.g. AVX512_CORE_BF16 on an AMX CPU) lowers the instructions
 // it uses.
 //
@@ -25,9 +28,8 @@
 //   returns when it is done. Unlike the fp32 kernels, oneDNN's weight gradient with more than one
 //   thread may sum in an order that depends on the thread count.
 // - Where oneDNN has only a reference kernel for a problem, that problem runs emulated.
-// - InvalidArgument for a TOWERFLOW_BF16_KERNELS that names no choice; DeviceError for onednn,
-//   avx512bf16 or avx512bf16-emulated asked of a build or CPU that cannot run them, naming why
-//   and the fix.
+// - InvalidArgument for a TOWERFLOW_BF16_KERNELS that names no choice; DeviceError for a choice
+//   other than emulated asked of a build or CPU that cannot run it, naming why and the fix.
 
 #include <optional>
 #include <string>
@@ -37,7 +39,7 @@
 
 namespace towerflow::cpu {
 
-enum class Bf16Kernels { Emulated, OneDnn, Avx512Bf16, Avx512Bf16Emulated };
+enum class Bf16Kernels { Emulated, OneDnn, Avx512Bf16, Avx512Bf16Emulated, Amx, AmxEmulated };
 
 // x rounded to the nearest bfloat16 (ties to even), as a float; NaN stays NaN, infinities stay
 // (towerflow::round_to_bf16 of core/tensor/precision.h).
@@ -46,9 +48,9 @@ float round_to_bf16(float x);
 // that the compiler vectorises the loop.
 void round_to_bf16(std::int64_t n, const float* x, float* y);
 
-// "emulated", "onednn", "avx512bf16", "avx512bf16-emulated"
+// "emulated", "onednn", "avx512bf16", "avx512bf16-emulated", "amx", "amx-emulated"
 const char* bf16_kernels_name(Bf16Kernels k);
-// Whether these kernels multiply in bf16 (oneDNN, avx512bf16, avx512bf16-emulated) rather than run
+// Whether these kernels multiply in bf16 (all but emulated) rather than run
 // the fp32 kernels on rounded operands (emulated).
 bool bf16_products_in_kernels(Bf16Kernels k);
 // The choice the bf16 kernels use (the environment is read once, at the first call).

@@ -6,13 +6,11 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
-#include <vector>
 
-#include "core/cpu/bf16_bits.h"
+#include "core/cpu/bf16_packing.h"
 #include "core/cpu/conv_impl.h"
 #include "core/cpu/simd_impl.h"
 
@@ -49,21 +47,24 @@
 
 namespace towerflow::cpu::TW_ISA {
 
-using ::towerflow::cpu::detail::bf16_bits;
+using detail::AliasedPair;
+using detail::backward_input_as_forward;
+using detail::bf16_rows;
+using detail::forward_as_conv;
+using detail::gemm_as_conv;
+using detail::pack_weight_pairs;
 using detail::pad_rows;
+using detail::Pair;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
-using detail::unpack_weight_grad;
+using detail::scratch_pairs;
 using detail::StridePhases;
 using detail::sum_weight_grad;
+using detail::to_pairs;
+using detail::unpack_weight_grad;
 
 namespace {
-
-// Two bf16 of one sum in a dword: the even-indexed one in the low half.
-using Pair = std::uint32_t;
-// Pairs read from an image written as 16-bit values.
-typedef std::uint32_t AliasedPair __attribute__((may_alias));
 
 constexpr int kLanes = 16;
 // As conv.cc's tiles on AVX-512: 24 accumulators, forward tiles of at most 12 pixels.
@@ -94,77 +95,6 @@ inline __m512i broadcast(Pair p) {
   __asm__("" : "+v"(b));
 #endif
   return b;
-}
-
-// This thread's scratch slot as n pairs (simd_impl.h's scratch counts 4-byte floats).
-inline Pair* scratch_pairs(Scratch slot, std::int64_t n) {
-  return reinterpret_cast<Pair*>(scratch(slot, static_cast<std::size_t>(n)));
-}
-
-inline std::uint32_t rounded_bits(float x) { return bf16_bits(std::bit_cast<std::uint32_t>(x)); }
-
-// dst[i] = the bf16 of src[i], i < n.
-void to_bf16(std::int64_t n, const float* __restrict src, std::uint16_t* __restrict dst) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<std::uint16_t>(rounded_bits(src[i]) >> 16);
-}
-
-// dst[i] = the pair (low[i], high[i]), i < n; a null high is zeros.
-void to_pairs(std::int64_t n, const float* __restrict low, const float* __restrict high,
-              Pair* __restrict dst) {
-  if (!high) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_bits(low[i]) >> 16;
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = (rounded_bits(low[i]) >> 16) | rounded_bits(high[i]);
-}
-
-// Rows [row_begin, row_end) of dst, an image [rows][wp][c2] of bf16 (c2 >= c, even) that holds
-// img ([h][w] pixels of c channels, ld_x floats apart) at (top, left) and zeros elsewhere,
-// channels c..c2 included.
-void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, int c2, int top, int left,
-               int wp, int row_begin, int row_end, std::uint16_t* dst) {
-  const std::int64_t row = std::int64_t{wp} * c2;
-  for (int r = row_begin; r < row_end; ++r) {
-    std::uint16_t* d = dst + r * row;
-    const int src = r - top;
-    if (src < 0 || src >= h) {
-      std::fill(d, d + row, std::uint16_t{0});
-      continue;
-    }
-    std::fill(d, d + std::int64_t{left} * c2, std::uint16_t{0});
-    const float* s = img + std::int64_t{src} * w * ld_x;
-    std::uint16_t* o = d + std::int64_t{left} * c2;
-    if (c == c2 && ld_x == c) {
-      to_bf16(std::int64_t{w} * c, s, o);
-    } else {
-      for (int x = 0; x < w; ++x) {
-        to_bf16(c, s + x * ld_x, o + std::int64_t{x} * c2);
-        std::fill(o + std::int64_t{x} * c2 + c, o + std::int64_t{x + 1} * c2, std::uint16_t{0});
-      }
-    }
-    std::fill(d + std::int64_t{left + w} * c2, d + row, std::uint16_t{0});
-  }
-}
-
-// Packs weights for the forward tile: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
-// get(co, 2k + 1, i, j)) with co = cb * block + b, zero where co >= c_out or a channel >= c_in.
-template <typename Get>
-void pack_weight_pairs(int c_out, int c_in, int kh, int kw, int block, Pair* dst, Get get) {
-  const int blocks = (c_out + block - 1) / block, pairs = (c_in + 1) / 2;
-  std::int64_t o = 0;
-  for (int cb = 0; cb < blocks; ++cb)
-    for (int i = 0; i < kh; ++i)
-      for (int j = 0; j < kw; ++j)
-        for (int k = 0; k < pairs; ++k)
-          for (int b = 0; b < block; ++b, ++o) {
-            const int co = cb * block + b;
-            float low = 0.0f, high = 0.0f;
-            if (co < c_out) {
-              low = get(co, 2 * k, i, j);
-              if (2 * k + 1 < c_in) high = get(co, 2 * k + 1, i, j);
-            }
-            dst[o] = (rounded_bits(low) >> 16) | rounded_bits(high);
-          }
 }
 
 // Calls fn.template operator()<V>() with the vectors of 16 output channels per block for
@@ -258,7 +188,7 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std:
     const int q_len = s.kw * half;
     const std::int64_t wblock = std::int64_t{s.kh} * q_len * kBlock;
     Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
-    pack_weight_pairs(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
+    pack_weight_pairs(s.c_out, s.c_in, c2, s.kh, s.kw, kBlock, wp, get);
     float* bias_padded = nullptr;
     if (bias) {
       bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * kBlock));
@@ -329,7 +259,7 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   for (int a = 0; a < g.sh; ++a)
     for (int b = 0; b < g.sw; ++b) {
       const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
-      pack_weight_pairs(s.c_in, s.c_out, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
+      pack_weight_pairs(s.c_in, s.c_out, c2, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
                         [&](int ci, int co, int i, int j) {
                           return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j);
                         });
@@ -473,26 +403,24 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
 
 // ---- the kernels of the table --------------------------------------------------------------
 
+// This object's convolution, for the kernels of bf16_packing.h that run through it.
+struct Conv {
+  const CpuContext& ctx;
+  template <typename Get>
+  void operator()(const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
+                  std::int64_t ld_y, Get get) const {
+    pair_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
+  }
+};
+
 void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
                     const float* bias_or_null, float* y) {
-  pair_conv(ctx, s, x, s.c_in, bias_or_null, y, s.c_out, [&](int co, int ci, int i, int j) {
-    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
-  });
+  forward_as_conv(s, x, w, bias_or_null, y, Conv{ctx});
 }
 
 void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                            const float* w, float* dx) {
-  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw) {
-    // The transposed convolution as a forward one, as conv.cc's.
-    const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
-                        .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
-                        .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
-    pair_conv(ctx, t, dy, s.c_out, nullptr, dx, s.c_in, [&](int ci, int co, int i, int j) {
-      return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
-    });
-    return;
-  }
-  with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
+  if (!backward_input_as_forward(s, dy, w, dx, Conv{ctx})) with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
 }
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
@@ -502,21 +430,7 @@ void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const f
 
 void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
           int lda, const float* b, int ldb, float* c, int ldc) {
-  // The rows of op(a) are the pixels of a 1x1 convolution; a transposed a is copied first.
-  const float* rows = a;
-  std::int64_t ld_rows = lda;
-  thread_local std::vector<float> transposed;
-  if (trans_a) {
-    transposed.resize(static_cast<std::size_t>(m) * k);
-    for (int kk = 0; kk < k; ++kk)
-      for (int i = 0; i < m; ++i) transposed[std::size_t(i) * k + kk] = a[std::int64_t{kk} * lda + i];
-    rows = transposed.data();
-    ld_rows = k;
-  }
-  const Conv2dShape s{.n = 1, .h = m, .w = 1, .c_in = k, .c_out = n, .kh = 1, .kw = 1};
-  pair_conv(ctx, s, rows, ld_rows, nullptr, c, ldc, [&](int co, int ci, int, int) {
-    return trans_b ? b[std::int64_t{co} * ldb + ci] : b[std::int64_t{ci} * ldb + co];
-  });
+  gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, Conv{ctx});
 }
 
 }  // namespace
@@ -525,7 +439,7 @@ void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
 #define TW_CAT_(a, b) a##b
 #define TW_CAT(a, b) TW_CAT_(a, b)
 
-extern "C" const towerflow::cpu::Bf16PairKernels TW_CAT(towerflow_bf16_pairs_, TW_ISA) = {
+extern "C" const towerflow::cpu::Bf16KernelTable TW_CAT(towerflow_bf16_pairs_, TW_ISA) = {
     .conv2d_forward = &towerflow::cpu::TW_ISA::conv2d_forward,
     .conv2d_backward_input = &towerflow::cpu::TW_ISA::conv2d_backward_input,
     .conv2d_backward_weight = &towerflow::cpu::TW_ISA::conv2d_backward_weight,

@@ -13,7 +13,8 @@
 
 namespace towerflow::cpu {
 
-struct Bf16PairKernels {
+// The table each object of bf16 kernels exports (bf16_pairs.cc here, bf16_amx.cc in bf16_amx.h).
+struct Bf16KernelTable {
   decltype(&conv2d_forward_bf16) conv2d_forward;
   decltype(&conv2d_backward_input_bf16) conv2d_backward_input;
   decltype(&conv2d_backward_weight_bf16) conv2d_backward_weight;
@@ -23,6 +24,6 @@ struct Bf16PairKernels {
 }  // namespace towerflow::cpu
 
 #if defined(TW_HAVE_BF16_PAIRS)
-extern "C" const towerflow::cpu::Bf16PairKernels towerflow_bf16_pairs_avx512bf16;
-extern "C" const towerflow::cpu::Bf16PairKernels towerflow_bf16_pairs_avx512bf16_emulated;
+extern "C" const towerflow::cpu::Bf16KernelTable towerflow_bf16_pairs_avx512bf16;
+extern "C" const towerflow::cpu::Bf16KernelTable towerflow_bf16_pairs_avx512bf16_emulated;
 #endif

@@ -68,16 +68,17 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
   }
 }
 
-// dw (OIHW) from a weight gradient summed as dwp [kh][kw][c_in][ld_acc]: dw[co][ci][i][j] =
-// dwp[((i * kw + j) * c_in + ci) * ld_acc + co].
+// dw (OIHW) from a weight gradient summed as dwp [kh][ld_row >= kw * c_in][ld_acc]:
+// dw[co][ci][i][j] = dwp[(i * ld_row + j * c_in + ci) * ld_acc + co].
 inline void unpack_weight_grad(const Conv2dShape& s, const float* dwp, std::int64_t ld_acc,
-                               float* dw) {
+                               float* dw, std::int64_t ld_row = 0) {
+  if (ld_row == 0) ld_row = std::int64_t{s.kw} * s.c_in;
   for (int co = 0; co < s.c_out; ++co)
     for (int ci = 0; ci < s.c_in; ++ci)
       for (int i = 0; i < s.kh; ++i)
         for (int j = 0; j < s.kw; ++j)
           dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[((std::int64_t{i} * s.kw + j) * s.c_in + ci) * ld_acc + co];
+              dwp[(i * ld_row + std::int64_t{j} * s.c_in + ci) * ld_acc + co];
 }
 
 // The plan of a backward input by stride phases (Note [Backward input by stride phases] in
@@ -114,6 +115,35 @@ struct StridePhases {
     return w[((std::int64_t{co} * s.c_in + ci) * s.kh + ki) * s.kw + kj];
   }
 
+  // Phase (a, b)'s share of dx rows [row_begin, row_end): its flipped sub-kernel of ma x mb
+  // taps, and its rows x cols dx pixels from (ih0, iw0), stepping dx by the stride and the
+  // embedded dy by one; tap (0, 0) of pixel (y, x) reads the embedded dy at (dy_row + y,
+  // dy_col + x). Empty (rows or cols 0) where the phase has no pixel in those rows.
+  struct Region {
+    int ma, mb;
+    int ih0, iw0, rows, cols;
+    std::int64_t dy_row, dy_col;
+  };
+  Region region(const Conv2dShape& s, int a, int b, int row_begin, int row_end) const {
+    Region r{.ma = taps(s.kh, sh, a), .mb = taps(s.kw, sw, b)};
+    // This phase's dx rows and columns: (ih + pad) mod stride == phase.
+    r.ih0 = row_begin + ((a - (row_begin + s.pad_h) % sh) % sh + sh) % sh;
+    r.iw0 = ((b - s.pad_w % sw) % sw + sw) % sw;
+    if (r.ih0 >= row_end || r.iw0 >= s.w) return r;
+    r.rows = (row_end - 1 - r.ih0) / sh + 1, r.cols = (s.w - 1 - r.iw0) / sw + 1;
+    r.dy_row = (r.ih0 + s.pad_h - a) / sh - (r.ma - 1) + top;
+    r.dy_col = (r.iw0 + s.pad_w - b) / sw - (r.mb - 1) + left;
+    return r;
+  }
+  // Zeroes the dx pixels of a region whose phase has no taps.
+  static void zero_region(const Conv2dShape& s, const Region& r, int sh, int sw, float* img_dx) {
+    for (int y = 0; y < r.rows; ++y)
+      for (int x = 0; x < r.cols; ++x) {
+        float* d = img_dx + (std::int64_t{r.ih0 + y * sh} * s.w + r.iw0 + x * sw) * s.c_in;
+        std::fill(d, d + s.c_in, 0.0f);
+      }
+  }
+
   // For dx rows [row_begin, row_end) of one image (img_dx, NHWC): zeroes the pixels of phases
   // without taps, and calls tile(phase, ma, mb, p, offs, out_offs, cb, lanes) for every tile of
   // p <= P pixels of every other phase and every block cb of `block` dx channels. offs are the
@@ -125,22 +155,13 @@ struct StridePhases {
     const int blocks = (s.c_in + block - 1) / block;
     for (int a = 0; a < sh; ++a)
       for (int b = 0; b < sw; ++b) {
-        const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
-        // This phase's dx rows and columns: (ih + pad) mod stride == phase.
-        const int ih0 = row_begin + ((a - (row_begin + s.pad_h) % sh) % sh + sh) % sh;
-        const int iw0 = ((b - s.pad_w % sw) % sw + sw) % sw;
-        if (ih0 >= row_end || iw0 >= s.w) continue;
-        const int rows = (row_end - 1 - ih0) / sh + 1, cols = (s.w - 1 - iw0) / sw + 1;
-        const std::int64_t u0 = (ih0 + s.pad_h - a) / sh, v0 = (iw0 + s.pad_w - b) / sw;
-        if (ma == 0 || mb == 0) {
-          for (int y = 0; y < rows; ++y)
-            for (int x = 0; x < cols; ++x) {
-              float* d = img_dx + (std::int64_t{ih0 + y * sh} * s.w + iw0 + x * sw) * s.c_in;
-              std::fill(d, d + s.c_in, 0.0f);
-            }
+        const Region r = region(s, a, b, row_begin, row_end);
+        if (r.rows == 0 || r.cols == 0) continue;
+        if (r.ma == 0 || r.mb == 0) {
+          zero_region(s, r, sh, sw, img_dx);
           continue;
         }
-        const std::int64_t pixels = std::int64_t{rows} * cols;
+        const std::int64_t pixels = std::int64_t{r.rows} * r.cols;
         const std::int64_t tiles = (pixels + P - 1) / P;
         for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
           for (int cb = 0; cb < blocks; ++cb) {
@@ -150,13 +171,13 @@ struct StridePhases {
               const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
               std::int64_t offs[P], out_offs[P];
               // Consecutive phase pixels step dx by the stride and dy by one.
-              std::int64_t y = p0 / cols, x = p0 % cols;
+              std::int64_t y = p0 / r.cols, x = p0 % r.cols;
               for (int k = 0; k < p; ++k) {
-                offs[k] = (u0 + y - (ma - 1) + top) * row_step + (v0 + x - (mb - 1) + left) * unit;
-                out_offs[k] = ((ih0 + y * sh) * s.w + iw0 + x * sw) * s.c_in;
-                if (++x == cols) x = 0, ++y;
+                offs[k] = (r.dy_row + y) * row_step + (r.dy_col + x) * unit;
+                out_offs[k] = ((r.ih0 + y * sh) * s.w + r.iw0 + x * sw) * s.c_in;
+                if (++x == r.cols) x = 0, ++y;
               }
-              tile(a * sw + b, ma, mb, p, offs, out_offs, cb, lanes);
+              tile(a * sw + b, r.ma, r.mb, p, offs, out_offs, cb, lanes);
             }
           }
       }

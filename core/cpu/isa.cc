@@ -2,7 +2,10 @@
 // it runs before anything else to decide what may run.
 #include "core/cpu/isa.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <atomic>
@@ -38,7 +41,7 @@ struct Features {
   bool avx = false, avx2 = false, fma = false, bmi1 = false, bmi2 = false, f16c = false, movbe = false, lzcnt = false;
   bool avx512f = false, avx512bw = false, avx512cd = false, avx512dq = false, avx512vl = false;
   bool avx512_bf16 = false, amx_tile = false, amx_bf16 = false;
-  bool os_avx = false, os_avx512 = false;  // XGETBV: the OS saves the registers
+  bool os_avx = false, os_avx512 = false, os_amx = false;  // XGETBV: the OS saves the registers
 };
 
 Features detect() {
@@ -61,6 +64,7 @@ Features detect() {
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     f.os_avx = (lo & 0x6) == 0x6;      // XMM and YMM state
     f.os_avx512 = (lo & 0xe6) == 0xe6; // and opmask, ZMM_Hi256, Hi16_ZMM
+    f.os_amx = (lo & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
   }
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
     f.bmi1 = b & (1u << 3);
@@ -254,6 +258,32 @@ bool cpu_has_avx512_bf16() {
   const Features& f = features();
   return f.avx512_bf16 && f.avx512f && f.os_avx512;
 }
+
+// Note [AMX permission]
+// Linux (5.16 and later) enables the 8 KiB of AMX tile data in a process only when it asks, with
+// arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); a tile instruction before that raises
+// SIGILL. The request is made once, the first time a caller asks whether AMX can run, and covers
+// every thread of the process.
+std::string amx_unavailable() {
+  static const std::string why = [] {
+    const Features& f = features();
+    if (!f.amx_tile || !f.amx_bf16) return std::string("this CPU has no AMX-BF16");
+    if (!f.avx512f || !f.os_avx512) return std::string("the AVX-512 registers are not enabled");
+    if (!f.os_amx) return std::string("the operating system does not enable the AMX tile state (XCR0)");
+#if defined(__linux__) && defined(__x86_64__)
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtileData = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtileData) != 0)
+      return str("Linux refused the AMX tile permission (arch_prctl ARCH_REQ_XCOMP_PERM: ",
+                 std::strerror(errno), "; it needs Linux 5.16 or later)");
+    return std::string();
+#else
+    return std::string("AMX is enabled for towerflow on Linux only");
+#endif
+  }();
+  return why;
+}
+
+bool cpu_has_amx_bf16() { return amx_unavailable().empty(); }
 
 std::string cpu_features() {
   const Features& f = features();

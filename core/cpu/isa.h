@@ -38,6 +38,12 @@ std::string describe_active_isa();
 // Whether the CPU has AVX512-BF16 (vdpbf16ps) with the AVX-512 registers saved by the OS: the bf16
 // pair kernels of bf16.h run there. False where the build does not target x86-64.
 bool cpu_has_avx512_bf16();
+// Whether AMX-BF16 tiles can run here: the CPU has AMX-TILE and AMX-BF16 (Intel Sapphire Rapids
+// and later), the OS saves the tile state, and Linux granted this process the tile data (asked
+// once, at the first call: Note [AMX permission] in isa.cc). The AMX kernels of bf16.h run there.
+bool cpu_has_amx_bf16();
+// Why not, e.g. "this CPU has no AMX-BF16"; empty where cpu_has_amx_bf16().
+std::string amx_unavailable();
 // The instruction-set features the CPU reports, e.g. "sse4.2 avx avx2 fma avx512f avx512bw ...".
 std::string cpu_features();
 

@@ -335,8 +335,10 @@ TEST_CASE("bf16 training tracks fp32: the same losses to bf16's precision, diffe
     CHECK(max_rel_diff(bf16, fp32) > 0);  // bf16 did round something
     CHECK(max_rel_diff(bf16, fp32) < 0.1);
     Trainer t(mlp_factory(7), cpus(2), {.precision = Precision::Bf16});
+    const bool amx = path == cpu::Bf16Kernels::Amx || path == cpu::Bf16Kernels::AmxEmulated;
     const char* named = path == cpu::Bf16Kernels::OneDnn     ? "fp32 accumulation; oneDNN"
                         : path == cpu::Bf16Kernels::Emulated ? "fp32 accumulation; emulated"
+                        : amx                                ? "fp32 accumulation; towerflow's AMX kernels"
                                                              : "fp32 accumulation; towerflow's AVX512-BF16 kernels";
     CHECK_THAT(t.describe(), Catch::Contains(std::string("bf16 convolutions and matrix products (") + named));
   }

@@ -2,7 +2,8 @@
 # Each instruction set's kernel object holds only that set's instructions (no AVX register in the
 # baseline's, no AVX-512 register in the AVX2 one's) and exports only its table: the proof that
 # a CPU running a lower path never meets a higher one's instruction. The bf16 pair kernels:
-# vdpbf16ps in the AVX512-BF16 object only, not in its emulated twin.
+# vdpbf16ps in the AVX512-BF16 object only, not in its emulated twin; the AMX kernels: tile
+# instructions in the AMX object only.
 #   check_isa_objects.sh OBJDUMP NM DIR
 set -euo pipefail
 objdump=$1 nm=$2 dir=$3
@@ -27,6 +28,13 @@ if [ -f "$dir/cpu_kernels_avx512bf16.o" ]; then
   check avx512bf16 'NONE^' "nothing" towerflow_bf16_pairs_avx512bf16
   n=$("$objdump" -d "$dir/cpu_kernels_avx512bf16.o" | grep -c 'vdpbf16ps' || true)
   echo "avx512bf16: $n vdpbf16ps instructions"
+  [ "$n" -gt 0 ] || fail=1
+fi
+if [ -f "$dir/cpu_kernels_amx.o" ]; then
+  check amx_emulated 'tdpbf16ps|tileloadd|ldtilecfg|%tmm' "AMX tiles" towerflow_bf16_amx_emulated
+  check amx 'vdpbf16ps' "AVX512-BF16 (vdpbf16ps)" towerflow_bf16_amx
+  n=$("$objdump" -d "$dir/cpu_kernels_amx.o" | grep -c 'tdpbf16ps' || true)
+  echo "amx: $n tdpbf16ps instructions"
   [ "$n" -gt 0 ] || fail=1
 fi
 exit $fail

@@ -1,7 +1,7 @@
 // The bf16 kernels (core/cpu/bf16.h) on each path this CPU can run -- always the emulated one;
 // oneDNN's where it has JIT bf16 kernels (AVX-512 and up; run_bf16_on_isa.sh runs this file
-// again with oneDNN held to each lower instruction set); towerflow's AVX512-BF16 kernels where the
-// CPU has the instruction, and with it emulated on any AVX-512 CPU -- against the fp32 kernels on the same
+// again with oneDNN held to each lower instruction set); towerflow's AMX and AVX512-BF16 kernels
+// where the CPU has the instructions, and with them emulated on any AVX-512 CPU -- against the fp32 kernels on the same
 // bf16-rounded operands (the same products: equal up to the order of the fp32 sums) and on the
 // fp32 operands (within what bf16 rounding implies), for every ResNet-20 and tfcnn layer shape
 // and odd ones.
@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <optional>
+#include <utility>
 
 #include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
@@ -44,7 +45,7 @@ struct ForceKernels {
 };
 
 // Same products, summed in another order: the emulated path runs the very fp32 kernel (equal),
-// oneDNN and the pair kernels sum in their own orders (fp32 rounding of sums of up to a few
+// oneDNN and towerflow's pair and AMX kernels sum in their own orders (fp32 rounding of sums of up to a few
 // thousand terms).
 double same_products_tolerance(Bf16Kernels k) { return k == Bf16Kernels::Emulated ? 0.0 : 2e-5; }
 // Against fp32 operands: each operand's relative rounding error is at most 2^-8 (8 significant
@@ -73,6 +74,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       {"tfcnn conv2 5x5 64->64", {.n = 2, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
       {"odd 5->7 on 7x9, no padding", {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3}},
       {"odd 3x2 kernel, stride 2 dropping a column", {.n = 1, .h = 8, .w = 8, .c_in = 6, .c_out = 10, .kh = 3, .kw = 2, .stride_h = 2, .stride_w = 2}},
+      // 34 channels: q = 3 * 34 has no even divisor from 16 to 32 (the AMX kernels pad to 48).
+      {"odd 34->20 stride 2 on 9x11", {.n = 2, .h = 9, .w = 11, .c_in = 34, .c_out = 20, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
+      {"odd 1x1 35->18 on 5x13", {.n = 2, .h = 5, .w = 13, .c_in = 35, .c_out = 18, .kh = 1, .kw = 1}},
   };
   for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
@@ -161,6 +165,11 @@ TEST_CASE("bf16 kernels: the automatic choice follows the CPU and says so", "[bf
   if (native) {
     CHECK(active_bf16_kernels() == Bf16Kernels::OneDnn);
     CHECK_THAT(why, Catch::StartsWith("oneDNN ") && Catch::Contains(isa));
+  } else if (isa.empty() && cpu_has_amx_bf16() && active_isa() == Isa::Avx512 &&
+             towerflow::testing::bf16_path_runs(Bf16Kernels::Amx)) {
+    // A build without oneDNN on a CPU with AMX.
+    CHECK(active_bf16_kernels() == Bf16Kernels::Amx);
+    CHECK_THAT(why, Catch::StartsWith("towerflow's AMX kernels (tdpbf16ps"));
   } else if (isa.empty() && cpu_has_avx512_bf16() && active_isa() == Isa::Avx512 &&
              towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16)) {
     // A build without oneDNN on a CPU with AVX512-BF16.
@@ -172,42 +181,49 @@ TEST_CASE("bf16 kernels: the automatic choice follows the CPU and says so", "[bf
   }
 }
 
-TEST_CASE("bf16 pair kernels: the instruction and its emulation give the same bits", "[bf16]") {
-  // The emulation (two FMAs per lane, high products first) rounds as vdpbf16ps does; they differ
-  // only on denormals, which these operands do not produce.
-  if (!towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16) ||
-      !towerflow::testing::bf16_path_runs(Bf16Kernels::Avx512Bf16Emulated)) {
-    WARN("SKIPPED: needs a CPU with AVX512-BF16 (this one: " << cpu_features() << ")");
-    return;
-  }
+TEST_CASE("bf16 pair and AMX kernels: the instructions and their emulation give the same bits", "[bf16]") {
+  // The emulations (two FMAs per lane in the instruction's order) round as vdpbf16ps and
+  // tdpbf16ps do; they differ only on denormals, which these operands do not produce.
   const towerflow::testing::AutomaticBf16Kernels automatic;
-  const CpuContext ctx(2);
-  const std::vector<Conv2dShape> shapes = {
-      {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
-      {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3},
-      {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
-  };
-  for (const Conv2dShape& s : shapes) {
-    const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
-                      yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
-    const auto x = random_vector(xn, 11), w = random_vector(wn, 12), dy = random_vector(yn, 13);
-    std::vector<float> out[2][3];
-    for (int e = 0; e < 2; ++e) {
-      force_bf16_kernels_for_testing(e ? Bf16Kernels::Avx512Bf16Emulated : Bf16Kernels::Avx512Bf16);
-      out[e][0].resize(yn), out[e][1].resize(xn), out[e][2].resize(wn);
-      conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[e][0].data());
-      conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[e][1].data());
-      conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[e][2].data());
+  const std::pair<Bf16Kernels, Bf16Kernels> twins[] = {
+      {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated},
+      {Bf16Kernels::Amx, Bf16Kernels::AmxEmulated}};
+  for (const auto& [instruction, emulation] : twins) {
+    if (!towerflow::testing::bf16_path_runs(instruction) || !towerflow::testing::bf16_path_runs(emulation)) {
+      WARN("SKIPPED: " << bf16_kernels_name(instruction) << " against " << bf16_kernels_name(emulation)
+                       << " needs a CPU with the instruction (this one: " << cpu_features() << ")");
+      continue;
     }
-    INFO(s.to_string());
-    for (int k = 0; k < 3; ++k) CHECK(out[0][k] == out[1][k]);
+    const CpuContext ctx(2);
+    const std::vector<Conv2dShape> shapes = {
+        {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+        {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3},
+        {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    };
+    for (const Conv2dShape& s : shapes) {
+      const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                        yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+      const auto x = random_vector(xn, 11), w = random_vector(wn, 12), dy = random_vector(yn, 13);
+      std::vector<float> out[2][3];
+      for (int e = 0; e < 2; ++e) {
+        force_bf16_kernels_for_testing(e ? emulation : instruction);
+        out[e][0].resize(yn), out[e][1].resize(xn), out[e][2].resize(wn);
+        conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[e][0].data());
+        conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[e][1].data());
+        conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[e][2].data());
+      }
+      INFO(bf16_kernels_name(instruction) << ": " << s.to_string());
+      for (int k = 0; k < 3; ++k) CHECK(out[0][k] == out[1][k]);
+    }
   }
 }
 
-TEST_CASE("bf16 pair kernels: the same bits for any number of threads", "[bf16]") {
-  // Each output element is summed by one thread in a fixed order (Note [bf16 pair kernels]).
+TEST_CASE("bf16 pair and AMX kernels: the same bits for any number of threads", "[bf16]") {
+  // Each output element is summed by one thread in a fixed order (Note [bf16 pair kernels], Note
+  // [bf16 AMX kernels]).
   const towerflow::testing::AutomaticBf16Kernels automatic;
-  for (const Bf16Kernels k : {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated}) {
+  for (const Bf16Kernels k : {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated,
+                              Bf16Kernels::Amx, Bf16Kernels::AmxEmulated}) {
     if (!towerflow::testing::bf16_path_runs(k)) continue;  // the WARN says why
     force_bf16_kernels_for_testing(k);
     // 32 images: the weight gradient sums image groups (Note [Weight gradient: image groups or tiles]).

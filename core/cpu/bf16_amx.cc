@@ -1,0 +1,575 @@
+// bf16 convolutions and GEMM on AMX tiles (bf16_amx.h), compiled once with AMX-TILE and AMX-BF16
+// and once for AVX-512F with the tiles emulated.
+#include "core/cpu/bf16_amx.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/cpu/bf16_packing.h"
+#include "core/cpu/conv_impl.h"
+#include "core/cpu/simd_impl.h"
+
+// Note [bf16 AMX kernels]
+// An AMX tile holds up to 16 rows of 64 bytes. tdpbf16ps multiplies a tile A of 16 rows of K
+// bf16 (K/2 pairs, K <= 32) by a tile B of K/2 rows of 16 pairs and adds the 16 x 16 fp32
+// products into a tile C: 8192 multiply-adds per instruction, 16 times vdpbf16ps's. B's layout is
+// the pair kernels' packed weights ([pair][16 output channels], bf16_packing.h), and since a tile
+// load takes any row stride, A's rows are read straight from the bf16 rows of the input:
+//   forward, backward input  C = 16 output pixels x 16 output channels. A's row m is pixel m's
+//       input under one kernel row: q = (kernel column, channel), contiguous in NHWC, in chunks
+//       of kc bf16 (the largest even divisor of kw * c2 up to 32, so that no chunk reads past a
+//       pixel's q; the channels c2 are padded to 16 where that divisor would be small). Where the
+//       stride is 1, the pixels of a tile run along the rows of the padded input: an output row
+//       is taken as wide as the padded input, whose extra pixels are computed and dropped, so
+//       consecutive pixels are one row stride apart across rows and tiles are full. With a larger
+//       stride a tile stays in one output row. Stride > 1 backward input runs per stride phase,
+//       each a stride-1 convolution of the embedded dy (Note [Backward input by stride phases]).
+//   backward weight  C = 16 of q (kernel column, input channel) x 16 output channels, for one
+//       kernel row; A = x transposed, [q][pixel pair], B = dy in pixel pairs [pair][output
+//       channel], per pass of up to 128 pixels with the pairs padded with zeros to chunks of 16.
+//       C lives in the weight gradient itself (q padded to 16 per kernel row), loaded and stored
+//       per pass; images and tiles follow Note [Weight gradient: image groups or tiles].
+//   GEMM  a 1x1 convolution over the rows of op(a), as the pair kernels'.
+// Tiles: C 0-3 (2 x 2 tiles of 16 x 16 fp32), A 4 and 5, B 6 and 7. A block of work is up to 32
+// pixels (or q) by 32 channels: four products for two loads of A and two of B.
+// Every output element is summed by one thread in a fixed order, so results do not depend on the
+// thread count (Note [Deterministic reductions]).
+//
+// Linux lends a process the tile data only when asked (Note [AMX permission] in isa.cc, asked by
+// cpu_has_amx_bf16() before these kernels are chosen). Each thread loads the tile configuration
+// before its first tile instruction and releases the tiles when its part of a call is done.
+//
+// Without AMX the tiles are emulated: thread-local arrays, and tdpbf16ps as two FMAs per lane in
+// the instruction's order (the even products of a pair, then the odd). A product of two bf16 is
+// exact in fp32, so the emulation gives the instruction's bits, except that the instruction
+// treats denormal inputs as zero and flushes denormal results. As with the pair kernels, the
+// emulation exists so that every packing, tiling and phase path runs on any AVX-512 CPU, in the
+// tests. These kernels have not yet been measured on a CPU with AMX (bench/suite.py
+// --bf16-also runs them beside oneDNN's there).
+
+namespace towerflow::cpu::TW_ISA {
+
+using detail::backward_input_as_forward;
+using detail::bf16_rows;
+using detail::forward_as_conv;
+using detail::gemm_as_conv;
+using detail::pack_weight_pairs;
+using detail::pad_rows;
+using detail::Pair;
+using detail::round_up;
+using detail::rounded_bits;
+using detail::Scratch;
+using detail::scratch;
+using detail::scratch_pairs;
+using detail::StridePhases;
+using detail::sum_weight_grad;
+using detail::to_pairs;
+using detail::unpack_weight_grad;
+
+namespace {
+
+constexpr int kRows = 16;      // rows of a tile
+constexpr int kRowBytes = 64;  // bytes of a tile row
+constexpr int kLanes = 16;     // fp32 values or bf16 pairs in a tile row
+constexpr int kBlock = 32;     // pixels (or q) and channels of a block of 2 x 2 tiles
+
+// ldtilecfg's operand, palette 1.
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+// C tiles 0-3: 16 x 16 fp32; A tiles 4 and 5: 16 rows of a_bytes (a_bytes / 2 bf16); B tiles 6
+// and 7: a_bytes / 4 rows of 16 pairs.
+TileConfig tile_config(int a_bytes) {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = static_cast<std::uint16_t>(t == 4 || t == 5 ? a_bytes : kRowBytes);
+    c.rows[t] = static_cast<std::uint8_t>(t >= 6 ? a_bytes / 4 : kRows);
+  }
+  return c;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+
+// GCC's tile intrinsics are asm statements that name no memory operand (but for the store's
+// clobber): a compiler barrier before each configuration and load keeps the stores of the
+// operands they read before them.
+void load_config(const TileConfig& c) {
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&c);
+}
+void release_tiles() { _tile_release(); }
+#define TW_TILE_LOAD(t, base, stride)      \
+  do {                                     \
+    __asm__ volatile("" ::: "memory");     \
+    _tile_loadd(t, base, stride);          \
+  } while (0)
+#define TW_TILE_STORE(t, base, stride) _tile_stored(t, base, stride)
+#define TW_TILE_ZERO(t) _tile_zero(t)
+#define TW_TILE_DP(c, a, b) _tile_dpbf16ps(c, a, b)
+
+#else
+
+struct EmulatedTiles {
+  TileConfig config;
+  alignas(64) std::uint8_t data[8][kRows][kRowBytes];
+};
+
+EmulatedTiles& emulated_tiles() {
+  thread_local EmulatedTiles t;
+  return t;
+}
+
+void load_config(const TileConfig& c) {
+  EmulatedTiles& e = emulated_tiles();
+  e.config = c;
+  std::memset(e.data, 0, sizeof e.data);
+}
+void release_tiles() {}
+
+// Rows beyond the configured ones, and bytes beyond a row's colsb, are zero (as tileloadd's).
+void tile_load(int t, const void* base, std::int64_t stride) {
+  EmulatedTiles& e = emulated_tiles();
+  for (int r = 0; r < kRows; ++r) {
+    std::memset(e.data[t][r], 0, kRowBytes);
+    if (r < e.config.rows[t])
+      std::memcpy(e.data[t][r], static_cast<const char*>(base) + r * stride, e.config.colsb[t]);
+  }
+}
+
+void tile_store(int t, void* base, std::int64_t stride) {
+  const EmulatedTiles& e = emulated_tiles();
+  for (int r = 0; r < e.config.rows[t]; ++r)
+    std::memcpy(static_cast<char*>(base) + r * stride, e.data[t][r], e.config.colsb[t]);
+}
+
+void tile_zero(int t) { std::memset(emulated_tiles().data[t], 0, sizeof emulated_tiles().data[t]); }
+
+// tdpbf16ps: c[m][n] += a[m].pair(k).low * b[k].pair(n).low, then the high halves, for each
+// pair k in order.
+void tile_dp(int c, int a, int b) {
+  EmulatedTiles& e = emulated_tiles();
+  const __mmask16 lanes = static_cast<__mmask16>((1u << (e.config.colsb[c] / 4)) - 1);
+  const int pairs = e.config.colsb[a] / 4;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  for (int m = 0; m < e.config.rows[c]; ++m) {
+    __m512 acc = _mm512_maskz_loadu_ps(lanes, e.data[c][m]);
+    for (int k = 0; k < pairs; ++k) {
+      std::uint32_t p;
+      std::memcpy(&p, e.data[a][m] + 4 * k, 4);
+      const __m512i bk = _mm512_maskz_loadu_epi32(lanes, e.data[b][k]);
+      acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(p << 16))),
+                            _mm512_castsi512_ps(_mm512_slli_epi32(bk, 16)), acc);
+      acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(p & 0xffff0000u))),
+                            _mm512_castsi512_ps(_mm512_and_si512(bk, high)), acc);
+    }
+    _mm512_mask_storeu_ps(e.data[c][m], lanes, acc);
+  }
+}
+
+#define TW_TILE_LOAD(t, base, stride) tile_load(t, base, stride)
+#define TW_TILE_STORE(t, base, stride) tile_store(t, base, stride)
+#define TW_TILE_ZERO(t) tile_zero(t)
+#define TW_TILE_DP(c, a, b) tile_dp(c, a, b)
+
+#endif
+
+// This thread's tiles, configured for A rows of a_bytes, released at the end of the scope.
+class TileScope {
+ public:
+  explicit TileScope(int a_bytes) { configure(a_bytes); }
+  ~TileScope() { release_tiles(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+  void configure(int a_bytes) {
+    if (a_bytes == a_bytes_) return;
+    config_ = tile_config(a_bytes);
+    load_config(config_);
+    a_bytes_ = a_bytes;
+  }
+
+ private:
+  TileConfig config_;
+  int a_bytes_ = 0;
+};
+
+// ---- forward (and backward input) -----------------------------------------------------------
+
+// The largest even divisor of q up to 32: the bf16 per chunk of a kernel row's q.
+int chunk_of(int q) {
+  for (int kc = 32; kc > 2; kc -= 2)
+    if (q % kc == 0) return kc;
+  return 2;
+}
+
+// The channels of a bf16 image row (c2 >= c, even) and the chunk of its kernel rows' q = kw * c2:
+// c rounded up to 2, or to 16 where that would leave chunks under 16 of a q over 32.
+struct Layout {
+  int c2, kc;
+};
+Layout layout(int c, int kw) {
+  int c2 = static_cast<int>(round_up(c, 2));
+  if (kw * c2 > 32 && chunk_of(kw * c2) < 16) c2 = static_cast<int>(round_up(c, 16));
+  return {c2, chunk_of(kw * c2)};
+}
+
+// One convolution's packed weights as the tiles read them.
+struct ConvPlan {
+  int kh;                 // kernel rows
+  int chunks, kc;         // a kernel row's q: chunks of kc bf16
+  std::int64_t row_step;  // bf16 from one kernel row's input to the next in the image
+  const Pair* w;          // [block][kh][q pair][16], wblock pairs per block of 16 output channels
+  std::int64_t wblock;
+  int c_out;
+  const float* bias;  // c_out values, or null
+};
+
+// out [32 pixels][32 channels] = the C tiles of MA x 16 pixels and NB x 16 output channels. Pixel
+// m reads kernel row i at a + m * unit + i * row_step (bf16); w are the first block's weights.
+template <int MA, int NB>
+void conv_block(const ConvPlan& p, const std::uint16_t* a, std::int64_t unit, const Pair* w, float* out) {
+  TW_TILE_ZERO(0);
+  if constexpr (NB == 2) TW_TILE_ZERO(1);
+  if constexpr (MA == 2) TW_TILE_ZERO(2);
+  if constexpr (MA == 2 && NB == 2) TW_TILE_ZERO(3);
+  const std::int64_t a_stride = unit * 2, b_step = std::int64_t{p.kc} / 2 * kLanes;
+  const std::uint16_t* a1 = a + kRows * unit;
+  for (int i = 0; i < p.kh; ++i) {
+    const std::uint16_t* r0 = a + i * p.row_step;
+    const std::uint16_t* r1 = a1 + i * p.row_step;
+    for (int u = 0; u < p.chunks; ++u, w += b_step) {
+      TW_TILE_LOAD(4, r0 + u * p.kc, a_stride);
+      if constexpr (MA == 2) TW_TILE_LOAD(5, r1 + u * p.kc, a_stride);
+      TW_TILE_LOAD(6, w, kRowBytes);
+      if constexpr (NB == 2) TW_TILE_LOAD(7, w + p.wblock, kRowBytes);
+      TW_TILE_DP(0, 4, 6);
+      if constexpr (NB == 2) TW_TILE_DP(1, 4, 7);
+      if constexpr (MA == 2) TW_TILE_DP(2, 5, 6);
+      if constexpr (MA == 2 && NB == 2) TW_TILE_DP(3, 5, 7);
+    }
+  }
+  constexpr std::int64_t kLd = kBlock * sizeof(float);
+  TW_TILE_STORE(0, out, kLd);
+  if constexpr (NB == 2) TW_TILE_STORE(1, out + kLanes, kLd);
+  if constexpr (MA == 2) TW_TILE_STORE(2, out + kRows * kBlock, kLd);
+  if constexpr (MA == 2 && NB == 2) TW_TILE_STORE(3, out + kRows * kBlock + kLanes, kLd);
+}
+
+// Output pixels (y, x), y < rows and x < cols: kernel row 0 of pixel (y, x) reads the image at
+// img + (y * wv + x) * unit bf16 (wv >= cols), and its c_out values go to out + y * out_row +
+// x * out_col. Tiles run over y * wv + x; pixels with x >= cols are computed and dropped, and
+// the image must be readable 31 pixels past the last one.
+struct Grid {
+  const std::uint16_t* img;
+  int rows, cols;
+  std::int64_t wv, unit;
+  float* out;
+  std::int64_t out_row, out_col;
+};
+
+void run_grid(const ConvPlan& p, const Grid& g) {
+  const std::int64_t end = std::int64_t{g.rows - 1} * g.wv + g.cols;
+  const int blocks = (p.c_out + kLanes - 1) / kLanes;
+  alignas(64) float c[kBlock * kBlock];
+  for (std::int64_t v0 = 0; v0 < end; v0 += kBlock) {
+    const int pixels = static_cast<int>(std::min<std::int64_t>(kBlock, end - v0));
+    const std::uint16_t* a = g.img + v0 * g.unit;
+    for (int cb = 0; cb < blocks; cb += 2) {
+      const Pair* w = p.w + cb * p.wblock;
+      const bool two_a = pixels > kRows, two_b = blocks - cb > 1;
+      if (two_a && two_b) conv_block<2, 2>(p, a, g.unit, w, c);
+      else if (two_a) conv_block<2, 1>(p, a, g.unit, w, c);
+      else if (two_b) conv_block<1, 2>(p, a, g.unit, w, c);
+      else conv_block<1, 1>(p, a, g.unit, w, c);
+      const int lanes = std::min(kBlock, p.c_out - cb * kLanes);
+      for (int m = 0; m < pixels; ++m) {
+        const std::int64_t v = v0 + m, y = v / g.wv, x = v % g.wv;
+        if (x >= g.cols) continue;
+        float* dst = g.out + y * g.out_row + x * g.out_col + cb * kLanes;
+        const float* src = c + m * kBlock;
+        if (p.bias) {
+          const float* b = p.bias + cb * kLanes;
+          for (int l = 0; l < lanes; ++l) dst[l] = src[l] + b[l];
+        } else {
+          std::copy(src, src + lanes, dst);
+        }
+      }
+    }
+  }
+}
+
+// Zeroed bf16 after an image, for the tiles that read past a grid's last pixel (run_grid): 32
+// pixels of `unit` bf16 and a kernel row's q.
+std::int64_t slack(std::int64_t unit, int kw, int c2) { return 32 * unit + std::int64_t{kw} * c2 + 32; }
+
+// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_x
+// floats apart, pixels of y ld_y apart. Threads split the output rows, as direct_conv does.
+template <typename Get>
+void amx_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+              const float* bias, float* y, std::int64_t ld_y, Get get) {
+  const Layout l = layout(s.c_in, s.kw);
+  const int oh = s.out_h(), ow = s.out_w();
+  const int blocks = (s.c_out + kLanes - 1) / kLanes;
+  const std::int64_t wblock = std::int64_t{s.kh} * s.kw * (l.c2 / 2) * kLanes;
+  Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
+  pack_weight_pairs(s.c_out, s.c_in, l.c2, s.kh, s.kw, kLanes, wp, get);
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * l.c2, unit = std::int64_t{s.stride_w} * l.c2;
+  const std::int64_t image = hp * row_step, extra = slack(unit, s.kw, l.c2);
+  const bool flat = s.stride_h == 1 && s.stride_w == 1;
+  const ConvPlan plan{.kh = s.kh, .chunks = s.kw * l.c2 / l.kc, .kc = l.kc, .row_step = row_step,
+                      .w = wp, .wblock = wblock, .c_out = s.c_out, .bias = bias};
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
+  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, (image + extra + 1) / 2));
+    std::fill(buf + image, buf + image + extra, std::uint16_t{0});
+    TileScope tiles(2 * l.kc);
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / oh;
+      const int row_begin = static_cast<int>(r % oh);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
+      r = n * oh + row_end;
+      // Only the padded input rows these output rows read.
+      bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, l.c2, s.pad_h, s.pad_w, wpad,
+                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+      float* y_img = y + n * oh * ow * ld_y;
+      if (flat) {
+        run_grid(plan, {.img = buf + row_begin * row_step, .rows = row_end - row_begin, .cols = ow,
+                        .wv = wpad, .unit = unit, .out = y_img + std::int64_t{row_begin} * ow * ld_y,
+                        .out_row = ow * ld_y, .out_col = ld_y});
+      } else {
+        for (int row = row_begin; row < row_end; ++row)
+          run_grid(plan, {.img = buf + std::int64_t{row} * s.stride_h * row_step, .rows = 1, .cols = ow,
+                          .wv = ow, .unit = unit, .out = y_img + std::int64_t{row} * ow * ld_y,
+                          .out_row = 0, .out_col = ld_y});
+      }
+    }
+  });
+}
+
+// Backward input with stride > 1: per stride phase (Note [Backward input by stride phases]), a
+// stride-1 convolution of the embedded dy with the phase's sub-kernel.
+void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                               const float* w, float* dx) {
+  const Layout l = layout(s.c_out, s.kw);
+  const int half = l.c2 / 2, blocks = (s.c_in + kLanes - 1) / kLanes;
+  const StridePhases g(s, std::int64_t{blocks} * kLanes * half);
+  const std::int64_t row_step = std::int64_t{g.wp} * l.c2;
+  Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
+  for (int a = 0; a < g.sh; ++a)
+    for (int b = 0; b < g.sw; ++b) {
+      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
+      pack_weight_pairs(s.c_in, s.c_out, l.c2, ma, mb, kLanes, wp + g.phase_offset[a * g.sw + b],
+                        [&](int ci, int co, int i, int j) {
+                          return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j);
+                        });
+    }
+  const std::int64_t image = g.hp * row_step, extra = slack(l.c2, s.kw, l.c2);
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
+  const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, (image + extra + 1) / 2));
+    std::fill(buf + image, buf + image + extra, std::uint16_t{0});
+    TileScope tiles(2 * l.kc);
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / s.h;
+      const int row_begin = static_cast<int>(r % s.h);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
+      r = n * s.h + row_end;
+      bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, l.c2, g.top, g.left, g.wp, 0, g.hp, buf);
+      float* img_dx = dx + n * image_in;
+      for (int a = 0; a < g.sh; ++a)
+        for (int b = 0; b < g.sw; ++b) {
+          const StridePhases::Region p = g.region(s, a, b, row_begin, row_end);
+          if (p.rows == 0 || p.cols == 0) continue;
+          if (p.ma == 0 || p.mb == 0) {
+            StridePhases::zero_region(s, p, g.sh, g.sw, img_dx);
+            continue;
+          }
+          const int q = p.mb * l.c2, kc = chunk_of(q);
+          tiles.configure(2 * kc);
+          const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,
+                              .w = wp + g.phase_offset[a * g.sw + b],
+                              .wblock = std::int64_t{p.ma} * p.mb * half * kLanes, .c_out = s.c_in,
+                              .bias = nullptr};
+          run_grid(plan, {.img = buf + p.dy_row * row_step + p.dy_col * l.c2, .rows = p.rows,
+                          .cols = p.cols, .wv = g.wp, .unit = l.c2,
+                          .out = img_dx + (std::int64_t{p.ih0} * s.w + p.iw0) * s.c_in,
+                          .out_row = std::int64_t{g.sh} * s.w * s.c_in, .out_col = std::int64_t{g.sw} * s.c_in});
+        }
+    }
+  });
+}
+
+// ---- the weight gradient ---------------------------------------------------------------------
+
+// The C tiles (MA x 16 rows of q) x (NB x 16 output channels) at c (rows ld_c floats apart) +=
+// x pairs (A: rows of q, ld_x pairs apart) times dy pairs (B: rows of pixel pairs, ld_dy pairs
+// apart), over `chunks` chunks of 16 pixel pairs.
+template <int MA, int NB>
+void weight_block(const Pair* xt, std::int64_t ld_x, const Pair* dyp, std::int64_t ld_dy, int chunks,
+                  float* c, std::int64_t ld_c) {
+  const std::int64_t sc = ld_c * 4, sx = ld_x * 4, sd = ld_dy * 4;
+  TW_TILE_LOAD(0, c, sc);
+  if constexpr (NB == 2) TW_TILE_LOAD(1, c + kLanes, sc);
+  if constexpr (MA == 2) TW_TILE_LOAD(2, c + kRows * ld_c, sc);
+  if constexpr (MA == 2 && NB == 2) TW_TILE_LOAD(3, c + kRows * ld_c + kLanes, sc);
+  for (int u = 0; u < chunks; ++u) {
+    TW_TILE_LOAD(4, xt + u * kLanes, sx);
+    if constexpr (MA == 2) TW_TILE_LOAD(5, xt + kRows * ld_x + u * kLanes, sx);
+    TW_TILE_LOAD(6, dyp + u * kRows * ld_dy, sd);
+    if constexpr (NB == 2) TW_TILE_LOAD(7, dyp + u * kRows * ld_dy + kLanes, sd);
+    TW_TILE_DP(0, 4, 6);
+    if constexpr (NB == 2) TW_TILE_DP(1, 4, 7);
+    if constexpr (MA == 2) TW_TILE_DP(2, 5, 6);
+    if constexpr (MA == 2 && NB == 2) TW_TILE_DP(3, 5, 7);
+  }
+  TW_TILE_STORE(0, c, sc);
+  if constexpr (NB == 2) TW_TILE_STORE(1, c + kLanes, sc);
+  if constexpr (MA == 2) TW_TILE_STORE(2, c + kRows * ld_c, sc);
+  if constexpr (MA == 2 && NB == 2) TW_TILE_STORE(3, c + kRows * ld_c + kLanes, sc);
+}
+
+// dw = correlate(x, dy), built in dwp [kh][q_pad][blocks * 16].
+void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                     float* dw) {
+  const int oh = s.out_h(), ow = s.out_w();
+  const int blocks = (s.c_out + kLanes - 1) / kLanes;
+  const int q_len = s.kw * s.c_in, q_tiles = (q_len + kRows - 1) / kRows, q_pad = q_tiles * kRows;
+  const std::int64_t ld_acc = std::int64_t{blocks} * kLanes;
+  const std::int64_t k_rows = std::int64_t{s.kh} * q_pad;
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
+  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow;
+  // Passes of up to 128 pixels: 4 chunks of 16 pairs, whose packed pairs stay in cache across the
+  // blocks that share them.
+  const int rows_per_pass = std::max(1, std::min(oh, 128 / ow));
+  const std::int64_t ld_pairs = round_up((std::int64_t{rows_per_pass} * ow + 1) / 2, kLanes);
+  const int b_groups = (blocks + 1) / 2, q_groups = (q_tiles + 1) / 2;
+  const std::int64_t tiles = std::int64_t{b_groups} * s.kh * q_groups;
+  const std::int64_t dw_size = k_rows * ld_acc;
+
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
+    float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
+    Pair* dyb = scratch_pairs(Scratch::kOutput, ld_pairs * ld_acc);
+    // x transposed [kernel row][q_pad][ld_pairs]; the rows q >= q_len stay zero.
+    Pair* xt = scratch_pairs(Scratch::kPacked, k_rows * ld_pairs);
+    std::fill(xt, xt + k_rows * ld_pairs, Pair{0});
+    TileScope tile_scope(kRowBytes);
+    for (int n = n0; n < n1; ++n) {
+      pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+      const float* dimg = dy + n * image_out * s.c_out;
+      for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
+        const int pixels = std::min(rows_per_pass, oh - r0) * ow;
+        const int pairs = (pixels + 1) / 2, chunks = (pairs + kLanes - 1) / kLanes;
+        const int padded = chunks * kLanes;
+        // dy [pair][ld_acc]: pixels 2k and 2k + 1 of the pass (the last one alone when odd).
+        const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
+        for (int k = 0; k < pairs; ++k) {
+          Pair* d = dyb + k * ld_acc;
+          to_pairs(s.c_out, dpass + std::int64_t{2 * k} * s.c_out,
+                   2 * k + 1 < pixels ? dpass + std::int64_t{2 * k + 1} * s.c_out : nullptr, d);
+          std::fill(d + s.c_out, d + ld_acc, Pair{0});
+        }
+        std::fill(dyb + pairs * ld_acc, dyb + padded * ld_acc, Pair{0});
+        // x [kernel row][q][pair]: the inputs of the two pixels under kernel row i.
+        auto input = [&](int pixel, int i) {
+          return xbuf + (std::int64_t{r0 + pixel / ow} * s.stride_h + i) * row_step + (pixel % ow) * pix_step;
+        };
+        for (int i = 0; i < s.kh; ++i) {
+          Pair* xi = xt + std::int64_t{i} * q_pad * ld_pairs;
+          for (int k = 0; k < pairs; ++k) {
+            const float* low = input(2 * k, i);
+            const float* high = 2 * k + 1 < pixels ? input(2 * k + 1, i) : nullptr;
+            for (int q = 0; q < q_len; ++q)
+              xi[q * ld_pairs + k] = (rounded_bits(low[q]) >> 16) | (high ? rounded_bits(high[q]) : 0u);
+          }
+          for (int q = 0; q < q_len; ++q) std::fill(xi + q * ld_pairs + pairs, xi + q * ld_pairs + padded, Pair{0});
+        }
+        for (std::int64_t t = t0; t < t1; ++t) {
+          const int bg = static_cast<int>(t / (std::int64_t{s.kh} * q_groups));
+          const int i = static_cast<int>(t / q_groups % s.kh);
+          const int qg = static_cast<int>(t % q_groups);
+          const Pair* xp = xt + (std::int64_t{i} * q_pad + qg * kBlock) * ld_pairs;
+          const Pair* dp = dyb + bg * kBlock;
+          float* c = dst + (std::int64_t{i} * q_pad + qg * kBlock) * ld_acc + bg * kBlock;
+          const bool two_a = q_tiles - 2 * qg > 1, two_b = blocks - 2 * bg > 1;
+          if (two_a && two_b) weight_block<2, 2>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
+          else if (two_a) weight_block<2, 1>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
+          else if (two_b) weight_block<1, 2>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
+          else weight_block<1, 1>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
+        }
+      }
+    }
+  };
+
+  const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kBlock * kBlock;
+  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
+                  accumulate);
+
+  unpack_weight_grad(s, dwp, ld_acc, dw, q_pad);
+}
+
+// ---- the kernels of the table --------------------------------------------------------------
+
+// This object's convolution, for the kernels of bf16_packing.h that run through it.
+struct Conv {
+  const CpuContext& ctx;
+  template <typename Get>
+  void operator()(const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
+                  std::int64_t ld_y, Get get) const {
+    amx_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
+  }
+};
+
+void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y) {
+  forward_as_conv(s, x, w, bias_or_null, y, Conv{ctx});
+}
+
+void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  if (!backward_input_as_forward(s, dy, w, dx, Conv{ctx})) amx_backward_input_phases(ctx, s, dy, w, dx);
+}
+
+void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw) {
+  amx_weight_grad(ctx, s, x, dy, dw);
+}
+
+void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc) {
+  gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, Conv{ctx});
+}
+
+}  // namespace
+}  // namespace towerflow::cpu::TW_ISA
+
+#define TW_CAT_(a, b) a##b
+#define TW_CAT(a, b) TW_CAT_(a, b)
+
+extern "C" const towerflow::cpu::Bf16KernelTable TW_CAT(towerflow_bf16_, TW_ISA) = {
+    .conv2d_forward = &towerflow::cpu::TW_ISA::conv2d_forward,
+    .conv2d_backward_input = &towerflow::cpu::TW_ISA::conv2d_backward_input,
+    .conv2d_backward_weight = &towerflow::cpu::TW_ISA::conv2d_backward_weight,
+    .gemm = &towerflow::cpu::TW_ISA::gemm,
+};

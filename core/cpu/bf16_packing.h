@@ -1,0 +1,148 @@
+#pragma once
+// Private helpers shared by the kernels that multiply bf16 pairs (bf16_pairs.cc on vdpbf16ps,
+// bf16_amx.cc on AMX tiles): rounding fp32 operands to bf16 while packing them into rows of bf16
+// or into pairs, and the forms of the other kernels through a convolution. Compiled into each kernel object's
+// namespace, as conv_impl.h is.
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/cpu/bf16_bits.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/simd_impl.h"
+
+namespace towerflow::cpu::TW_ISA::detail {
+
+// Two bf16 of one sum in a dword: the even-indexed one in the low half.
+using Pair = std::uint32_t;
+// Pairs read from an image written as 16-bit values.
+typedef std::uint32_t AliasedPair __attribute__((may_alias));
+
+// This thread's scratch slot as n pairs (simd_impl.h's scratch counts 4-byte floats).
+inline Pair* scratch_pairs(Scratch slot, std::int64_t n) {
+  return reinterpret_cast<Pair*>(scratch(slot, static_cast<std::size_t>(n)));
+}
+
+inline std::uint32_t rounded_bits(float x) {
+  return ::towerflow::cpu::detail::bf16_bits(std::bit_cast<std::uint32_t>(x));
+}
+
+// dst[i] = the bf16 of src[i], i < n.
+inline void to_bf16(std::int64_t n, const float* __restrict src, std::uint16_t* __restrict dst) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<std::uint16_t>(rounded_bits(src[i]) >> 16);
+}
+
+// dst[i] = the pair (low[i], high[i]), i < n; a null high is zeros.
+inline void to_pairs(std::int64_t n, const float* __restrict low, const float* __restrict high,
+                     Pair* __restrict dst) {
+  if (!high) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = rounded_bits(low[i]) >> 16;
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = (rounded_bits(low[i]) >> 16) | rounded_bits(high[i]);
+}
+
+// Rows [row_begin, row_end) of dst, an image [rows][wp][c2] of bf16 (c2 >= c, even) that holds
+// img ([h][w] pixels of c channels, ld_x floats apart) at (top, left) and zeros elsewhere,
+// channels c..c2 included.
+inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, int c2, int top,
+                      int left, int wp, int row_begin, int row_end, std::uint16_t* dst) {
+  const std::int64_t row = std::int64_t{wp} * c2;
+  for (int r = row_begin; r < row_end; ++r) {
+    std::uint16_t* d = dst + r * row;
+    const int src = r - top;
+    if (src < 0 || src >= h) {
+      std::fill(d, d + row, std::uint16_t{0});
+      continue;
+    }
+    std::fill(d, d + std::int64_t{left} * c2, std::uint16_t{0});
+    const float* s = img + std::int64_t{src} * w * ld_x;
+    std::uint16_t* o = d + std::int64_t{left} * c2;
+    if (c == c2 && ld_x == c) {
+      to_bf16(std::int64_t{w} * c, s, o);
+    } else {
+      for (int x = 0; x < w; ++x) {
+        to_bf16(c, s + x * ld_x, o + std::int64_t{x} * c2);
+        std::fill(o + std::int64_t{x} * c2 + c, o + std::int64_t{x + 1} * c2, std::uint16_t{0});
+      }
+    }
+    std::fill(d + std::int64_t{left + w} * c2, d + row, std::uint16_t{0});
+  }
+}
+
+// Packs weights as pairs of input channels: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
+// get(co, 2k + 1, i, j)) with co = cb * block + b and k < c2 / 2 (c2 >= c_in, even), zero where
+// co >= c_out or a channel >= c_in.
+template <typename Get>
+void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, Pair* dst, Get get) {
+  const int blocks = (c_out + block - 1) / block, pairs = c2 / 2;
+  std::int64_t o = 0;
+  for (int cb = 0; cb < blocks; ++cb)
+    for (int i = 0; i < kh; ++i)
+      for (int j = 0; j < kw; ++j)
+        for (int k = 0; k < pairs; ++k)
+          for (int b = 0; b < block; ++b, ++o) {
+            const int co = cb * block + b;
+            float low = 0.0f, high = 0.0f;
+            if (co < c_out) {
+              if (2 * k < c_in) low = get(co, 2 * k, i, j);
+              if (2 * k + 1 < c_in) high = get(co, 2 * k + 1, i, j);
+            }
+            dst[o] = (rounded_bits(low) >> 16) | rounded_bits(high);
+          }
+}
+
+// The kernels that a bf16 kernel object runs through its convolution, conv(s, x, ld_x, bias, y,
+// ld_y, get): y = conv(x, w) (+ bias, nullable) with pixels of x ld_x floats apart and of y ld_y
+// apart, the weights read through get(co, ci, i, j).
+
+// conv2d_forward (conv.h's arguments): the weights OIHW.
+template <typename Conv>
+void forward_as_conv(const Conv2dShape& s, const float* x, const float* w, const float* bias,
+                     float* y, Conv&& conv) {
+  conv(s, x, std::int64_t{s.c_in}, bias, y, std::int64_t{s.c_out}, [&](int co, int ci, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  });
+}
+
+// conv2d_backward_input where the stride is 1 and the padding smaller than the kernel: the
+// transposed convolution as a forward one with the flipped weights, as conv.cc's. False, with
+// nothing done, elsewhere.
+template <typename Conv>
+bool backward_input_as_forward(const Conv2dShape& s, const float* dy, const float* w, float* dx,
+                               Conv&& conv) {
+  if (s.stride_h != 1 || s.stride_w != 1 || s.pad_h >= s.kh || s.pad_w >= s.kw) return false;
+  const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out, .c_out = s.c_in,
+                      .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
+                      .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
+  conv(t, dy, std::int64_t{s.c_out}, nullptr, dx, std::int64_t{s.c_in}, [&](int ci, int co, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
+  });
+  return true;
+}
+
+// c[m, n] = op(a) op(b) (gemm.h's arguments, alpha = 1, beta = 0) as a 1x1 convolution over the
+// rows of op(a) as pixels. A transposed a is copied first.
+template <typename Conv>
+void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* a, int lda,
+                  const float* b, int ldb, float* c, int ldc, Conv&& conv) {
+  const float* rows = a;
+  std::int64_t ld_rows = lda;
+  thread_local std::vector<float> transposed;
+  if (trans_a) {
+    transposed.resize(static_cast<std::size_t>(m) * k);
+    for (int kk = 0; kk < k; ++kk)
+      for (int i = 0; i < m; ++i) transposed[std::size_t(i) * k + kk] = a[std::int64_t{kk} * lda + i];
+    rows = transposed.data();
+    ld_rows = k;
+  }
+  const Conv2dShape s{.n = 1, .h = m, .w = 1, .c_in = k, .c_out = n, .kh = 1, .kw = 1};
+  conv(s, rows, ld_rows, nullptr, c, std::int64_t{ldc}, [&](int co, int ci, int, int) {
+    return trans_b ? b[std::int64_t{co} * ldb + ci] : b[std::int64_t{ci} * ldb + co];
+  });
+}
+
+}  // namespace towerflow::cpu::TW_ISA::detail
