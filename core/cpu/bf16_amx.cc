@@ -28,11 +28,15 @@
 //       consecutive pixels are one row stride apart across rows and tiles are full. With a larger
 //       stride a tile stays in one output row. Stride > 1 backward input runs per stride phase,
 //       each a stride-1 convolution of the embedded dy (Note [Backward input by stride phases]).
-//   backward weight  C = 16 of q (kernel column, input channel) x 16 output channels, for one
-//       kernel row; A = x transposed, [q][pixel pair], B = dy in pixel pairs [pair][output
-//       channel], per pass of up to 128 pixels with the pairs padded with zeros to chunks of 16.
-//       C lives in the weight gradient itself (q padded to 16 per kernel row), loaded and stored
-//       per pass; images and tiles follow Note [Weight gradient: image groups or tiles].
+//   backward weight  C = 16 output channels x 16 of q (kernel column, input channel), for one
+//       kernel row; A = dy transposed, [output channel][pixel pair], B = x in pixel pairs
+//       [pair][q], per pass of up to 128 pixels with the pairs padded with zeros to chunks of 16.
+//       Only dy is transposed (once a pass; x, kw * c_in / c_out times larger, is packed as the
+//       pair kernels pack it, Note [Weight-gradient passes in pixel pairs]): with x transposed
+//       instead, per kernel row, the packing alone took 12.5 ms of the 16->16 32x32
+//       layer's weight gradient at batch 128 (2 threads, tile instructions removed), 2.9x the
+//       emulated path's whole kernel. C lives in a padded weight gradient, loaded and stored per
+//       pass; images and tiles follow Note [Weight gradient: image groups or tiles].
 //   GEMM  a 1x1 convolution over the rows of op(a), as the pair kernels'.
 // Tiles: C 0-3 (2 x 2 tiles of 16 x 16 fp32), A 4 and 5, B 6 and 7. A block of work is up to 32
 // pixels (or q) by 32 channels: four products for two loads of A and two of B.
@@ -57,7 +61,9 @@ using detail::backward_input_as_forward;
 using detail::bf16_rows;
 using detail::forward_as_conv;
 using detail::gemm_as_conv;
+using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
+using detail::pass_pair_rows;
 using detail::pad_rows;
 using detail::Pair;
 using detail::round_up;
@@ -65,10 +71,10 @@ using detail::rounded_bits;
 using detail::Scratch;
 using detail::scratch;
 using detail::scratch_pairs;
+using detail::shared_kernel_rows;
 using detail::StridePhases;
 using detail::sum_weight_grad;
 using detail::to_pairs;
-using detail::unpack_weight_grad;
 
 namespace {
 
@@ -417,22 +423,23 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
 
 // ---- the weight gradient ---------------------------------------------------------------------
 
-// The C tiles (MA x 16 rows of q) x (NB x 16 output channels) at c (rows ld_c floats apart) +=
-// x pairs (A: rows of q, ld_x pairs apart) times dy pairs (B: rows of pixel pairs, ld_dy pairs
-// apart), over `chunks` chunks of 16 pixel pairs.
+// The C tiles (MA x 16 rows) x (NB x 16 columns) at c (rows ld_c floats apart) += A (rows ld_a
+// pairs apart; the second tile 16 rows further) times B (rows ld_b pairs apart; the second tile
+// 16 columns further), over `chunks` chunks of 16 pairs: chunk u of A is 16 pairs further along
+// its rows, of B 16 rows further.
 template <int MA, int NB>
-void weight_block(const Pair* xt, std::int64_t ld_x, const Pair* dyp, std::int64_t ld_dy, int chunks,
+void weight_block(const Pair* a, std::int64_t ld_a, const Pair* b, std::int64_t ld_b, int chunks,
                   float* c, std::int64_t ld_c) {
-  const std::int64_t sc = ld_c * 4, sx = ld_x * 4, sd = ld_dy * 4;
+  const std::int64_t sc = ld_c * 4, sa = ld_a * 4, sb = ld_b * 4;
   TW_TILE_LOAD(0, c, sc);
   if constexpr (NB == 2) TW_TILE_LOAD(1, c + kLanes, sc);
   if constexpr (MA == 2) TW_TILE_LOAD(2, c + kRows * ld_c, sc);
   if constexpr (MA == 2 && NB == 2) TW_TILE_LOAD(3, c + kRows * ld_c + kLanes, sc);
   for (int u = 0; u < chunks; ++u) {
-    TW_TILE_LOAD(4, xt + u * kLanes, sx);
-    if constexpr (MA == 2) TW_TILE_LOAD(5, xt + kRows * ld_x + u * kLanes, sx);
-    TW_TILE_LOAD(6, dyp + u * kRows * ld_dy, sd);
-    if constexpr (NB == 2) TW_TILE_LOAD(7, dyp + u * kRows * ld_dy + kLanes, sd);
+    TW_TILE_LOAD(4, a + u * kLanes, sa);
+    if constexpr (MA == 2) TW_TILE_LOAD(5, a + kRows * ld_a + u * kLanes, sa);
+    TW_TILE_LOAD(6, b + u * kRows * ld_b, sb);
+    if constexpr (NB == 2) TW_TILE_LOAD(7, b + u * kRows * ld_b + kLanes, sb);
     TW_TILE_DP(0, 4, 6);
     if constexpr (NB == 2) TW_TILE_DP(1, 4, 7);
     if constexpr (MA == 2) TW_TILE_DP(2, 5, 6);
@@ -444,36 +451,42 @@ void weight_block(const Pair* xt, std::int64_t ld_x, const Pair* dyp, std::int64
   if constexpr (MA == 2 && NB == 2) TW_TILE_STORE(3, c + kRows * ld_c + kLanes, sc);
 }
 
-// dw = correlate(x, dy), built in dwp [kh][q_pad][blocks * 16].
+// dw = correlate(x, dy), built in dwp [kh][co_pad][q_pad]: per kernel row, C = 16 output channels
+// x 16 of q; A = dy transposed [output channel][pixel pair], packed once per pass; B = x in pixel
+// pairs [pair][q], as the pair kernels pack it. A tile of B reads on past q_len into the next row
+// (its columns there are dropped), so the packed x has 16 pairs of slack.
 void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
                      float* dw) {
   const int oh = s.out_h(), ow = s.out_w();
-  const int blocks = (s.c_out + kLanes - 1) / kLanes;
-  const int q_len = s.kw * s.c_in, q_tiles = (q_len + kRows - 1) / kRows, q_pad = q_tiles * kRows;
-  const std::int64_t ld_acc = std::int64_t{blocks} * kLanes;
-  const std::int64_t k_rows = std::int64_t{s.kh} * q_pad;
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
-  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+  const int co_tiles = (s.c_out + kRows - 1) / kRows, co_pad = co_tiles * kRows;
+  const int q_len = s.kw * s.c_in, q_tiles = (q_len + kLanes - 1) / kLanes, q_pad = q_tiles * kLanes;
+  const std::int64_t dw_size = std::int64_t{s.kh} * co_pad * q_pad;
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
+  std::fill(dwp, dwp + dw_size, 0.0f);
 
   const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
   const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
-  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow;
   // Passes of up to 128 pixels: 4 chunks of 16 pairs, whose packed pairs stay in cache across the
-  // blocks that share them.
+  // tiles that share them.
   const int rows_per_pass = std::max(1, std::min(oh, 128 / ow));
   const std::int64_t ld_pairs = round_up((std::int64_t{rows_per_pass} * ow + 1) / 2, kLanes);
-  const int b_groups = (blocks + 1) / 2, q_groups = (q_tiles + 1) / 2;
-  const std::int64_t tiles = std::int64_t{b_groups} * s.kh * q_groups;
-  const std::int64_t dw_size = k_rows * ld_acc;
+  // Rows of packed x, and 16 more: the last kernel row's tiles read up to 15 rows past its
+  // pairs when they share a packing (zeroed), and a tile of a partial q tile 16 pairs past a row.
+  const std::int64_t x_rows = pass_pair_rows(s, rows_per_pass * ow, ld_pairs);
+  const std::int64_t x_pairs = (x_rows + kLanes) * q_len + kLanes;
+  const int co_groups = (co_tiles + 1) / 2, q_groups = (q_tiles + 1) / 2;
+  const std::int64_t tiles = std::int64_t{co_groups} * s.kh * q_groups;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
     float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
-    Pair* dyb = scratch_pairs(Scratch::kOutput, ld_pairs * ld_acc);
-    // x transposed [kernel row][q_pad][ld_pairs]; the rows q >= q_len stay zero.
-    Pair* xt = scratch_pairs(Scratch::kPacked, k_rows * ld_pairs);
-    std::fill(xt, xt + k_rows * ld_pairs, Pair{0});
+    // dy transposed [co_pad][ld_pairs]: the rows past c_out stay zero.
+    Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
+    std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
+    // x [pair][q_len] per kernel row, and the slack.
+    Pair* xp = scratch_pairs(Scratch::kPacked, x_pairs);
+    std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
       pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
@@ -482,41 +495,39 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
         const int pairs = (pixels + 1) / 2, chunks = (pairs + kLanes - 1) / kLanes;
         const int padded = chunks * kLanes;
-        // dy [pair][ld_acc]: pixels 2k and 2k + 1 of the pass (the last one alone when odd).
+        // dy: pixels 2k and 2k + 1 of the pass (the last one alone when odd) in column k.
         const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
         for (int k = 0; k < pairs; ++k) {
-          Pair* d = dyb + k * ld_acc;
-          to_pairs(s.c_out, dpass + std::int64_t{2 * k} * s.c_out,
-                   2 * k + 1 < pixels ? dpass + std::int64_t{2 * k + 1} * s.c_out : nullptr, d);
-          std::fill(d + s.c_out, d + ld_acc, Pair{0});
+          const float* low = dpass + std::int64_t{2 * k} * s.c_out;
+          const float* high = 2 * k + 1 < pixels ? low + s.c_out : nullptr;
+          for (int co = 0; co < s.c_out; ++co)
+            dyt[co * ld_pairs + k] = (rounded_bits(low[co]) >> 16) | (high ? rounded_bits(high[co]) : 0u);
         }
-        std::fill(dyb + pairs * ld_acc, dyb + padded * ld_acc, Pair{0});
-        // x [kernel row][q][pair]: the inputs of the two pixels under kernel row i.
-        auto input = [&](int pixel, int i) {
-          return xbuf + (std::int64_t{r0 + pixel / ow} * s.stride_h + i) * row_step + (pixel % ow) * pix_step;
-        };
-        for (int i = 0; i < s.kh; ++i) {
-          Pair* xi = xt + std::int64_t{i} * q_pad * ld_pairs;
-          for (int k = 0; k < pairs; ++k) {
-            const float* low = input(2 * k, i);
-            const float* high = 2 * k + 1 < pixels ? input(2 * k + 1, i) : nullptr;
-            for (int q = 0; q < q_len; ++q)
-              xi[q * ld_pairs + k] = (rounded_bits(low[q]) >> 16) | (high ? rounded_bits(high[q]) : 0u);
-          }
-          for (int q = 0; q < q_len; ++q) std::fill(xi + q * ld_pairs + pairs, xi + q * ld_pairs + padded, Pair{0});
+        for (int co = 0; co < s.c_out; ++co)
+          std::fill(dyt + co * ld_pairs + pairs, dyt + co * ld_pairs + padded, Pair{0});
+        // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]); the rows
+        // past a kernel row's pairs that its last chunk reads hold finite values (the next
+        // kernel row's, or zeros), which meet dy's zero columns.
+        const std::int64_t kernel_row_step = pack_pass_pairs(s, xbuf, row_step, r0, pixels, ld_pairs, xp);
+        if (shared_kernel_rows(s)) {
+          const std::int64_t end = (pixels + std::int64_t{s.kh - 1} * ow) / 2 * q_len;
+          std::fill(xp + end, xp + end + kLanes * q_len, Pair{0});
+        } else {
+          for (int i = 0; i < s.kh; ++i)
+            std::fill(xp + (i * ld_pairs + pairs) * q_len, xp + (i * ld_pairs + padded) * q_len, Pair{0});
         }
         for (std::int64_t t = t0; t < t1; ++t) {
-          const int bg = static_cast<int>(t / (std::int64_t{s.kh} * q_groups));
+          const int cg = static_cast<int>(t / (std::int64_t{s.kh} * q_groups));
           const int i = static_cast<int>(t / q_groups % s.kh);
           const int qg = static_cast<int>(t % q_groups);
-          const Pair* xp = xt + (std::int64_t{i} * q_pad + qg * kBlock) * ld_pairs;
-          const Pair* dp = dyb + bg * kBlock;
-          float* c = dst + (std::int64_t{i} * q_pad + qg * kBlock) * ld_acc + bg * kBlock;
-          const bool two_a = q_tiles - 2 * qg > 1, two_b = blocks - 2 * bg > 1;
-          if (two_a && two_b) weight_block<2, 2>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
-          else if (two_a) weight_block<2, 1>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
-          else if (two_b) weight_block<1, 2>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
-          else weight_block<1, 1>(xp, ld_pairs, dp, ld_acc, chunks, c, ld_acc);
+          const Pair* a = dyt + cg * kBlock * ld_pairs;
+          const Pair* b = xp + i * kernel_row_step * q_len + qg * kBlock;
+          float* c = dst + (std::int64_t{i} * co_pad + cg * kBlock) * q_pad + qg * kBlock;
+          const bool two_a = co_tiles - 2 * cg > 1, two_b = q_tiles - 2 * qg > 1;
+          if (two_a && two_b) weight_block<2, 2>(a, ld_pairs, b, q_len, chunks, c, q_pad);
+          else if (two_a) weight_block<2, 1>(a, ld_pairs, b, q_len, chunks, c, q_pad);
+          else if (two_b) weight_block<1, 2>(a, ld_pairs, b, q_len, chunks, c, q_pad);
+          else weight_block<1, 1>(a, ld_pairs, b, q_len, chunks, c, q_pad);
         }
       }
     }
@@ -526,7 +537,12 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
                   accumulate);
 
-  unpack_weight_grad(s, dwp, ld_acc, dw, q_pad);
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
+              dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
 }
 
 // ---- the kernels of the table --------------------------------------------------------------

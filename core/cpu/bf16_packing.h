@@ -95,6 +95,52 @@ void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, P
           }
 }
 
+// Note [Weight-gradient passes in pixel pairs]
+// The bf16 weight gradients reduce over output pixels, so they pack a pass of pixels in pairs of
+// neighbouring pixels: for each kernel row i, row k of the packed x holds the pairs (input of
+// pixel 2k, input of pixel 2k + 1) over q = (kernel column, input channel), kw * c_in of them.
+// Where the stride in height is 1 and the output rows have an even width, kernel row i of pixel
+// p reads what kernel row 0 of pixel p + i * ow reads, and pairs do not straddle rows, so the
+// kernel rows share one packing: the pass and the kh - 1 output rows after it, packed once, with
+// kernel row i starting i * ow / 2 rows in. Each input is then rounded and packed once rather
+// than kh times. Elsewhere each kernel row has a packing of its own.
+
+// Whether the kernel rows of s share one packing.
+inline bool shared_kernel_rows(const Conv2dShape& s) { return s.stride_h == 1 && s.out_w() % 2 == 0; }
+
+// Rows of pairs that packing a pass of up to max_pixels pixels writes, per_kernel_row apart when
+// the kernel rows do not share one.
+inline std::int64_t pass_pair_rows(const Conv2dShape& s, int max_pixels, std::int64_t per_kernel_row) {
+  if (shared_kernel_rows(s)) return (max_pixels + std::int64_t{s.kh - 1} * s.out_w()) / 2;
+  return s.kh * per_kernel_row;
+}
+
+// Packs the pass of `pixels` output pixels from output row r0 (inputs in xbuf, the padded image,
+// row_step floats a row) into dst, rows of kw * c_in pairs; returns the rows from one kernel row's
+// first pair to the next's (per_kernel_row where the kernel rows do not share a packing). With a
+// packing of their own, kernel row i's rows are [i * per_kernel_row, i * per_kernel_row +
+// (pixels + 1) / 2), the last pair's high half zero when pixels is odd.
+inline std::int64_t pack_pass_pairs(const Conv2dShape& s, const float* xbuf, std::int64_t row_step,
+                                    int r0, int pixels, std::int64_t per_kernel_row, Pair* dst) {
+  const int ow = s.out_w(), q_len = s.kw * s.c_in;
+  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
+  auto input = [&](int pixel, int i) {
+    return xbuf + (std::int64_t{r0 + pixel / ow} * s.stride_h + i) * row_step + (pixel % ow) * pix_step;
+  };
+  if (shared_kernel_rows(s)) {
+    const int rows = (pixels + (s.kh - 1) * ow) / 2;
+    for (int k = 0; k < rows; ++k)
+      to_pairs(q_len, input(2 * k, 0), input(2 * k + 1, 0), dst + std::int64_t{k} * q_len);
+    return ow / 2;
+  }
+  const int pairs = (pixels + 1) / 2;
+  for (int i = 0; i < s.kh; ++i)
+    for (int k = 0; k < pairs; ++k)
+      to_pairs(q_len, input(2 * k, i), 2 * k + 1 < pixels ? input(2 * k + 1, i) : nullptr,
+               dst + (i * per_kernel_row + k) * q_len);
+  return per_kernel_row;
+}
+
 // The kernels that a bf16 kernel object runs through its convolution, conv(s, x, ld_x, bias, y,
 // ld_y, get): y = conv(x, w) (+ bias, nullable) with pixels of x ld_x floats apart and of y ld_y
 // apart, the weights read through get(co, ci, i, j).

@@ -52,7 +52,9 @@ using detail::backward_input_as_forward;
 using detail::bf16_rows;
 using detail::forward_as_conv;
 using detail::gemm_as_conv;
+using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
+using detail::pass_pair_rows;
 using detail::pad_rows;
 using detail::Pair;
 using detail::round_up;
@@ -345,7 +347,6 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
 
   const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
   const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
-  const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow;
   // Passes of about 96 pixels, as weight_grad's, so that a pass's packed pairs stay in cache
@@ -358,7 +359,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
     float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
     Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
-    Pair* xpb = scratch_pairs(Scratch::kPacked, s.kh * max_pairs * q_len);
+    Pair* xpb = scratch_pairs(Scratch::kPacked, pass_pair_rows(s, rows_per_pass * ow, max_pairs) * q_len);
     for (int n = n0; n < n1; ++n) {
       pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
@@ -373,21 +374,15 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
                    2 * k + 1 < pixels ? dpass + std::int64_t{2 * k + 1} * s.c_out : nullptr, d);
           std::fill(d + s.c_out, d + ld_acc, Pair{0});
         }
-        // x [kernel row][pair][q]: the inputs of the two pixels under kernel row i.
-        auto input = [&](int pixel, int i) {
-          return xbuf + (std::int64_t{r0 + pixel / ow} * s.stride_h + i) * row_step + (pixel % ow) * pix_step;
-        };
-        for (int i = 0; i < s.kh; ++i)
-          for (int k = 0; k < pairs; ++k)
-            to_pairs(q_len, input(2 * k, i), 2 * k + 1 < pixels ? input(2 * k + 1, i) : nullptr,
-                     xpb + (std::int64_t{i} * pairs + k) * q_len);
+        // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]).
+        const std::int64_t kernel_row_step = pack_pass_pairs(s, xbuf, row_step, r0, pixels, max_pairs, xpb);
         for (std::int64_t t = t0; t < t1; ++t) {
           const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
           const int i = static_cast<int>(t / q_tiles % s.kh);
           const int qt = static_cast<int>(t % q_tiles);
           const int q0 = q_len * qt / q_tiles;
           const int q = q_len * (qt + 1) / q_tiles - q0;
-          kTiles[q - 1](xpb + std::int64_t{i} * pairs * q_len + q0, q_len, dyb + cb * kBlock, ld_acc,
+          kTiles[q - 1](xpb + i * kernel_row_step * q_len + q0, q_len, dyb + cb * kBlock, ld_acc,
                         pairs, dst + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
         }
       }
