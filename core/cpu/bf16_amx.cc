@@ -297,8 +297,9 @@ void run_grid(const ConvPlan& p, const Grid& g) {
       else if (two_b) conv_block<1, 2>(p, a, g.unit, w, c);
       else conv_block<1, 1>(p, a, g.unit, w, c);
       const int lanes = std::min(kBlock, p.c_out - cb * kLanes);
-      for (int m = 0; m < pixels; ++m) {
-        const std::int64_t v = v0 + m, y = v / g.wv, x = v % g.wv;
+      std::int64_t y = v0 / g.wv, x = v0 % g.wv;
+      for (int m = 0; m < pixels; ++m, ++x) {
+        if (x == g.wv) x = 0, ++y;
         if (x >= g.cols) continue;
         float* dst = g.out + y * g.out_row + x * g.out_col + cb * kLanes;
         const float* src = c + m * kBlock;
