@@ -29,7 +29,9 @@
 //                            per stride phase (Note [Backward input by stride phases]).
 //   backward weight          the reduction is over output pixels, so the pairs are neighbouring
 //                            pixels: per pass of about 96 pixels, x is packed [pixel pair][q] for
-//                            each kernel row and dy [pixel pair][output channel]; the tile is
+//                            each kernel row (once for all of them where they can share it: Note
+//                            [Weight-gradient passes in pixel pairs] in bf16_packing.h) and dy
+//                            [pixel pair][output channel]; the tile is
 //                            conv.cc's weight tile (Q inputs x V vectors). Images and tiles follow
 //                            Note [Weight gradient: image groups or tiles].
 //   GEMM                     a 1x1 convolution over the rows of op(a) as pixels.

@@ -68,17 +68,16 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
   }
 }
 
-// dw (OIHW) from a weight gradient summed as dwp [kh][ld_row >= kw * c_in][ld_acc]:
-// dw[co][ci][i][j] = dwp[(i * ld_row + j * c_in + ci) * ld_acc + co].
+// dw (OIHW) from a weight gradient summed as dwp [kh][kw][c_in][ld_acc]: dw[co][ci][i][j] =
+// dwp[((i * kw + j) * c_in + ci) * ld_acc + co].
 inline void unpack_weight_grad(const Conv2dShape& s, const float* dwp, std::int64_t ld_acc,
-                               float* dw, std::int64_t ld_row = 0) {
-  if (ld_row == 0) ld_row = std::int64_t{s.kw} * s.c_in;
+                               float* dw) {
   for (int co = 0; co < s.c_out; ++co)
     for (int ci = 0; ci < s.c_in; ++ci)
       for (int i = 0; i < s.kh; ++i)
         for (int j = 0; j < s.kw; ++j)
           dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[(i * ld_row + std::int64_t{j} * s.c_in + ci) * ld_acc + co];
+              dwp[((std::int64_t{i} * s.kw + j) * s.c_in + ci) * ld_acc + co];
 }
 
 // The plan of a backward input by stride phases (Note [Backward input by stride phases] in
