@@ -1,5 +1,6 @@
 #include "tower/reduction.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "core/error.h"
@@ -22,10 +23,12 @@ Reduction parse_reduction(std::string_view spec) {
     const std::string_view mb = spec.substr(9);
     double x = 0;
     auto [ptr, ec] = std::from_chars(mb.data(), mb.data() + mb.size(), x);
-    if (mb.empty() || ec != std::errc() || ptr != mb.data() + mb.size() || !(x > 0))
+    // A bucket larger than every model is one bucket; the cap keeps the byte count representable.
+    constexpr double kMaxMiB = 1 << 20;
+    if (mb.empty() || ec != std::errc() || ptr != mb.data() + mb.size() || !(x > 0) || x > kMaxMiB)
       raise<InvalidArgument>("reduction '", spec, "' has a bad bucket size '", mb,
-                             "'; give MiB as a positive number (e.g. bucketed:4)");
-    return AllReduce{.bucket_bytes = static_cast<std::size_t>(x * (1 << 20))};
+                             "'; give MiB as a positive number up to 1048576 (e.g. bucketed:4)");
+    return AllReduce{.bucket_bytes = std::max<std::size_t>(1, static_cast<std::size_t>(x * (1 << 20)))};
   }
   raise<InvalidArgument>("reduction '", spec, "' is not a reduction strategy; use parameter_device, "
                          "parameter_device:DEVICE (e.g. parameter_device:/gpu:0), all_reduce or "

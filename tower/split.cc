@@ -25,7 +25,11 @@ std::vector<double> weights_of(const SplitPolicy& policy, std::size_t n) {
     for (double x : w->weights)
       if (!(x > 0) || !std::isfinite(x))
         raise<InvalidArgument>("split weight ", x, " is invalid; weights are positive numbers (e.g. weights:3,1)");
-    return w->weights;
+    // Relative to the largest, so that sums and products of huge weights stay finite.
+    std::vector<double> scaled = w->weights;
+    const double top = *std::max_element(scaled.begin(), scaled.end());
+    for (double& x : scaled) x /= top;
+    return scaled;
   }
   return std::vector<double>(n, 1.0);
 }

@@ -89,6 +89,10 @@ double parse_mib(std::string_view option, std::string_view text) {
   if (v <= 0)
     raise<InvalidArgument>(option, ": memory size '", text,
                            "' must be positive (a limit in MiB such as 1024 or 1.5GiB)");
+  // 2^30 MiB (1 PiB) is beyond any device and keeps the byte count representable.
+  if (!(v * scale <= 1024.0 * 1024 * 1024))
+    raise<InvalidArgument>(option, ": memory size '", text,
+                           "' is larger than any device (at most 1 PiB); give a limit in MiB such as 1024 or 1.5GiB");
   return v * scale;
 }
 

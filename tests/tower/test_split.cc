@@ -62,6 +62,7 @@ TEST_CASE("split and reduction strings parse, print, and explain mistakes", "[to
   CHECK(std::get<WeightedSplit>(w).weights == std::vector<double>{3, 1});
   CHECK(to_string(w) == "weights:3,1");
   REQUIRE_THROWS_WITH(parse_split("weights:3,x"), Catch::Contains("bad weight 'x'"));
+  CHECK(split_batch(4, cpus(2), parse_split("weights:1e308,1e308")) == std::vector<int>{2, 2});
   REQUIRE_THROWS_WITH(parse_split("uneven"), Catch::Contains("'uneven'") && Catch::Contains("weights:3,1"));
   CHECK(global_batch(64, 4, PerTowerBatch{}) == 256);
   CHECK(global_batch(64, 4, EvenSplit{}) == 64);
@@ -76,5 +77,8 @@ TEST_CASE("split and reduction strings parse, print, and explain mistakes", "[to
   CHECK(to_string(parse_reduction("parameter_device:cuda:1")) == "parameter_device:/gpu:1");
   REQUIRE_THROWS_WITH(parse_reduction("allreduce"), Catch::Contains("'allreduce'") && Catch::Contains("bucketed"));
   REQUIRE_THROWS_WITH(parse_reduction("bucketed:-1"), Catch::Contains("bad bucket size"));
+  REQUIRE_THROWS_WITH(parse_reduction("bucketed:252222222222222222222"), Catch::Contains("up to 1048576"));
+  CHECK(std::get<AllReduce>(parse_reduction("bucketed:1048576")).bucket_bytes == std::size_t{1} << 40);
+  CHECK(std::get<AllReduce>(parse_reduction("bucketed:1e-300")).bucket_bytes == 1);
   REQUIRE_THROWS_WITH(parse_reduction("parameter_device:/tpu:0"), Catch::Contains("parameter_device:/gpu:0"));
 }

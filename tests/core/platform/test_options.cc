@@ -57,6 +57,8 @@ TEST_CASE("malformed option values name the option, the value and the form", "[p
   CHECK_THROWS_WITH(tw::parse_virtual_devices("0:1024;0:2048"), Contains("GPU position 0 is given twice"));
   CHECK_THROWS_WITH(tw::parse_virtual_devices("0:abc"), Contains("virtual_devices: 'abc' is not a number"));
   CHECK_THROWS_WITH(tw::parse_virtual_devices("0:-5"), Contains("must be positive"));
+  CHECK_THROWS_WITH(tw::parse_virtual_devices("0:1e300"), Contains("larger than any device"));
+  CHECK_THROWS_WITH(tw::parse_memory_limits("cpu:0=2000000GiB"), Contains("at most 1 PiB"));
   CHECK_THROWS_WITH(tw::parse_virtual_devices("cpu:"), Contains("'cpu:' lists no memory limit"));
   CHECK_THROWS_WITH(tw::parse_memory_limits("gpu:0"), Contains("is not DEVICE=MiB"));
   CHECK_THROWS_WITH(tw::parse_memory_limits("tpu:0=5"), Contains("invalid device name 'tpu:0'"));
