@@ -178,11 +178,136 @@ void run_tile(int p, const std::uint16_t* img, const std::int64_t* offs, std::in
   kTiles[p - 1](img, offs, row_step, kh, q_len, wp, bias, out, out_offs, lanes);
 }
 
+// ---- the row kernel for up to 16 output channels -------------------------------------------
+
+// Note [Pair row kernel]
+// A block of one 16-lane vector is bound by its broadcasts: pair_tile issues one broadcast load
+// per vdpbf16ps, and a core issues broadcasts at about half its FMA rate (Note [Register tiles
+// for 8 and 16 lanes] in conv.cc). conv.cc's row kernel (Note [Row kernel for 16 channels]) does
+// without the bound, and so does this one, on pairs of input channels: for up to 16 output
+// channels, a 3-wide kernel and horizontal stride 1 it keeps T outputs of one row and the 3
+// weight vectors of one (kernel row, channel pair) in registers, and multiplies every broadcast
+// pair by all 3 of them. The pairs per input pixel, HALF, is a template parameter (2 for an RGB
+// input padded to 4 channels, 8 in a 16-channel stage) so that every broadcast's address is a
+// constant offset from one pointer. Weights are packed [kh][pair][kernel column][16]. Each
+// output is summed by one thread in a fixed order (kernel row, channel pair, kernel column).
+
+constexpr int kRowTile = 16;  // T accumulators + 3 weights + a broadcast (+ the emulation's two)
+
+template <int T, int KW, int HALF>
+void pair_row_tile(const std::uint16_t* img16, std::int64_t row_step, int kh, const Pair* __restrict wp,
+                   const float* bias, float* __restrict out, std::int64_t ld_y, int lanes) {
+  __m512 acc[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) acc[t] = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  const auto* in = reinterpret_cast<const AliasedPair*>(img16);
+  for (int i = 0; i < kh; ++i, in += row_step) {
+    const AliasedPair* xr = in;
+    for (int k = 0; k < HALF; ++k, ++xr, wp += KW * kLanes) {
+      __m512i w[KW];
+#pragma GCC unroll 8
+      for (int j = 0; j < KW; ++j) w[j] = _mm512_loadu_si512(wp + kLanes * j);
+#pragma GCC unroll 32
+      for (int c = 0; c < T + KW - 1; ++c) {
+        const __m512i b = broadcast(xr[c * HALF]);
+#pragma GCC unroll 8
+        for (int j = 0; j < KW; ++j)
+          if (c - j >= 0 && c - j < T) acc[c - j] = dot(acc[c - j], b, w[j]);
+      }
+    }
+  }
+  if (lanes == kLanes && ld_y == kLanes) {
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + kLanes * t, acc[t]);
+  } else {
+    for (int t = 0; t < T; ++t) {
+      float tmp[kLanes];
+      _mm512_storeu_ps(tmp, acc[t]);
+      std::copy(tmp, tmp + lanes, out + t * ld_y);
+    }
+  }
+}
+
+using PairRowTileFn = void (*)(const std::uint16_t*, std::int64_t, int, const Pair*, const float*,
+                               float*, std::int64_t, int);
+
+template <int KW, int HALF, std::size_t... T>
+constexpr std::array<PairRowTileFn, sizeof...(T)> pair_row_tiles(std::index_sequence<T...>) {
+  return {&pair_row_tile<static_cast<int>(T) + 1, KW, HALF>...};
+}
+
+// Whether pair_row_conv handles this convolution: up to 16 output channels, a 3-wide kernel at
+// horizontal stride 1, and 3 or 4 or 15 or 16 input channels (2 or 8 pairs).
+bool row_kernel_applies(const Conv2dShape& s) {
+  const int half = static_cast<int>(round_up(s.c_in, 2)) / 2;
+  return s.c_out <= kLanes && s.kw == 3 && s.stride_w == 1 && (half == 2 || half == 8);
+}
+
+// pair_conv (below) with the row kernel, where row_kernel_applies. Threads split the output
+// rows; each row is cut into balanced tiles of up to 16 pixels.
+template <int HALF, typename Get>
+void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+                   const float* bias, float* y, std::int64_t ld_y, Get get) {
+  constexpr int kKW = 3;
+  static constexpr auto kTiles = pair_row_tiles<kKW, HALF>(std::make_index_sequence<kRowTile>{});
+  Pair* wp = scratch_pairs(Scratch::kWeights, std::int64_t{s.kh} * HALF * kKW * kLanes);
+  for (int i = 0, o = 0; i < s.kh; ++i)
+    for (int k = 0; k < HALF; ++k)
+      for (int j = 0; j < kKW; ++j)
+        for (int co = 0; co < kLanes; ++co, ++o) {
+          float low = 0.0f, high = 0.0f;
+          if (co < s.c_out) {
+            if (2 * k < s.c_in) low = get(co, 2 * k, i, j);
+            if (2 * k + 1 < s.c_in) high = get(co, 2 * k + 1, i, j);
+          }
+          wp[o] = (detail::rounded_bits(low) >> 16) | detail::rounded_bits(high);
+        }
+  float* bias16 = nullptr;
+  if (bias) {
+    bias16 = scratch(Scratch::kAux, kLanes);
+    std::fill(bias16, bias16 + kLanes, 0.0f);
+    std::copy(bias, bias + s.c_out, bias16);
+  }
+  const int oh = s.out_h(), ow = s.out_w();
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const std::int64_t row_step = std::int64_t{wpad} * HALF;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
+  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * kKW * s.c_in;
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  const int tiles = (ow + kRowTile - 1) / kRowTile;
+  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, hp * row_step));
+    for (std::int64_t r = r0; r < r1;) {
+      const std::int64_t n = r / oh;
+      const int row_begin = static_cast<int>(r % oh);
+      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
+      r = n * oh + row_end;
+      bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, 2 * HALF, s.pad_h, s.pad_w, wpad,
+                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+      for (int oy = row_begin; oy < row_end; ++oy) {
+        const std::uint16_t* in = buf + 2 * std::int64_t{oy} * s.stride_h * row_step;
+        float* yrow = y + (n * oh + oy) * std::int64_t{ow} * ld_y;
+        for (int t = 0; t < tiles; ++t) {
+          const int x0 = ow * t / tiles, width = ow * (t + 1) / tiles - x0;
+          kTiles[width - 1](in + 2 * std::int64_t{x0} * HALF, row_step, s.kh, wp, bias16,
+                            yrow + std::int64_t{x0} * ld_y, ld_y, s.c_out);
+        }
+      }
+    }
+  });
+}
+
+// ---- the general convolution ---------------------------------------------------------------
+
 // y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_x
 // floats apart, pixels of y ld_y apart. Threads split the output rows, as direct_conv does.
 template <typename Get>
 void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
                const float* bias, float* y, std::int64_t ld_y, Get get) {
+  if (row_kernel_applies(s)) {
+    if (s.c_in <= 4) return pair_row_conv<2>(ctx, s, x, ld_x, bias, y, ld_y, get);
+    return pair_row_conv<8>(ctx, s, x, ld_x, bias, y, ld_y, get);
+  }
   with_block(s.c_out, [&]<int V>() {
     constexpr int kBlock = kLanes * V;
     constexpr int kP = kMaxPixels<V>;
@@ -398,6 +523,135 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
   unpack_weight_grad(s, dwp, ld_acc, dw);
 }
 
+// ---- the weight-gradient row kernel for up to 16 output channels ---------------------------
+
+// Note [Pair weight-gradient row kernel]
+// pair_weight_tile broadcasts one x pair per pixel pair and multiplies it by the dy vectors of the
+// block, so with one 16-lane vector of output channels it is broadcast bound too (Note [Pair row
+// kernel]). conv.cc's weight-gradient row kernel (Note [Weight-gradient row kernel]) is not, and
+// this is it on pairs of neighbouring input columns. At stride 1 input column c meets dy at
+// column c - j for tap j, so with x packed in column pairs, xp[row][c / 2][channel] = (x at c, x
+// at c + 1), and dy packed at every column, dp[row][k][lane] = (dy at k - 2, dy at k - 1) (zero
+// outside the image), the pair at input columns (c, c + 1) and tap j multiplies dp[c + 2 - j]:
+// per column pair, 3 dy vectors are loaded and each of the G broadcast x pairs meets all 3. The
+// kernel holds dw[i][0..3)[G input channels] (3G accumulators) for one kernel row i. Each dw
+// element is summed by one thread in a fixed order (images, rows, column pairs).
+
+template <int G>
+void pair_weight_row_pass(const Pair* __restrict xp, std::int64_t x_row_step, int c_in,
+                          const Pair* __restrict dp, std::int64_t dy_row_step, int rows,
+                          int col_pairs, float* __restrict acc_mem, std::int64_t ld_j) {
+  constexpr int kKW = 3;
+  __m512 acc[kKW][G];
+#pragma GCC unroll 4
+  for (int j = 0; j < kKW; ++j)
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) acc[j][g] = _mm512_loadu_ps(acc_mem + j * ld_j + kLanes * g);
+  for (int r = 0; r < rows; ++r) {
+    const Pair* xc = xp + r * x_row_step;
+    const Pair* dc = dp + r * dy_row_step + kLanes * (kKW - 1);
+    for (int c = 0; c < col_pairs; ++c, xc += c_in, dc += 2 * kLanes) {
+      __m512i d[kKW];
+#pragma GCC unroll 4
+      for (int j = 0; j < kKW; ++j) d[j] = _mm512_loadu_si512(dc - kLanes * j);
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g) {
+        const __m512i b = broadcast(xc[g]);
+#pragma GCC unroll 4
+        for (int j = 0; j < kKW; ++j) acc[j][g] = dot(acc[j][g], b, d[j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < kKW; ++j)
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) _mm512_storeu_ps(acc_mem + j * ld_j + kLanes * g, acc[j][g]);
+}
+
+using PairWeightRowPassFn = void (*)(const Pair*, std::int64_t, int, const Pair*, std::int64_t, int,
+                                     int, float*, std::int64_t);
+
+template <std::size_t... G>
+constexpr std::array<PairWeightRowPassFn, sizeof...(G)> pair_weight_row_passes(std::index_sequence<G...>) {
+  return {&pair_weight_row_pass<static_cast<int>(G) + 1>...};
+}
+
+// Whether pair_weight_grad_rows handles this convolution: up to 16 output channels, a 3-wide
+// kernel, stride 1.
+bool weight_row_kernel_applies(const Conv2dShape& s) {
+  return s.c_out <= kLanes && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1;
+}
+
+void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                           const float* dy, float* dw) {
+  constexpr int kKW = 3, kG = 8;
+  static constexpr auto kPasses = pair_weight_row_passes(std::make_index_sequence<kG>{});
+  const int oh = s.out_h(), ow = s.out_w();
+  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const int col_pairs = (wpad + 1) / 2;
+  const std::int64_t x_row_step = std::int64_t{col_pairs} * s.c_in;
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
+  // dy pairs at every column k of [0, 2 * col_pairs + 2): (dy at k - 2, dy at k - 1).
+  const int dy_cols = 2 * col_pairs + 2;
+  const std::int64_t dy_row_step = std::int64_t{dy_cols} * kLanes;
+  const int ci_groups = (s.c_in + kG - 1) / kG;
+  const std::int64_t tasks = std::int64_t{s.kh} * ci_groups;
+  const std::int64_t ld_j = std::int64_t{s.c_in} * kLanes;
+  const std::int64_t dw_size = std::int64_t{s.kh} * kKW * ld_j;  // [i][j][ci][16]
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
+  std::fill(dwp, dwp + dw_size, 0.0f);
+
+  // Adds images [n0, n1), tasks [t0, t1) (task = kernel row, input-channel group) into dst.
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
+    Pair* xb = scratch_pairs(Scratch::kInput, hp * x_row_step);
+    Pair* db = scratch_pairs(Scratch::kOutput, oh * dy_row_step);
+    for (int n = n0; n < n1; ++n) {
+      const float* img = x + n * image_in;
+      for (int r = 0; r < hp; ++r)
+        for (int c = 0; c < col_pairs; ++c) {
+          const int src_r = r - s.pad_h, left = 2 * c - s.pad_w;
+          Pair* d = xb + r * x_row_step + std::int64_t{c} * s.c_in;
+          const bool row_in = src_r >= 0 && src_r < s.h;
+          const float* low = row_in && left >= 0 && left < s.w ? img + (std::int64_t{src_r} * s.w + left) * s.c_in : nullptr;
+          const float* high = row_in && left + 1 >= 0 && left + 1 < s.w ? img + (std::int64_t{src_r} * s.w + left + 1) * s.c_in : nullptr;
+          if (low) {
+            to_pairs(s.c_in, low, high, d);
+          } else if (high) {
+            for (int ci = 0; ci < s.c_in; ++ci) d[ci] = detail::rounded_bits(high[ci]);
+          } else {
+            std::fill(d, d + s.c_in, Pair{0});
+          }
+        }
+      const float* dimg = dy + n * image_out;
+      for (int r = 0; r < oh; ++r)
+        for (int k = 0; k < dy_cols; ++k) {
+          Pair* d = db + r * dy_row_step + std::int64_t{k} * kLanes;
+          const int low = k - 2, high = k - 1;
+          const float* lp = low >= 0 && low < ow ? dimg + (std::int64_t{r} * ow + low) * s.c_out : nullptr;
+          const float* hp_ = high >= 0 && high < ow ? dimg + (std::int64_t{r} * ow + high) * s.c_out : nullptr;
+          if (lp) {
+            to_pairs(s.c_out, lp, hp_, d);
+          } else if (hp_) {
+            for (int co = 0; co < s.c_out; ++co) d[co] = detail::rounded_bits(hp_[co]);
+          } else {
+            std::fill(d, d + s.c_out, Pair{0});
+          }
+          std::fill(d + s.c_out, d + kLanes, Pair{0});
+        }
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const int i = static_cast<int>(t / ci_groups);
+        const int ci0 = static_cast<int>(t % ci_groups) * kG;
+        const int g = std::min(kG, s.c_in - ci0);
+        kPasses[g - 1](xb + i * x_row_step + ci0, x_row_step, s.c_in, db, dy_row_step, oh, col_pairs,
+                       dst + (std::int64_t{i} * kKW * s.c_in + ci0) * kLanes, ld_j);
+      }
+    }
+  };
+  sum_weight_grad(ctx, s.n, tasks, 1, dw_size, dwp, accumulate);
+  unpack_weight_grad(s, dwp, kLanes, dw);  // s.kw == kKW (weight_row_kernel_applies)
+}
+
 // ---- the kernels of the table --------------------------------------------------------------
 
 // This object's convolution, for the kernels of bf16_packing.h that run through it.
@@ -422,6 +676,7 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw) {
+  if (weight_row_kernel_applies(s)) return pair_weight_grad_rows(ctx, s, x, dy, dw);
   with_block(s.c_out, [&]<int V>() { pair_weight_grad<V>(ctx, s, x, dy, dw); });
 }
 

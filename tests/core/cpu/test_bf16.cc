@@ -79,6 +79,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       {"odd 1x1 35->18 on 5x13", {.n = 2, .h = 5, .w = 13, .c_in = 35, .c_out = 18, .kh = 1, .kw = 1}},
       // 40 output channels: two blocks of 16 and a partial third (tiles of 32 channels, then 16).
       {"odd 5->40 on 6x7", {.n = 2, .h = 6, .w = 7, .c_in = 5, .c_out = 40, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
+      // The pair row kernel (up to 16 output channels, 3 columns, horizontal stride 1) on a padded
+      // channel, 9 of 16 lanes, stride 2 down the rows and rows of two tiles (10 and 11 pixels).
+      {"odd 15->9 stride (2, 1) on 9x21", {.n = 2, .h = 9, .w = 21, .c_in = 15, .c_out = 9, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 1}},
   };
   for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
