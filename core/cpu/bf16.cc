@@ -244,6 +244,11 @@ std::string describe_bf16_kernels() {
   if (k == Bf16Kernels::Emulated)
     return "emulated (" + why + "): operands rounded to bf16 for the fp32 kernels, slower than fp32";
   if (k == Bf16Kernels::Avx512Bf16) return "towerflow's AVX512-BF16 kernels (vdpbf16ps; " + why + ")";
+#if defined(TW_BF16_DOT_TIMING)
+  if (k == Bf16Kernels::Avx512Bf16Emulated)
+    return "towerflow's AVX512-BF16 kernels with vdpbf16ps timed as one FMA (" + why +
+           "; -DTOWERFLOW_BF16_DOT_TIMING=ON): for timing only, the values are wrong";
+#endif
   if (k == Bf16Kernels::Avx512Bf16Emulated)
     return "towerflow's AVX512-BF16 kernels with vdpbf16ps emulated by AVX-512F FMAs (" + why +
            "): for testing, slower than fp32";

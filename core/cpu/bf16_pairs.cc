@@ -42,12 +42,23 @@
 // high products, then the low). A product of two bf16 is exact in fp32, so each FMA rounds as
 // the instruction's accumulation does and the emulation gives the same bits, except that the
 // instruction treats denormal inputs as zero and flushes denormal results. The emulation exists
-// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. Measured on a
-// 2-core Intel Xeon @ 2.80GHz (Ice Lake-SP, no AVX512-BF16), towerflow_bench_ops --precision both:
-// 0.65x the fp32 kernels (geometric mean of 31 ResNet-20 and tfcnn rows; 0.29x to 1.46x), 0.90x
-// the emulated path of bf16.h; ResNet-20 trains at 0.88x the emulated path.
+// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. A build with
+// -DTOWERFLOW_BF16_DOT_TIMING=ON computes each vdpbf16ps of the emulated object as one FMA on
+// the raw pairs instead: wrong values, but the instruction's cost if it issues at the FMA's rate
+// (the premise of its twice-fp32 throughput), so that the kernels can be timed and tuned on CPUs
+// without it (docs/precision.md). The emulation, measured on a 2-core Intel Xeon @ 2.80GHz (Ice
+// Lake-SP, no AVX512-BF16) before the row kernels, towerflow_bench_ops --precision both: 0.65x
+// the fp32 kernels (geometric mean of 31 ResNet-20 and tfcnn rows; 0.29x to 1.46x), 0.90x the
+// emulated path of bf16.h; ResNet-20 trains at 0.88x the emulated path.
 
 namespace towerflow::cpu::TW_ISA {
+
+#if defined(TW_BF16_DOT_TIMING) && !defined(__AVX512BF16__)
+// A pair read as a float is a denormal where its high bf16 is zero and its low one is not (ReLU
+// zeros); denormals as zero keep those FMAs at the rate of the others. Set before main, so every
+// thread the process starts inherits it.
+static const int kDenormalsAreZero = (_mm_setcsr(_mm_getcsr() | 0x8040), 0);
+#endif
 
 using detail::AliasedPair;
 using detail::backward_input_as_forward;
@@ -86,6 +97,8 @@ constexpr int kMaxInputs = kAccumulators / V;
 inline __m512 dot(__m512 acc, __m512i a, __m512i b) {
 #if defined(__AVX512BF16__)
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#elif defined(TW_BF16_DOT_TIMING)
+  return _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc);
 #else
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(a, high)),
