@@ -599,6 +599,29 @@ bool weight_row_kernel_applies(const Conv2dShape& s) {
   return s.c_out <= kLanes && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1;
 }
 
+// The padded image img (s.h x s.w pixels of c_in channels, padding s.pad_h, s.pad_w) packed in
+// pairs of columns: dst[row][c][channel] = (x at column 2c, x at column 2c + 1), zero in the
+// padding; rows x_row_step pairs apart.
+void pack_column_pairs(const Conv2dShape& s, const float* img, int col_pairs, std::int64_t x_row_step,
+                       Pair* dst) {
+  const int hp = s.h + 2 * s.pad_h;
+  for (int r = 0; r < hp; ++r) {
+    Pair* d = dst + r * x_row_step;
+    const int src_r = r - s.pad_h;
+    if (src_r < 0 || src_r >= s.h) {
+      std::fill(d, d + x_row_step, Pair{0});
+      continue;
+    }
+    const float* row = img + std::int64_t{src_r} * s.w * s.c_in;
+    for (int c = 0; c < col_pairs; ++c, d += s.c_in) {
+      const int left = 2 * c - s.pad_w;
+      const float* low = left >= 0 && left < s.w ? row + std::int64_t{left} * s.c_in : nullptr;
+      const float* high = left + 1 >= 0 && left + 1 < s.w ? row + std::int64_t{left + 1} * s.c_in : nullptr;
+      to_pairs(s.c_in, low, high, d);
+    }
+  }
+}
+
 void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                            const float* dy, float* dw) {
   constexpr int kKW = 3, kG = 8;
@@ -624,38 +647,22 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const fl
     Pair* xb = scratch_pairs(Scratch::kInput, hp * x_row_step);
     Pair* db = scratch_pairs(Scratch::kOutput, oh * dy_row_step);
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      for (int r = 0; r < hp; ++r)
-        for (int c = 0; c < col_pairs; ++c) {
-          const int src_r = r - s.pad_h, left = 2 * c - s.pad_w;
-          Pair* d = xb + r * x_row_step + std::int64_t{c} * s.c_in;
-          const bool row_in = src_r >= 0 && src_r < s.h;
-          const float* low = row_in && left >= 0 && left < s.w ? img + (std::int64_t{src_r} * s.w + left) * s.c_in : nullptr;
-          const float* high = row_in && left + 1 >= 0 && left + 1 < s.w ? img + (std::int64_t{src_r} * s.w + left + 1) * s.c_in : nullptr;
-          if (low) {
-            to_pairs(s.c_in, low, high, d);
-          } else if (high) {
-            for (int ci = 0; ci < s.c_in; ++ci) d[ci] = detail::rounded_bits(high[ci]);
-          } else {
-            std::fill(d, d + s.c_in, Pair{0});
-          }
+      pack_column_pairs(s, x + n * image_in, col_pairs, x_row_step, xb);
+      // dy: column k holds (dy at k - 2, dy at k - 1), each column rounded once.
+      const __mmask16 lanes = detail::first_lanes(s.c_out);
+      for (int r = 0; r < oh; ++r) {
+        const float* row = dy + n * image_out + std::int64_t{r} * ow * s.c_out;
+        Pair* d = db + r * dy_row_step;
+        __m512i before = _mm512_setzero_si512();  // the rounded column k - 2
+        for (int k = 0; k < dy_cols; ++k, d += kLanes) {
+          const int c = k - 1;
+          const __m512i at = c >= 0 && c < ow
+                                 ? detail::rounded_bits16(_mm512_maskz_loadu_epi32(lanes, row + std::int64_t{c} * s.c_out))
+                                 : _mm512_setzero_si512();
+          _mm512_storeu_si512(d, _mm512_or_si512(_mm512_srli_epi32(before, 16), at));
+          before = at;
         }
-      const float* dimg = dy + n * image_out;
-      for (int r = 0; r < oh; ++r)
-        for (int k = 0; k < dy_cols; ++k) {
-          Pair* d = db + r * dy_row_step + std::int64_t{k} * kLanes;
-          const int low = k - 2, high = k - 1;
-          const float* lp = low >= 0 && low < ow ? dimg + (std::int64_t{r} * ow + low) * s.c_out : nullptr;
-          const float* hp_ = high >= 0 && high < ow ? dimg + (std::int64_t{r} * ow + high) * s.c_out : nullptr;
-          if (lp) {
-            to_pairs(s.c_out, lp, hp_, d);
-          } else if (hp_) {
-            for (int co = 0; co < s.c_out; ++co) d[co] = detail::rounded_bits(hp_[co]);
-          } else {
-            std::fill(d, d + s.c_out, Pair{0});
-          }
-          std::fill(d + s.c_out, d + kLanes, Pair{0});
-        }
+      }
       for (std::int64_t t = t0; t < t1; ++t) {
         const int i = static_cast<int>(t / ci_groups);
         const int ci0 = static_cast<int>(t % ci_groups) * kG;
