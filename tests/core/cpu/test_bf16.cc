@@ -7,6 +7,9 @@
 // and odd ones.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <optional>
 #include <utility>
@@ -231,21 +234,84 @@ TEST_CASE("bf16 pair and AMX kernels: the same bits for any number of threads", 
                               Bf16Kernels::Amx, Bf16Kernels::AmxEmulated}) {
     if (!towerflow::testing::bf16_path_runs(k)) continue;  // the WARN says why
     force_bf16_kernels_for_testing(k);
-    // 32 images: the weight gradient sums image groups (Note [Weight gradient: image groups or tiles]).
-    const Conv2dShape s{.n = 32, .h = 8, .w = 8, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
-    const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
-                      yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
-    const auto x = random_vector(xn, 21), w = random_vector(wn, 22), dy = random_vector(yn, 23);
-    std::vector<float> out[2][4];
-    for (int t = 0; t < 2; ++t) {
-      const CpuContext ctx(t + 1);
-      out[t][0].resize(yn), out[t][1].resize(xn), out[t][2].resize(wn), out[t][3].resize(64 * 32);
-      conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[t][0].data());
-      conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[t][1].data());
-      conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[t][2].data());
-      gemm_bf16(ctx, false, true, 64, 32, 144, x.data(), 144, w.data(), 144, out[t][3].data(), 32);
+    // 32 images: the weight gradient sums image groups (Note [Weight gradient: image groups or
+    // tiles]). 16 output channels run the pair kernels' row kernels.
+    for (const int c_out : {32, 16}) {
+      const Conv2dShape s{.n = 32, .h = 8, .w = 8, .c_in = 16, .c_out = c_out, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+      const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                        yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+      const auto x = random_vector(xn, 21), w = random_vector(wn, 22), dy = random_vector(yn, 23);
+      const auto a = random_vector(64 * 144, 24), b = random_vector(32 * 144, 25);
+      std::vector<float> out[2][4];
+      for (int t = 0; t < 2; ++t) {
+        const CpuContext ctx(t + 1);
+        out[t][0].resize(yn), out[t][1].resize(xn), out[t][2].resize(wn), out[t][3].resize(64 * 32);
+        conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, out[t][0].data());
+        conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), out[t][1].data());
+        conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[t][2].data());
+        gemm_bf16(ctx, false, true, 64, 32, 144, a.data(), 144, b.data(), 144, out[t][3].data(), 32);
+      }
+      INFO(bf16_kernels_name(k) << ": " << s.to_string());
+      CHECK(out[0][0] == out[1][0]);  // forward
+      CHECK(out[0][1] == out[1][1]);  // backward input
+      CHECK(out[0][2] == out[1][2]);  // weight gradient
+      CHECK(out[0][3] == out[1][3]);  // GEMM
     }
-    INFO(bf16_kernels_name(k));
-    for (int e = 0; e < 4; ++e) CHECK(out[0][e] == out[1][e]);
+  }
+}
+
+TEST_CASE("bf16 kernels carry a NaN or an infinity to the outputs fp32 does", "[bf16]") {
+  // Rounding keeps NaN a NaN and infinity infinite, and packing pairs must neither drop one nor
+  // spread it: the non-finite outputs are the fp32 kernels' on the same operands.
+  const std::vector<Conv2dShape> shapes = {
+      {.n = 2, .h = 8, .w = 10, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},  // row kernels
+      {.n = 2, .h = 8, .w = 10, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 9, .w = 9, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+  };
+  auto non_finite = [](const std::vector<float>& v, bool nan_only) {
+    std::vector<bool> m(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) m[i] = nan_only ? std::isnan(v[i]) : !std::isfinite(v[i]);
+    return m;
+  };
+  const CpuContext ctx(2);
+  for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
+    const ForceKernels force(k);
+    for (const Conv2dShape& s : shapes)
+      // A NaN whose payload is all in the bits that rounding drops would round to infinity.
+      for (const float bad : {NAN, std::bit_cast<float>(0x7f800001u), INFINITY}) {
+        const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                          yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+        auto x = random_vector(xn, 31), dy = random_vector(yn, 33);
+        const auto w = random_vector(wn, 32);
+        x[xn / 2 + 5] = bad;   // the second image's first pixel, a corner
+        dy[yn / 3 + 1] = bad;  // and a gradient inside the first image
+        std::vector<float> y(yn), dx(xn), dw(wn), ref_y(yn), ref_dx(xn), ref_dw(wn);
+        conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
+        conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
+        conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+        conv2d_forward(ctx, s, x.data(), w.data(), ref_y.data());
+        conv2d_backward_input(ctx, s, dy.data(), w.data(), ref_dx.data());
+        conv2d_backward_weight(ctx, s, x.data(), dy.data(), ref_dw.data());
+        auto count = [](const std::vector<float>& v) {
+          return std::count_if(v.begin(), v.end(), [](float e) { return !std::isfinite(e); });
+        };
+        INFO(bf16_kernels_name(k) << ": " << s.to_string() << ", one input " << bad << "; non-finite outputs: y "
+                                  << count(y) << " (fp32 " << count(ref_y) << "), dx " << count(dx) << " ("
+                                  << count(ref_dx) << "), dw " << count(dw) << " (" << count(ref_dw) << ")");
+        const bool nan = std::isnan(bad);
+        CHECK(non_finite(y, nan) == non_finite(ref_y, nan));
+        CHECK(non_finite(dx, nan) == non_finite(ref_dx, nan));
+        // Weight gradients differ in which products with the zeros around the image they compute
+        // (fp32's row kernel multiplies x by a zero frame of dy, and 0 x NaN is a NaN; oneDNN's and
+        // the AMX kernels skip some): non-finite only where fp32's is, and somewhere.
+        const auto mask_dw = non_finite(dw, nan), ref_mask_dw = non_finite(ref_dw, nan);
+        bool only_where_fp32 = true;
+        for (std::size_t i = 0; i < wn; ++i) only_where_fp32 = only_where_fp32 && (!mask_dw[i] || ref_mask_dw[i]);
+        CHECK(only_where_fp32);
+        // And every product carries it somewhere.
+        CHECK(std::any_of(y.begin(), y.end(), [](float v) { return !std::isfinite(v); }));
+        CHECK(std::any_of(dx.begin(), dx.end(), [](float v) { return !std::isfinite(v); }));
+        CHECK(std::any_of(dw.begin(), dw.end(), [](float v) { return !std::isfinite(v); }));
+      }
   }
 }
