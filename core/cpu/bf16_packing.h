@@ -32,10 +32,10 @@ inline std::uint32_t rounded_bits(float x) {
   return ::towerflow::cpu::detail::bf16_bits(std::bit_cast<std::uint32_t>(x));
 }
 
-// rounded_bits of 16 floats' bits at once. The packing loops below are written with it rather
-// than left to the compiler: GCC 12 vectorises the scalar loops only in part (the NaN select),
-// and the packing of short runs (a pixel's channels, 16 output channels) is called thousands of
-// times per image.
+// rounded_bits of 16 floats' bits at once. The packing loops below run on it, with masked tails,
+// rather than on scalar loops: the packing of short runs (a pixel's channels, 16 output
+// channels) is called thousands of times per image, and this made the weight gradients 1.2x to
+// 1.35x faster (docs/precision.md).
 inline __m512i rounded_bits16(__m512i bits) {
   const __m512i top = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
@@ -47,7 +47,7 @@ inline __m512i rounded_bits16(__m512i bits) {
   return _mm512_mask_blend_epi32(nan, nearest, quiet);
 }
 
-// The lanes [0, n - i) of 16 (all of them from n - i >= 16).
+// The first `left` lanes of 16 (all of them from left >= 16).
 inline __mmask16 first_lanes(std::int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
