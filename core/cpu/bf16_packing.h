@@ -10,6 +10,9 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "core/cpu/bf16_bits.h"
@@ -101,13 +104,61 @@ inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, 
   }
 }
 
+// Weights at base[co * co_step + ci * ci_step + i * i_step + j * j_step]: OIHW weights, the flipped
+// and transposed ones of a backward input, a matrix (gemm_as_conv). pack_weight_pairs gathers
+// these 16 output channels at a time (Note [Packing strided weights]).
+struct StridedWeights {
+  const float* base;
+  std::int64_t co_step, ci_step, i_step, j_step;
+  float operator()(int co, int ci, int i, int j) const {
+    return base[co * co_step + ci * ci_step + i * i_step + j * j_step];
+  }
+};
+
+// Note [Packing strided weights]
+// The packed weights run along output channels, which are the farthest apart in OIHW weights
+// and, for a matrix product's transposed b, a whole row apart. Read one weight at a time, the
+// packing of a 4096 x 384 matrix (tfcnn's fc1) took half of its product's time, every read a new
+// cache line. Strided weights are instead gathered 16 output channels at a time (vpgatherdd,
+// AVX-512F), each channel's weights read in order as the pairs advance, and rounded 16 at a time:
+// that product became 2x faster (docs/precision.md). Other weights go through get one at a time.
+
 // Packs weights as pairs of input channels: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
 // get(co, 2k + 1, i, j)) with co = cb * block + b and k < c2 / 2 (c2 >= c_in, even), zero where
-// co >= c_out or a channel >= c_in.
+// co >= c_out or a channel >= c_in. block is a multiple of 16.
 template <typename Get>
 void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, Pair* dst, Get get) {
   const int blocks = (c_out + block - 1) / block, pairs = c2 / 2;
   std::int64_t o = 0;
+  if constexpr (std::is_same_v<Get, StridedWeights>) {
+    // 32-bit gather offsets: 15 output channels' steps must fit.
+    if (std::abs(get.co_step) <= std::numeric_limits<std::int32_t>::max() / 16) {
+      const __m512i offsets = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(static_cast<int>(get.co_step)));
+      auto gather = [&](__mmask16 m, const float* p) {
+        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, p, 4);
+      };
+      for (int cb = 0; cb < blocks; ++cb)
+        for (int i = 0; i < kh; ++i)
+          for (int j = 0; j < kw; ++j)
+            for (int k = 0; k < pairs; ++k)
+              for (int b0 = 0; b0 < block; b0 += 16, o += 16) {
+                const int co = cb * block + b0;
+                __m512i pair = _mm512_setzero_si512();
+                if (co < c_out && 2 * k < c_in) {
+                  const __mmask16 m = first_lanes(c_out - co);
+                  const float* p = get.base + co * get.co_step + 2 * k * get.ci_step + i * get.i_step +
+                                   j * get.j_step;
+                  pair = _mm512_srli_epi32(rounded_bits16(gather(m, p)), 16);
+                  if (2 * k + 1 < c_in)
+                    pair = _mm512_or_si512(pair, rounded_bits16(gather(m, p + get.ci_step)));
+                }
+                _mm512_storeu_si512(dst + o, pair);
+              }
+      return;
+    }
+  }
   for (int cb = 0; cb < blocks; ++cb)
     for (int i = 0; i < kh; ++i)
       for (int j = 0; j < kw; ++j)
@@ -177,9 +228,9 @@ inline std::int64_t pack_pass_pairs(const Conv2dShape& s, const float* xbuf, std
 template <typename Conv>
 void forward_as_conv(const Conv2dShape& s, const float* x, const float* w, const float* bias,
                      float* y, Conv&& conv) {
-  conv(s, x, std::int64_t{s.c_in}, bias, y, std::int64_t{s.c_out}, [&](int co, int ci, int i, int j) {
-    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
-  });
+  conv(s, x, std::int64_t{s.c_in}, bias, y, std::int64_t{s.c_out},
+       StridedWeights{.base = w, .co_step = std::int64_t{s.c_in} * s.kh * s.kw,
+                      .ci_step = std::int64_t{s.kh} * s.kw, .i_step = s.kw, .j_step = 1});
 }
 
 // conv2d_backward_input where the stride is 1 and the padding smaller than the kernel: the
@@ -192,9 +243,11 @@ bool backward_input_as_forward(const Conv2dShape& s, const float* dy, const floa
   const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out, .c_out = s.c_in,
                       .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
                       .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
-  conv(t, dy, std::int64_t{s.c_out}, nullptr, dx, std::int64_t{s.c_in}, [&](int ci, int co, int i, int j) {
-    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
-  });
+  // Weight (ci, co, i, j) of t is w[co][ci][kh - 1 - i][kw - 1 - j].
+  conv(t, dy, std::int64_t{s.c_out}, nullptr, dx, std::int64_t{s.c_in},
+       StridedWeights{.base = w + std::int64_t{s.kh - 1} * s.kw + (s.kw - 1),
+                      .co_step = std::int64_t{s.kh} * s.kw,
+                      .ci_step = std::int64_t{s.c_in} * s.kh * s.kw, .i_step = -s.kw, .j_step = -1});
   return true;
 }
 
@@ -214,9 +267,10 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
     ld_rows = k;
   }
   const Conv2dShape s{.n = 1, .h = m, .w = 1, .c_in = k, .c_out = n, .kh = 1, .kw = 1};
-  conv(s, rows, ld_rows, nullptr, c, std::int64_t{ldc}, [&](int co, int ci, int, int) {
-    return trans_b ? b[std::int64_t{co} * ldb + ci] : b[std::int64_t{ci} * ldb + co];
-  });
+  // Weight (co, ci) is op(b)[ci][co].
+  conv(s, rows, ld_rows, nullptr, c, std::int64_t{ldc},
+       StridedWeights{.base = b, .co_step = trans_b ? ldb : 1, .ci_step = trans_b ? 1 : ldb,
+                      .i_step = 0, .j_step = 0});
 }
 
 }  // namespace towerflow::cpu::TW_ISA::detail
