@@ -60,6 +60,8 @@ namespace towerflow::cpu::TW_ISA {
 using detail::backward_input_as_forward;
 using detail::bf16_rows;
 using detail::forward_as_conv;
+using detail::conv_input;
+using detail::ConvInput;
 using detail::gemm_as_conv;
 using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
@@ -318,11 +320,13 @@ void run_grid(const ConvPlan& p, const Grid& g) {
 // pixels of `unit` bf16 and a kernel row's q.
 std::int64_t slack(std::int64_t unit, int kw, int c2) { return 32 * unit + std::int64_t{kw} * c2 + 32; }
 
-// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_x
-// floats apart, pixels of y ld_y apart. Threads split the output rows, as direct_conv does.
+// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
+// floats apart, pixels of y ld_y apart; conv_input says which of them are converted. Threads split the output rows, as direct_conv does.
 template <typename Get>
-void amx_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, std::int64_t ld_in,
               const float* bias, float* y, std::int64_t ld_y, Get get) {
+  const ConvInput in = conv_input(conv, ld_in);
+  const Conv2dShape& s = in.s;
   const Layout l = layout(s.c_in, s.kw);
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kLanes - 1) / kLanes;
@@ -335,7 +339,6 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::
   const bool flat = s.stride_h == 1 && s.stride_w == 1;
   const ConvPlan plan{.kh = s.kh, .chunks = s.kw * l.c2 / l.kc, .kc = l.kc, .row_step = row_step,
                       .w = wp, .wblock = wblock, .c_out = s.c_out, .bias = bias};
-  const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
   const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
@@ -349,8 +352,8 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::
       const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
       r = n * oh + row_end;
       // Only the padded input rows these output rows read.
-      bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, l.c2, s.pad_h, s.pad_w, wpad,
-                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+      bf16_rows(x + n * in.ld_image, s.h, s.w, s.c_in, in.ld_x, l.c2, s.pad_h, s.pad_w, wpad,
+                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf, in.ld_row);
       float* y_img = y + n * oh * ow * ld_y;
       if (flat) {
         run_grid(plan, {.img = buf + row_begin * row_step, .rows = row_end - row_begin, .cols = ow,
@@ -481,7 +484,9 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   const std::int64_t tiles = std::int64_t{co_groups} * s.kh * q_groups;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
+    // Without padding x is read in place (row_step is then a row of x), as conv.cc's weight_grad.
+    const bool padded = s.pad_h > 0 || s.pad_w > 0;
+    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
     // dy transposed [co_pad][ld_pairs]: the rows past c_out stay zero.
     Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
     std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
@@ -490,7 +495,11 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
-      pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+      const float* img = x + n * image_in;
+      if (padded) {
+        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+        img = xbuf;
+      }
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -509,7 +518,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]); the rows
         // past a kernel row's pairs that its last chunk reads hold finite values (the next
         // kernel row's, or zeros), which meet dy's zero columns.
-        const std::int64_t kernel_row_step = pack_pass_pairs(s, xbuf, row_step, r0, pixels, ld_pairs, xp);
+        const std::int64_t kernel_row_step = pack_pass_pairs(s, img, row_step, r0, pixels, ld_pairs, xp);
         if (shared_kernel_rows(s)) {
           const std::int64_t end = (pixels + std::int64_t{s.kh - 1} * ow) / 2 * q_len;
           std::fill(xp + end, xp + end + kLanes * q_len, Pair{0});

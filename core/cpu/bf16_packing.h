@@ -77,10 +77,12 @@ inline void to_pairs(std::int64_t n, const float* __restrict low, const float* _
 }
 
 // Rows [row_begin, row_end) of dst, an image [rows][wp][c2] of bf16 (c2 >= c, even) that holds
-// img ([h][w] pixels of c channels, ld_x floats apart) at (top, left) and zeros elsewhere,
-// channels c..c2 included.
+// img ([h][w] pixels of c channels, ld_x floats apart, rows ld_row apart: w * ld_x unless given)
+// at (top, left) and zeros elsewhere, channels c..c2 included.
 inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, int c2, int top,
-                      int left, int wp, int row_begin, int row_end, std::uint16_t* dst) {
+                      int left, int wp, int row_begin, int row_end, std::uint16_t* dst,
+                      std::int64_t ld_row = -1) {
+  if (ld_row < 0) ld_row = std::int64_t{w} * ld_x;
   const std::int64_t row = std::int64_t{wp} * c2;
   for (int r = row_begin; r < row_end; ++r) {
     std::uint16_t* d = dst + r * row;
@@ -90,7 +92,7 @@ inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, 
       continue;
     }
     std::fill(d, d + std::int64_t{left} * c2, std::uint16_t{0});
-    const float* s = img + std::int64_t{src} * w * ld_x;
+    const float* s = img + std::int64_t{src} * ld_row;
     std::uint16_t* o = d + std::int64_t{left} * c2;
     if (c == c2 && ld_x == c) {
       to_bf16(std::int64_t{w} * c, s, o);
@@ -122,6 +124,28 @@ struct StridedWeights {
 // cache line. Strided weights are instead gathered 16 output channels at a time (vpgatherdd,
 // AVX-512F), each channel's weights read in order as the pairs advance, and rounded 16 at a time:
 // that product became 2x faster (docs/precision.md). Other weights go through get one at a time.
+
+// The input of a forward convolution as the kernels convert and read it. A 1x1 kernel without
+// padding at a stride above 1 reads only every stride-th pixel of every stride-th row (ResNet's
+// projections read a quarter of x), so the kernels convert those alone and run the stride-1
+// convolution of the out_h x out_w image they form. Elsewhere the input is x as it is.
+struct ConvInput {
+  Conv2dShape s;          // the convolution the kernels run
+  std::int64_t ld_x;      // floats between the pixels of a row of that input
+  std::int64_t ld_row;    // between its rows
+  std::int64_t ld_image;  // between its images
+};
+
+inline ConvInput conv_input(const Conv2dShape& s, std::int64_t ld_x) {
+  const std::int64_t ld_image = std::int64_t{s.h} * s.w * ld_x;
+  if (s.kh != 1 || s.kw != 1 || s.pad_h != 0 || s.pad_w != 0 || (s.stride_h == 1 && s.stride_w == 1))
+    return {s, ld_x, std::int64_t{s.w} * ld_x, ld_image};
+  Conv2dShape t = s;
+  t.h = s.out_h();
+  t.w = s.out_w();
+  t.stride_h = t.stride_w = 1;
+  return {t, ld_x * s.stride_w, std::int64_t{s.w} * ld_x * s.stride_h, ld_image};
+}
 
 // Packs weights as pairs of input channels: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
 // get(co, 2k + 1, i, j)) with co = cb * block + b and k < c2 / 2 (c2 >= c_in, even), zero where

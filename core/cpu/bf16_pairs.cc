@@ -64,6 +64,8 @@ using detail::AliasedPair;
 using detail::backward_input_as_forward;
 using detail::bf16_rows;
 using detail::forward_as_conv;
+using detail::conv_input;
+using detail::ConvInput;
 using detail::gemm_as_conv;
 using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
@@ -316,15 +318,17 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
 
 // ---- the general convolution ---------------------------------------------------------------
 
-// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_x
-// floats apart, pixels of y ld_y apart. Threads split the output rows, as direct_conv does.
+// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
+// floats apart, pixels of y ld_y apart; conv_input says which of them are converted. Threads split the output rows, as direct_conv does.
 template <typename Get>
-void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, std::int64_t ld_in,
                const float* bias, float* y, std::int64_t ld_y, Get get) {
-  if (row_kernel_applies(s)) {
-    if (s.c_in <= 4) return pair_row_conv<2>(ctx, s, x, ld_x, bias, y, ld_y, get);
-    return pair_row_conv<8>(ctx, s, x, ld_x, bias, y, ld_y, get);
+  if (row_kernel_applies(conv)) {
+    if (conv.c_in <= 4) return pair_row_conv<2>(ctx, conv, x, ld_in, bias, y, ld_y, get);
+    return pair_row_conv<8>(ctx, conv, x, ld_in, bias, y, ld_y, get);
   }
+  const ConvInput in = conv_input(conv, ld_in);
+  const Conv2dShape& s = in.s;
   with_block(s.c_out, [&]<int V>() {
     constexpr int kBlock = kLanes * V;
     constexpr int kP = kMaxPixels<V>;
@@ -344,7 +348,6 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std:
     const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
     const std::int64_t row_step = std::int64_t{wpad} * half;
     const std::int64_t pix_step = std::int64_t{s.stride_w} * half;
-    const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
     const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
     const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
@@ -357,8 +360,8 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std:
         const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
         r = n * oh + row_end;
         // Only the padded input rows these output rows read.
-        bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, c2, s.pad_h, s.pad_w, wpad,
-                  row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+        bf16_rows(x + n * in.ld_image, s.h, s.w, s.c_in, in.ld_x, c2, s.pad_h, s.pad_w, wpad,
+                  row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf, in.ld_row);
         const std::int64_t pix_begin = std::int64_t{row_begin} * ow;
         const std::int64_t pixels = std::int64_t{row_end - row_begin} * ow;
         float* ybase = y + (n * oh * ow + pix_begin) * ld_y;
@@ -501,11 +504,17 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
   const std::int64_t dw_size = k_rows * ld_acc;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step));
+    // Without padding x is read in place (row_step is then a row of x), as conv.cc's weight_grad.
+    const bool padded = s.pad_h > 0 || s.pad_w > 0;
+    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
     Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
     Pair* xpb = scratch_pairs(Scratch::kPacked, pass_pair_rows(s, rows_per_pass * ow, max_pairs) * q_len);
     for (int n = n0; n < n1; ++n) {
-      pad_rows(x + n * image_in, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+      const float* img = x + n * image_in;
+      if (padded) {
+        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
+        img = xbuf;
+      }
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -519,7 +528,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
           std::fill(d + s.c_out, d + ld_acc, Pair{0});
         }
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]).
-        const std::int64_t kernel_row_step = pack_pass_pairs(s, xbuf, row_step, r0, pixels, max_pairs, xpb);
+        const std::int64_t kernel_row_step = pack_pass_pairs(s, img, row_step, r0, pixels, max_pairs, xpb);
         for (std::int64_t t = t0; t < t1; ++t) {
           const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
           const int i = static_cast<int>(t / q_tiles % s.kh);

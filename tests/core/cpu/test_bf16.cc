@@ -80,6 +80,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       // 34 channels: q = 3 * 34 has no even divisor from 16 to 32 (the AMX kernels pad to 48).
       {"odd 34->20 stride 2 on 9x11", {.n = 2, .h = 9, .w = 11, .c_in = 34, .c_out = 20, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}},
       {"odd 1x1 35->18 on 5x13", {.n = 2, .h = 5, .w = 13, .c_in = 35, .c_out = 18, .kh = 1, .kw = 1}},
+      // A strided 1x1 kernel without padding runs on the pixels it reads (conv_input): strides
+      // that differ, and the last row and column of x not read.
+      {"odd 1x1 6->10 stride (3, 2) on 8x10", {.n = 2, .h = 8, .w = 10, .c_in = 6, .c_out = 10, .kh = 1, .kw = 1, .stride_h = 3, .stride_w = 2}},
       // 40 output channels: two blocks of 16 and a partial third (tiles of 32 channels, then 16).
       {"odd 5->40 on 6x7", {.n = 2, .h = 6, .w = 7, .c_in = 5, .c_out = 40, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
       // The pair row kernel (up to 16 output channels, 3 columns, horizontal stride 1) on a padded
