@@ -88,6 +88,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       // The pair row kernel (up to 16 output channels, 3 columns, horizontal stride 1) on a padded
       // channel, 9 of 16 lanes, stride 2 down the rows and rows of two tiles (10 and 11 pixels).
       {"odd 15->9 stride (2, 1) on 9x21", {.n = 2, .h = 9, .w = 21, .c_in = 15, .c_out = 9, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 1, .pad_h = 1, .pad_w = 1}},
+      // The pair weight-gradient row kernel with two vectors of output channels, the second
+      // partial, a partial group of input channels, a 2-row kernel and an odd width.
+      {"odd 6->20 2x3 kernel on 5x9", {.n = 2, .h = 5, .w = 9, .c_in = 6, .c_out = 20, .kh = 2, .kw = 3, .pad_w = 1}},
   };
   for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
