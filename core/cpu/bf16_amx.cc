@@ -62,6 +62,7 @@ using detail::bf16_rows;
 using detail::forward_as_conv;
 using detail::conv_input;
 using detail::ConvInput;
+using detail::first_lanes;
 using detail::gemm_as_conv;
 using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
@@ -70,6 +71,7 @@ using detail::pad_rows;
 using detail::Pair;
 using detail::round_up;
 using detail::rounded_bits;
+using detail::rounded_bits16;
 using detail::Scratch;
 using detail::scratch;
 using detail::scratch_pairs;
@@ -494,6 +496,9 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     Pair* xp = scratch_pairs(Scratch::kPacked, x_pairs);
     std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
+    // Offsets of 16 pixel pairs' first pixels, 2 * c_out floats apart.
+    const __m512i pixel_pairs = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(2 * s.c_out));
     for (int n = n0; n < n1; ++n) {
       const float* img = x + n * image_in;
       if (padded) {
@@ -505,16 +510,19 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
         const int pairs = (pixels + 1) / 2, chunks = (pairs + kLanes - 1) / kLanes;
         const int padded = chunks * kLanes;
-        // dy: pixels 2k and 2k + 1 of the pass (the last one alone when odd) in column k.
+        // dy: pixels 2k and 2k + 1 of the pass (the last one alone when odd) in column k, zero
+        // from column `pairs` to `padded`. Each row (output channel) is gathered 16 pairs at a
+        // time: the pixels are c_out floats apart.
         const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
-        for (int k = 0; k < pairs; ++k) {
-          const float* low = dpass + std::int64_t{2 * k} * s.c_out;
-          const float* high = 2 * k + 1 < pixels ? low + s.c_out : nullptr;
-          for (int co = 0; co < s.c_out; ++co)
-            dyt[co * ld_pairs + k] = (rounded_bits(low[co]) >> 16) | (high ? rounded_bits(high[co]) : 0u);
-        }
         for (int co = 0; co < s.c_out; ++co)
-          std::fill(dyt + co * ld_pairs + pairs, dyt + co * ld_pairs + padded, Pair{0});
+          for (int k0 = 0; k0 < padded; k0 += kLanes) {
+            const __mmask16 low = first_lanes(pairs - k0), high = first_lanes(pixels / 2 - k0);
+            const float* p = dpass + std::int64_t{2 * k0} * s.c_out + co;
+            const __m512i lo = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), low, pixel_pairs, p, 4);
+            const __m512i hi = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), high, pixel_pairs, p + s.c_out, 4);
+            _mm512_storeu_si512(dyt + co * ld_pairs + k0,
+                                _mm512_or_si512(_mm512_srli_epi32(rounded_bits16(lo), 16), rounded_bits16(hi)));
+          }
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]); the rows
         // past a kernel row's pairs that its last chunk reads hold finite values (the next
         // kernel row's, or zeros), which meet dy's zero columns.
