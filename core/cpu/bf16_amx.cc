@@ -457,6 +457,34 @@ void weight_block(const Pair* a, std::int64_t ld_a, const Pair* b, std::int64_t 
   if constexpr (MA == 2 && NB == 2) TW_TILE_STORE(3, c + kRows * ld_c + kLanes, sc);
 }
 
+// m[c] lane r = m[r] lane c before: a 16 x 16 transpose of dwords in 64 shuffles (unpacking
+// dwords, then quadwords, within 128-bit lanes, then exchanging the lanes twice).
+inline void transpose16(__m512i m[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
+  }
+  // m[4i + j], 128-bit lane l: column 4l + j of rows 4i .. 4i + 3.
+  for (int i = 0; i < 4; ++i) {
+    m[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    m[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    m[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    m[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i even_lo = _mm512_shuffle_i32x4(m[j], m[4 + j], 0x88);   // lanes 0, 2 of rows 0-7
+    const __m512i odd_lo = _mm512_shuffle_i32x4(m[j], m[4 + j], 0xdd);    // lanes 1, 3
+    const __m512i even_hi = _mm512_shuffle_i32x4(m[8 + j], m[12 + j], 0x88);
+    const __m512i odd_hi = _mm512_shuffle_i32x4(m[8 + j], m[12 + j], 0xdd);
+    t[j] = _mm512_shuffle_i32x4(even_lo, even_hi, 0x88);       // column j
+    t[8 + j] = _mm512_shuffle_i32x4(even_lo, even_hi, 0xdd);   // column 8 + j
+    t[4 + j] = _mm512_shuffle_i32x4(odd_lo, odd_hi, 0x88);     // column 4 + j
+    t[12 + j] = _mm512_shuffle_i32x4(odd_lo, odd_hi, 0xdd);    // column 12 + j
+  }
+  for (int i = 0; i < 16; ++i) m[i] = t[i];
+}
+
 // dw = correlate(x, dy), built in dwp [kh][co_pad][q_pad]: per kernel row, C = 16 output channels
 // x 16 of q; A = dy transposed [output channel][pixel pair], packed once per pass; B = x in pixel
 // pairs [pair][q], as the pair kernels pack it. A tile of B reads on past q_len into the next row
@@ -496,9 +524,6 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     Pair* xp = scratch_pairs(Scratch::kPacked, x_pairs);
     std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
-    // Offsets of 16 pixel pairs' first pixels, 2 * c_out floats apart.
-    const __m512i pixel_pairs = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(2 * s.c_out));
     for (int n = n0; n < n1; ++n) {
       const float* img = x + n * image_in;
       if (padded) {
@@ -511,17 +536,27 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
         const int pairs = (pixels + 1) / 2, chunks = (pairs + kLanes - 1) / kLanes;
         const int padded = chunks * kLanes;
         // dy: pixels 2k and 2k + 1 of the pass (the last one alone when odd) in column k, zero
-        // from column `pairs` to `padded`. Each row (output channel) is gathered 16 pairs at a
-        // time: the pixels are c_out floats apart.
+        // from column `pairs` to `padded`: blocks of 16 pairs by 16 output channels, loaded by
+        // pixel and transposed in registers.
         const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
-        for (int co = 0; co < s.c_out; ++co)
-          for (int k0 = 0; k0 < padded; k0 += kLanes) {
-            const __mmask16 low = first_lanes(pairs - k0), high = first_lanes(pixels / 2 - k0);
-            const float* p = dpass + std::int64_t{2 * k0} * s.c_out + co;
-            const __m512i lo = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), low, pixel_pairs, p, 4);
-            const __m512i hi = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), high, pixel_pairs, p + s.c_out, 4);
-            _mm512_storeu_si512(dyt + co * ld_pairs + k0,
-                                _mm512_or_si512(_mm512_srli_epi32(rounded_bits16(lo), 16), rounded_bits16(hi)));
+        for (int k0 = 0; k0 < padded; k0 += kLanes)
+          for (int c0 = 0; c0 < s.c_out; c0 += kLanes) {
+            const __mmask16 channels = first_lanes(s.c_out - c0);
+            __m512i m[kLanes];
+            for (int k = 0; k < kLanes; ++k) {
+              const int kk = k0 + k;
+              m[k] = _mm512_setzero_si512();
+              if (kk >= pairs) continue;
+              const float* low = dpass + std::int64_t{2 * kk} * s.c_out + c0;
+              const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(channels, low));
+              const __m512i hi = 2 * kk + 1 < pixels
+                                     ? rounded_bits16(_mm512_maskz_loadu_epi32(channels, low + s.c_out))
+                                     : _mm512_setzero_si512();
+              m[k] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), hi);
+            }
+            transpose16(m);
+            for (int c = 0; c < std::min(kLanes, s.c_out - c0); ++c)
+              _mm512_storeu_si512(dyt + std::int64_t{c0 + c} * ld_pairs + k0, m[c]);
           }
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]); the rows
         // past a kernel row's pairs that its last chunk reads hold finite values (the next
