@@ -31,8 +31,9 @@
 //   backward weight  C = 16 output channels x 16 of q (kernel column, input channel), for one
 //       kernel row; A = dy transposed, [output channel][pixel pair], B = x in pixel pairs
 //       [pair][q], per pass of up to 128 pixels with the pairs padded with zeros to chunks of 16.
-//       Only dy is transposed (once a pass; x, kw * c_in / c_out times larger, is packed as the
-//       pair kernels pack it, Note [Weight-gradient passes in pixel pairs]): with x transposed
+//       Only dy is transposed (once a pass, in registers, 16 pairs by 16 channels at a time; x,
+//       kw * c_in / c_out times larger, is packed as the pair kernels pack it, Note
+//       [Weight-gradient passes in pixel pairs]): with x transposed
 //       instead, per kernel row, the packing alone took 12.5 ms of the 16->16 32x32
 //       layer's weight gradient at batch 128 (2 threads, tile instructions removed), 2.9x the
 //       emulated path's whole kernel. C lives in a padded weight gradient, loaded and stored per
@@ -515,8 +516,8 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
     // Without padding x is read in place (row_step is then a row of x), as conv.cc's weight_grad.
-    const bool padded = s.pad_h > 0 || s.pad_w > 0;
-    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
+    const bool pad_x = s.pad_h > 0 || s.pad_w > 0;
+    float* xbuf = pad_x ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
     // dy transposed [co_pad][ld_pairs]: the rows past c_out stay zero.
     Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
     std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
@@ -526,7 +527,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
       const float* img = x + n * image_in;
-      if (padded) {
+      if (pad_x) {
         pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
         img = xbuf;
       }
