@@ -599,6 +599,125 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
               dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
 }
 
+// ---- the weight gradient over rows of column pairs -------------------------------------------
+
+// Note [AMX weight gradient over column pairs]
+// amx_weight_grad packs x in pixel pairs once per kernel column, kw times over, and that packing
+// is most of what it costs besides the tiles (docs/precision.md). At stride 1, with the input
+// channels in sixteens, the products run instead over virtual pixel pairs: every output row is
+// taken kx pairs wide, kx = ceil(ow / 2) + (kw - 1) / 2, and dy is zero at the virtual pixels
+// past ow. x is packed once per image in pairs of columns of the padded input, at both parities:
+// xe[row][k] = (x at 2k, x at 2k + 1), xo[row][k] = (x at 2k + 1, x at 2k + 2), zero outside.
+// Tap (i, j) of virtual pair k of output row r reads pair k + j / 2 of input row r + i, from xe
+// where j is even and xo where it is odd. Rows of x are kx pairs long, so 16 consecutive virtual
+// pairs are one stride apart across output rows and a B tile is a plain load; the pairs past a
+// row's real pixels read on into the next row, where dy is zero. C tiles hold 16 output channels
+// by 16 input channels of one tap, in the layout of amx_weight_grad.
+
+// Whether amx_weight_grad_rows handles s.
+bool weight_rows_apply(const Conv2dShape& s) {
+  return s.stride_h == 1 && s.stride_w == 1 && s.c_in % kLanes == 0;
+}
+
+void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                          float* dw) {
+  const int oh = s.out_h(), ow = s.out_w(), hp = s.h + 2 * s.pad_h;
+  const int kx = (ow + 1) / 2 + (s.kw - 1) / 2;
+  const int co_tiles = (s.c_out + kRows - 1) / kRows, co_pad = co_tiles * kRows;
+  const int c_tiles = s.c_in / kLanes, c_groups = (c_tiles + 1) / 2;
+  const int q_pad = s.kw * s.c_in;
+  const std::int64_t dw_size = std::int64_t{s.kh} * co_pad * q_pad;
+  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
+  std::fill(dwp, dwp + dw_size, 0.0f);
+
+  const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
+  const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
+  // Passes of about 128 virtual pairs; a B tile reads up to 15 + (kw - 1) / 2 pairs past a
+  // pass, into the next rows or the zeroed slack.
+  const int rows_per_pass = std::max(1, std::min(oh, 128 / kx));
+  const std::int64_t ld_pairs = round_up(std::int64_t{rows_per_pass} * kx, kLanes);
+  const std::int64_t x_pairs = (std::int64_t{hp} * kx + kLanes + s.kw) * s.c_in;
+  const int co_groups = (co_tiles + 1) / 2;
+  const std::int64_t tiles = std::int64_t{co_groups} * s.kh * s.kw * c_groups;
+
+  auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
+    Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
+    std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
+    Pair* xe = scratch_pairs(Scratch::kPacked, 2 * x_pairs);
+    Pair* xo = xe + x_pairs;
+    std::fill(xe, xe + 2 * x_pairs, Pair{0});
+    TileScope tile_scope(kRowBytes);
+    for (int n = n0; n < n1; ++n) {
+      const float* img = x + n * image_in;
+      for (int row = 0; row < hp; ++row) {
+        const int src = row - s.pad_h;
+        if (src < 0 || src >= s.h) continue;  // the zeros stay
+        const float* line = img + std::int64_t{src} * s.w * s.c_in;
+        auto at = [&](int col) {  // x at padded column col, or null (zero)
+          const int c = col - s.pad_w;
+          return c >= 0 && c < s.w ? line + std::int64_t{c} * s.c_in : nullptr;
+        };
+        for (int k = 0; k < kx; ++k) {
+          const std::int64_t o = (std::int64_t{row} * kx + k) * s.c_in;
+          to_pairs(s.c_in, at(2 * k), at(2 * k + 1), xe + o);
+          to_pairs(s.c_in, at(2 * k + 1), at(2 * k + 2), xo + o);
+        }
+      }
+      const float* dimg = dy + n * image_out;
+      for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
+        const int rows = std::min(rows_per_pass, oh - r0);
+        const int pairs = rows * kx, chunks = (pairs + kLanes - 1) / kLanes;
+        const int padded = chunks * kLanes;
+        // dy transposed: virtual pair t = (output row r0 + t / kx, pixels 2(t % kx) and one
+        // more), zero past ow and past the pass; 16 pairs by 16 channels at a time.
+        for (int v0 = 0; v0 < padded; v0 += kLanes)
+          for (int c0 = 0; c0 < s.c_out; c0 += kLanes) {
+            const __mmask16 channels = first_lanes(s.c_out - c0);
+            __m512i m[kLanes];
+            for (int v = 0; v < kLanes; ++v) {
+              const int t = v0 + v, r = t / kx, k = t % kx;
+              m[v] = _mm512_setzero_si512();
+              if (t >= pairs || 2 * k >= ow) continue;
+              const float* low = dimg + (std::int64_t{r0 + r} * ow + 2 * k) * s.c_out + c0;
+              const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(channels, low));
+              const __m512i hi = 2 * k + 1 < ow ? rounded_bits16(_mm512_maskz_loadu_epi32(channels, low + s.c_out))
+                                                : _mm512_setzero_si512();
+              m[v] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), hi);
+            }
+            transpose16(m);
+            for (int c = 0; c < std::min(kLanes, s.c_out - c0); ++c)
+              _mm512_storeu_si512(dyt + std::int64_t{c0 + c} * ld_pairs + v0, m[c]);
+          }
+        for (std::int64_t t = t0; t < t1; ++t) {
+          const int cg = static_cast<int>(t / (std::int64_t{s.kh} * s.kw * c_groups));
+          const int i = static_cast<int>(t / (std::int64_t{s.kw} * c_groups) % s.kh);
+          const int j = static_cast<int>(t / c_groups % s.kw);
+          const int g = static_cast<int>(t % c_groups);
+          const Pair* a = dyt + std::int64_t{cg} * kBlock * ld_pairs;
+          const Pair* b = (j % 2 ? xo : xe) + (std::int64_t{r0 + i} * kx + j / 2) * s.c_in + g * kBlock;
+          float* c = dst + (std::int64_t{i} * co_pad + cg * kBlock) * q_pad + j * s.c_in + g * kBlock;
+          const bool two_a = co_tiles - 2 * cg > 1, two_b = c_tiles - 2 * g > 1;
+          if (two_a && two_b) weight_block<2, 2>(a, ld_pairs, b, s.c_in, chunks, c, q_pad);
+          else if (two_a) weight_block<2, 1>(a, ld_pairs, b, s.c_in, chunks, c, q_pad);
+          else if (two_b) weight_block<1, 2>(a, ld_pairs, b, s.c_in, chunks, c, q_pad);
+          else weight_block<1, 1>(a, ld_pairs, b, s.c_in, chunks, c, q_pad);
+        }
+      }
+    }
+  };
+
+  const std::int64_t macs_per_tile = std::int64_t{s.n} * oh * ow * kBlock * kBlock;
+  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
+                  accumulate);
+
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
+              dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
+}
+
 // ---- the kernels of the table --------------------------------------------------------------
 
 // This object's convolution, for the kernels of bf16_packing.h that run through it.
@@ -623,6 +742,7 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw) {
+  if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
   amx_weight_grad(ctx, s, x, dy, dw);
 }
 

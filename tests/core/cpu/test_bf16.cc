@@ -91,6 +91,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       // The pair weight-gradient row kernel with two vectors of output channels, the second
       // partial, a partial group of input channels, a 2-row kernel and an odd width.
       {"odd 6->20 2x3 kernel on 5x9", {.n = 2, .h = 5, .w = 9, .c_in = 6, .c_out = 20, .kh = 2, .kw = 3, .pad_w = 1}},
+      // The AMX weight gradient over column pairs (stride 1, input channels in sixteens): an odd
+      // output width, an even kernel width, three channel tiles, a partial output-channel tile.
+      {"odd 48->20 3x2 kernel on 7x10", {.n = 2, .h = 7, .w = 10, .c_in = 48, .c_out = 20, .kh = 3, .kw = 2, .pad_h = 1}},
   };
   for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
