@@ -37,7 +37,9 @@
 //       instead, per kernel row, the packing alone took 12.5 ms of the 16->16 32x32
 //       layer's weight gradient at batch 128 (2 threads, tile instructions removed), 2.9x the
 //       emulated path's whole kernel. C lives in a padded weight gradient, loaded and stored per
-//       pass; images and tiles follow Note [Weight gradient: image groups or tiles].
+//       pass; images and tiles follow Note [Weight gradient: image groups or tiles]. At stride 1
+//       with the input channels in sixteens, x is packed once per image instead (Note [AMX
+//       weight gradient over column pairs]).
 //   GEMM  a 1x1 convolution over the rows of op(a), as the pair kernels'.
 // Tiles: C 0-3 (2 x 2 tiles of 16 x 16 fp32), A 4 and 5, B 6 and 7. A block of work is up to 32
 // pixels (or q) by 32 channels: four products for two loads of A and two of B.
