@@ -488,6 +488,16 @@ inline void transpose16(__m512i m[16]) {
   for (int i = 0; i < 16; ++i) m[i] = t[i];
 }
 
+// dw (OIHW) from the padded weight gradient dwp [kh][co_pad][q_pad], q = (kernel column, channel).
+void unpack_padded_weight_grad(const Conv2dShape& s, const float* dwp, int co_pad, int q_pad, float* dw) {
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j)
+          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
+              dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
+}
+
 // dw = correlate(x, dy), built in dwp [kh][co_pad][q_pad]: per kernel row, C = 16 output channels
 // x 16 of q; A = dy transposed [output channel][pixel pair], packed once per pass; B = x in pixel
 // pairs [pair][q], as the pair kernels pack it. A tile of B reads on past q_len into the next row
@@ -593,12 +603,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
                   accumulate);
 
-  for (int co = 0; co < s.c_out; ++co)
-    for (int ci = 0; ci < s.c_in; ++ci)
-      for (int i = 0; i < s.kh; ++i)
-        for (int j = 0; j < s.kw; ++j)
-          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
+  unpack_padded_weight_grad(s, dwp, co_pad, q_pad, dw);
 }
 
 // ---- the weight gradient over rows of column pairs -------------------------------------------
@@ -712,12 +717,7 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
   sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
                   accumulate);
 
-  for (int co = 0; co < s.c_out; ++co)
-    for (int ci = 0; ci < s.c_in; ++ci)
-      for (int i = 0; i < s.kh; ++i)
-        for (int j = 0; j < s.kw; ++j)
-          dw[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j] =
-              dwp[(std::int64_t{i} * co_pad + co) * q_pad + std::int64_t{j} * s.c_in + ci];
+  unpack_padded_weight_grad(s, dwp, co_pad, q_pad, dw);
 }
 
 // ---- the kernels of the table --------------------------------------------------------------
