@@ -253,6 +253,11 @@ std::string describe_bf16_kernels() {
     return "towerflow's AVX512-BF16 kernels with vdpbf16ps emulated by AVX-512F FMAs (" + why +
            "): for testing, slower than fp32";
   if (k == Bf16Kernels::Amx) return "towerflow's AMX kernels (tdpbf16ps tiles; " + why + ")";
+#if defined(TW_BF16_DOT_TIMING)
+  if (k == Bf16Kernels::AmxEmulated)
+    return "towerflow's AMX kernels without their tile instructions (" + why +
+           "; -DTOWERFLOW_BF16_DOT_TIMING=ON): for timing their cost besides the tiles only, the values are wrong";
+#endif
   if (k == Bf16Kernels::AmxEmulated)
     return "towerflow's AMX kernels with the tiles emulated by AVX-512F FMAs (" + why +
            "): for testing, much slower than fp32";

@@ -67,6 +67,7 @@ using detail::conv_input;
 using detail::ConvInput;
 using detail::first_lanes;
 using detail::gemm_as_conv;
+using detail::pack_column_pairs;
 using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
 using detail::pass_pair_rows;
@@ -81,7 +82,6 @@ using detail::scratch_pairs;
 using detail::shared_kernel_rows;
 using detail::StridePhases;
 using detail::sum_weight_grad;
-using detail::to_pairs;
 
 namespace {
 
@@ -149,6 +149,17 @@ void load_config(const TileConfig& c) {
 }
 void release_tiles() {}
 
+#if defined(TW_BF16_DOT_TIMING)
+
+// -DTOWERFLOW_BF16_DOT_TIMING=ON: no tiles at all, so that the kernels time what they cost
+// besides the tile instructions (docs/precision.md). The values are wrong.
+void tile_load(int, const void*, std::int64_t) { __asm__ volatile("" ::: "memory"); }
+void tile_store(int, void*, std::int64_t) { __asm__ volatile("" ::: "memory"); }
+void tile_zero(int) {}
+void tile_dp(int, int, int) {}
+
+#else
+
 // Rows beyond the configured ones, and bytes beyond a row's colsb, are zero (as tileloadd's).
 void tile_load(int t, const void* base, std::int64_t stride) {
   EmulatedTiles& e = emulated_tiles();
@@ -188,6 +199,8 @@ void tile_dp(int c, int a, int b) {
     _mm512_mask_storeu_ps(e.data[c][m], lanes, acc);
   }
 }
+
+#endif  // TW_BF16_DOT_TIMING
 
 #define TW_TILE_LOAD(t, base, stride) tile_load(t, base, stride)
 #define TW_TILE_STORE(t, base, stride) tile_store(t, base, stride)
@@ -488,6 +501,36 @@ inline void transpose16(__m512i m[16]) {
   for (int i = 0; i < 16; ++i) m[i] = t[i];
 }
 
+// The dy of one pixel pair: c_out floats each, null for a zero pixel (past the image or the pass).
+struct PixelPair {
+  const float* low = nullptr;
+  const float* high = nullptr;
+};
+
+// dyt[co][k] = the pair (dy low, dy high) of pair(k) at output channel co, for k < padded (a
+// multiple of 16) and co < c_out; rows ld_pairs apart. Blocks of 16 pairs by 16 channels are
+// loaded by pixel, rounded 16 at a time and transposed in registers.
+template <typename PairOf>
+void transpose_dy_pairs(int c_out, int padded, std::int64_t ld_pairs, Pair* dyt, PairOf pair_of) {
+  for (int k0 = 0; k0 < padded; k0 += kLanes)
+    for (int c0 = 0; c0 < c_out; c0 += kLanes) {
+      const __mmask16 channels = first_lanes(c_out - c0);
+      __m512i m[kLanes];
+      for (int k = 0; k < kLanes; ++k) {
+        const PixelPair p = pair_of(k0 + k);
+        m[k] = _mm512_setzero_si512();
+        if (!p.low) continue;
+        const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(channels, p.low + c0));
+        const __m512i hi =
+            p.high ? rounded_bits16(_mm512_maskz_loadu_epi32(channels, p.high + c0)) : _mm512_setzero_si512();
+        m[k] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), hi);
+      }
+      transpose16(m);
+      for (int c = 0; c < std::min(kLanes, c_out - c0); ++c)
+        _mm512_storeu_si512(dyt + std::int64_t{c0 + c} * ld_pairs + k0, m[c]);
+    }
+}
+
 // dw (OIHW) from the padded weight gradient dwp [kh][co_pad][q_pad], q = (kernel column, channel).
 void unpack_padded_weight_grad(const Conv2dShape& s, const float* dwp, int co_pad, int q_pad, float* dw) {
   for (int co = 0; co < s.c_out; ++co)
@@ -552,25 +595,10 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
         // from column `pairs` to `padded`: blocks of 16 pairs by 16 output channels, loaded by
         // pixel and transposed in registers.
         const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
-        for (int k0 = 0; k0 < padded; k0 += kLanes)
-          for (int c0 = 0; c0 < s.c_out; c0 += kLanes) {
-            const __mmask16 channels = first_lanes(s.c_out - c0);
-            __m512i m[kLanes];
-            for (int k = 0; k < kLanes; ++k) {
-              const int kk = k0 + k;
-              m[k] = _mm512_setzero_si512();
-              if (kk >= pairs) continue;
-              const float* low = dpass + std::int64_t{2 * kk} * s.c_out + c0;
-              const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(channels, low));
-              const __m512i hi = 2 * kk + 1 < pixels
-                                     ? rounded_bits16(_mm512_maskz_loadu_epi32(channels, low + s.c_out))
-                                     : _mm512_setzero_si512();
-              m[k] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), hi);
-            }
-            transpose16(m);
-            for (int c = 0; c < std::min(kLanes, s.c_out - c0); ++c)
-              _mm512_storeu_si512(dyt + std::int64_t{c0 + c} * ld_pairs + k0, m[c]);
-          }
+        transpose_dy_pairs(s.c_out, padded, ld_pairs, dyt, [&](int k) {
+          const float* low = dpass + std::int64_t{2 * k} * s.c_out;
+          return PixelPair{k < pairs ? low : nullptr, 2 * k + 1 < pixels ? low + s.c_out : nullptr};
+        });
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]); the rows
         // past a kernel row's pairs that its last chunk reads hold finite values (the next
         // kernel row's, or zeros), which meet dy's zero columns.
@@ -655,21 +683,8 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
     std::fill(xe, xe + 2 * x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      for (int row = 0; row < hp; ++row) {
-        const int src = row - s.pad_h;
-        if (src < 0 || src >= s.h) continue;  // the zeros stay
-        const float* line = img + std::int64_t{src} * s.w * s.c_in;
-        auto at = [&](int col) {  // x at padded column col, or null (zero)
-          const int c = col - s.pad_w;
-          return c >= 0 && c < s.w ? line + std::int64_t{c} * s.c_in : nullptr;
-        };
-        for (int k = 0; k < kx; ++k) {
-          const std::int64_t o = (std::int64_t{row} * kx + k) * s.c_in;
-          to_pairs(s.c_in, at(2 * k), at(2 * k + 1), xe + o);
-          to_pairs(s.c_in, at(2 * k + 1), at(2 * k + 2), xo + o);
-        }
-      }
+      pack_column_pairs(s, x + n * image_in, kx, std::int64_t{kx} * s.c_in, xe);
+      pack_column_pairs(s, x + n * image_in, kx, std::int64_t{kx} * s.c_in, xo, 1);
       const float* dimg = dy + n * image_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int rows = std::min(rows_per_pass, oh - r0);
@@ -677,24 +692,12 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
         const int padded = chunks * kLanes;
         // dy transposed: virtual pair t = (output row r0 + t / kx, pixels 2(t % kx) and one
         // more), zero past ow and past the pass; 16 pairs by 16 channels at a time.
-        for (int v0 = 0; v0 < padded; v0 += kLanes)
-          for (int c0 = 0; c0 < s.c_out; c0 += kLanes) {
-            const __mmask16 channels = first_lanes(s.c_out - c0);
-            __m512i m[kLanes];
-            for (int v = 0; v < kLanes; ++v) {
-              const int t = v0 + v, r = t / kx, k = t % kx;
-              m[v] = _mm512_setzero_si512();
-              if (t >= pairs || 2 * k >= ow) continue;
-              const float* low = dimg + (std::int64_t{r0 + r} * ow + 2 * k) * s.c_out + c0;
-              const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(channels, low));
-              const __m512i hi = 2 * k + 1 < ow ? rounded_bits16(_mm512_maskz_loadu_epi32(channels, low + s.c_out))
-                                                : _mm512_setzero_si512();
-              m[v] = _mm512_or_si512(_mm512_srli_epi32(lo, 16), hi);
-            }
-            transpose16(m);
-            for (int c = 0; c < std::min(kLanes, s.c_out - c0); ++c)
-              _mm512_storeu_si512(dyt + std::int64_t{c0 + c} * ld_pairs + v0, m[c]);
-          }
+        transpose_dy_pairs(s.c_out, padded, ld_pairs, dyt, [&](int t) {
+          const int r = t / kx, k = t % kx;
+          if (t >= pairs || 2 * k >= ow) return PixelPair{};
+          const float* low = dimg + (std::int64_t{r0 + r} * ow + 2 * k) * s.c_out;
+          return PixelPair{low, 2 * k + 1 < ow ? low + s.c_out : nullptr};
+        });
         for (std::int64_t t = t0; t < t1; ++t) {
           const int cg = static_cast<int>(t / (std::int64_t{s.kh} * s.kw * c_groups));
           const int i = static_cast<int>(t / (std::int64_t{s.kw} * c_groups) % s.kh);

@@ -198,6 +198,29 @@ void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, P
           }
 }
 
+// The padded image img (s.h x s.w pixels of c_in channels, padding s.pad_h, s.pad_w) packed in
+// pairs of columns from column `first` (0 or 1): dst[row][c][channel] = (x at column first + 2c,
+// x at column first + 2c + 1), zero in the padding and beyond; rows x_row_step pairs apart.
+inline void pack_column_pairs(const Conv2dShape& s, const float* img, int col_pairs, std::int64_t x_row_step,
+                              Pair* dst, int first = 0) {
+  const int hp = s.h + 2 * s.pad_h;
+  for (int r = 0; r < hp; ++r) {
+    Pair* d = dst + r * x_row_step;
+    const int src_r = r - s.pad_h;
+    if (src_r < 0 || src_r >= s.h) {
+      std::fill(d, d + x_row_step, Pair{0});
+      continue;
+    }
+    const float* row = img + std::int64_t{src_r} * s.w * s.c_in;
+    for (int c = 0; c < col_pairs; ++c, d += s.c_in) {
+      const int left = first + 2 * c - s.pad_w;
+      const float* low = left >= 0 && left < s.w ? row + std::int64_t{left} * s.c_in : nullptr;
+      const float* high = left + 1 >= 0 && left + 1 < s.w ? row + std::int64_t{left + 1} * s.c_in : nullptr;
+      to_pairs(s.c_in, low, high, d);
+    }
+  }
+}
+
 // Note [Weight-gradient passes in pixel pairs]
 // The bf16 weight gradients reduce over output pixels, so they pack a pass of pixels in pairs of
 // neighbouring pixels: for each kernel row i, row k of the packed x holds the pairs (input of

@@ -68,6 +68,7 @@ using detail::conv_input;
 using detail::ConvInput;
 using detail::gemm_as_conv;
 using detail::pack_pass_pairs;
+using detail::pack_column_pairs;
 using detail::pack_weight_pairs;
 using detail::pass_pair_rows;
 using detail::pad_rows;
@@ -625,29 +626,6 @@ constexpr int kRowPassChannels = 8 / V;
 // kernel, stride 1.
 bool weight_row_kernel_applies(const Conv2dShape& s) {
   return s.c_out <= 2 * kLanes && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1;
-}
-
-// The padded image img (s.h x s.w pixels of c_in channels, padding s.pad_h, s.pad_w) packed in
-// pairs of columns: dst[row][c][channel] = (x at column 2c, x at column 2c + 1), zero in the
-// padding; rows x_row_step pairs apart.
-void pack_column_pairs(const Conv2dShape& s, const float* img, int col_pairs, std::int64_t x_row_step,
-                       Pair* dst) {
-  const int hp = s.h + 2 * s.pad_h;
-  for (int r = 0; r < hp; ++r) {
-    Pair* d = dst + r * x_row_step;
-    const int src_r = r - s.pad_h;
-    if (src_r < 0 || src_r >= s.h) {
-      std::fill(d, d + x_row_step, Pair{0});
-      continue;
-    }
-    const float* row = img + std::int64_t{src_r} * s.w * s.c_in;
-    for (int c = 0; c < col_pairs; ++c, d += s.c_in) {
-      const int left = 2 * c - s.pad_w;
-      const float* low = left >= 0 && left < s.w ? row + std::int64_t{left} * s.c_in : nullptr;
-      const float* high = left + 1 >= 0 && left + 1 < s.w ? row + std::int64_t{left + 1} * s.c_in : nullptr;
-      to_pairs(s.c_in, low, high, d);
-    }
-  }
 }
 
 // V vectors of output channels (V * 16 >= c_out, V 1 or 2).
