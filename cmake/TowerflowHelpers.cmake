@@ -23,6 +23,21 @@ function(tw_add_test name)
                                   SKIP_REGULAR_EXPRESSION "TEST SKIPPED: ")
 endfunction()
 
+# tw_add_python_test(NAME COMMAND ... [PROPERTIES ...])
+#   A test whose COMMAND runs Python 3 (${Python3_EXECUTABLE}: scripts/build.sh points it at the
+#   environment scripts/install_deps.sh makes). Registered on every machine, so that every machine
+#   has the same tests: where CMake found no Python 3 it reports itself skipped (77), saying why.
+#   Exit 77 is a skip (the script says why: a package it needs is missing, say).
+function(tw_add_python_test name)
+  cmake_parse_arguments(ARG "" "" "COMMAND;PROPERTIES" ${ARGN})
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME ${name} COMMAND ${ARG_COMMAND})
+  else()
+    add_test(NAME ${name} COMMAND sh -c "echo 'TEST SKIPPED: ${name} needs Python 3, and CMake found none; run scripts/install_deps.sh, or configure with -DPython3_EXECUTABLE=/path/to/python3'; exit 77")
+  endif()
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 ${ARG_PROPERTIES})
+endfunction()
+
 # tw_add_bench(NAME SOURCES ... [LIBS ...])
 function(tw_add_bench name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})

@@ -12,7 +12,9 @@
 # Options of this script (the rest go to bench/suite.py; see python3 bench/suite.py --help):
 #   --build DIR        the CMake build directory (default: build); configured here if it is not
 #   --no-build         do not build; use what is in DIR
-#   --install-peers    create DIR/bench-venv and pip install torch, tensorflow-cpu and numpy
+#   --install-peers    create DIR/bench-venv and pip install torch, tensorflow-cpu and numpy,
+#                      saying first how much that downloads (about 3.3 GB) and, at a terminal,
+#                      asking before it does
 #   --peer-python PY   the Python with the peers (default: DIR/bench-venv/bin/python if it
 #                      exists, else python3)
 set -euo pipefail
@@ -53,11 +55,21 @@ fi
 
 venv="$build/bench-venv"
 if [ "$install_peers" = 1 ]; then
-  # PyPI's torch wheel for Linux x86-64 brings CUDA libraries it does not need on a CPU; the
-  # CPU-only index (https://download.pytorch.org/whl/cpu) is smaller where it is reachable.
+  # PyPI's torch wheel for Linux x86-64 brings CUDA libraries it does not need on a CPU (about
+  # 3 GB in all); the CPU-only index (https://download.pytorch.org/whl/cpu) is smaller where it is
+  # reachable. The size is measured and shown before anything large is downloaded.
+  peers=(torch tensorflow-cpu numpy)
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-  "$venv/bin/pip" install --upgrade pip
-  "$venv/bin/pip" install torch tensorflow-cpu numpy
+  "$venv/bin/pip" install --quiet --upgrade pip
+  echo "bench: measuring what installing ${peers[*]} downloads (pip reads their metadata only; about a minute)"
+  if ! "$venv/bin/python" bench/peers/download_size.py "${peers[@]}"; then
+    echo "bench: could not measure it; expect about 3.3 GB (PyPI's torch brings CUDA libraries even to a CPU machine)"
+  fi
+  if [ -t 0 ]; then
+    read -r -p "bench: download and install them into $venv? [Y/n] " answer
+    case "$answer" in [nN]*) echo "bench: the peers were not installed"; exit 1 ;; esac
+  fi
+  "$venv/bin/pip" install "${peers[@]}"
 fi
 if [ -z "$peer_python" ]; then
   if [ -x "$venv/bin/python" ]; then peer_python="$venv/bin/python"; else peer_python=python3; fi

@@ -6,5 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 cuda=AUTO
 [ -x /usr/local/cuda/bin/nvcc ] && cuda=ON
-cmake -S . -B build -G Ninja -DTOWERFLOW_CUDA="$cuda" "$@"
+# The Python tests run with the environment install_deps.sh made (tensorboard, matplotlib).
+venv=${TOWERFLOW_VENV:-$PWD/.venv}
+cmake -S . -B build -G Ninja -DTOWERFLOW_CUDA="$cuda" -DPython3_EXECUTABLE="$venv/bin/python3" "$@"
 cmake --build build -j"$(nproc)"

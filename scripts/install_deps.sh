@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# Installs the Debian packages towerflow builds with. Idempotent; needs root (or sudo).
-#   scripts/install_deps.sh          what the build needs
-#   scripts/install_deps.sh fuzz     that, and clang with libFuzzer (scripts/fuzz.sh)
+# Installs what towerflow builds and tests with, from Debian's packages and PyPI. Idempotent; needs
+# root (or sudo). Works from a bare Debian 12 (debootstrap --variant=minbase): CI builds in one.
+#   scripts/install_deps.sh          what the build and the tests need
+#   scripts/install_deps.sh fuzz     that, and clang with libFuzzer (scripts/fuzz.sh, sanitize.sh)
 # The CUDA toolkit, cuDNN and NCCL are not Debian packages: where /usr/local/cuda exists the
 # build uses them, and without them it builds the CPU backend only.
+#
+# Python: the tests that read with TensorBoard's reader or draw with matplotlib run in a virtual
+# environment of their own, $TOWERFLOW_VENV (default .venv in the source tree), made here with
+# Debian's python3 and filled from PyPI; scripts/build.sh points CMake's Python3_EXECUTABLE at it.
+# Where PyPI cannot be reached those tests report themselves skipped, naming the package.
 set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(
   cmake ninja-build g++ pkg-config
   libeigen3-dev          # CPU kernels
@@ -17,6 +24,9 @@ packages=(
   libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing
   libopenmpi-dev openmpi-bin  # multi-process runs
   libdnnl-dev            # oneDNN: bf16 CPU kernels (AVX512-BF16, AMX)
+  ocl-icd-opencl-dev     # Debian's oneDNN CMake config requires OpenCL (a Recommends, not a Depends)
+  python3 python3-venv   # the Python tests and scripts (docs, plots, TensorBoard, mpirun cases)
+  curl ca-certificates   # scripts/get_cifar10.sh
 )
 if [ "${1:-}" = fuzz ]; then
   # clang 16, not Debian 12's default 14: libstdc++'s <source_location> needs clang >= 15.
@@ -33,15 +43,18 @@ else
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   echo "install_deps: installing ${missing[*]}"
   $sudo_cmd apt-get update -qq
+  # Packages named here, not their Recommends: each one the build needs is in the list above.
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# Python packages some tests read with: TensorBoard's own event reader, matplotlib for
-# scripts/plot_metrics.py. Without them (no network, no pip) those tests report themselves skipped.
+# The tests' Python packages (TensorBoard's own event reader, matplotlib for
+# scripts/plot_metrics.py), in a virtual environment so that no system Python is touched.
+venv=${TOWERFLOW_VENV:-$root/.venv}
 python_packages=(tensorboard matplotlib)
-if command -v python3 > /dev/null && ! python3 -c "import tensorboard, matplotlib" 2> /dev/null; then
-  echo "install_deps: pip installing ${python_packages[*]}"
-  python3 -m pip install --quiet "${python_packages[@]}" 2> /dev/null ||
-    python3 -m pip install --quiet --break-system-packages "${python_packages[@]}" ||
-    echo "install_deps: could not install ${python_packages[*]}; the tests that read with them will be skipped"
+if ! "$venv/bin/python3" -c "import tensorboard, matplotlib" 2> /dev/null; then
+  [ -x "$venv/bin/python3" ] || /usr/bin/python3 -m venv "$venv"
+  echo "install_deps: pip installing ${python_packages[*]} into $venv (about 60 MB)"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${python_packages[@]}" ||
+    echo "install_deps: could not install ${python_packages[*]} into $venv; the tests that read" \
+         "with them will report themselves skipped"
 fi

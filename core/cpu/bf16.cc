@@ -128,6 +128,17 @@ constexpr Bf16Kernels kAllKernels[] = {Bf16Kernels::Emulated, Bf16Kernels::OneDn
                                        Bf16Kernels::Amx, Bf16Kernels::AmxEmulated,
                                        Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated};
 
+// Why the automatic choice is the emulated path, for the start-up block: a CPU with AVX512-BF16
+// can end there too (the CPU kernels held below avx512, a build without the kernels).
+std::string why_emulated() {
+  if (!cpu_has_avx512_bf16() && !cpu_has_amx_bf16())
+    return onednn::built() ? "this CPU has no AVX512-BF16 or AMX" : "this build has no oneDNN";
+  if (active_isa() != Isa::Avx512)
+    return std::string("towerflow's bf16 kernels need the avx512 CPU kernels, which run ") +
+           isa_name(active_isa()) + " here";
+  return "oneDNN has no JIT bf16 kernels here and this build has none of towerflow's";
+}
+
 Choice choose() {
   if (const char* env = std::getenv("TOWERFLOW_BF16_KERNELS"); env && *env) {
     const std::string_view v(env);
@@ -147,8 +158,7 @@ Choice choose() {
     return {Bf16Kernels::Amx, "the best this build has for this CPU"};
   if (pairs_built() && cpu_has_avx512_bf16() && active_isa() == Isa::Avx512)
     return {Bf16Kernels::Avx512Bf16, "the best this build has for this CPU"};
-  return {Bf16Kernels::Emulated, onednn::built() ? "this CPU has no AVX512-BF16 or AMX"
-                                                 : "this build has no oneDNN"};
+  return {Bf16Kernels::Emulated, why_emulated()};
 }
 
 const Choice& choice_locked() {
@@ -228,6 +238,14 @@ const char* bf16_kernels_name(Bf16Kernels k) {
 }
 
 bool bf16_products_in_kernels(Bf16Kernels k) { return k != Bf16Kernels::Emulated; }
+
+std::vector<Bf16Kernels> built_bf16_kernels() {
+  std::vector<Bf16Kernels> out{Bf16Kernels::Emulated};
+  if (onednn::built()) out.push_back(Bf16Kernels::OneDnn);
+  if (amx_built()) out.insert(out.end(), {Bf16Kernels::Amx, Bf16Kernels::AmxEmulated});
+  if (pairs_built()) out.insert(out.end(), {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated});
+  return out;
+}
 
 Bf16Kernels active_bf16_kernels() {
   std::lock_guard lock(g_mu);

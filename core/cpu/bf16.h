@@ -33,6 +33,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/cpu/context.h"
 #include "core/cpu/conv.h"
@@ -53,6 +54,10 @@ const char* bf16_kernels_name(Bf16Kernels k);
 // Whether these kernels multiply in bf16 (all but emulated) rather than run
 // the fp32 kernels on rounded operands (emulated).
 bool bf16_products_in_kernels(Bf16Kernels k);
+// The kernels this build has, whether or not this CPU runs them: emulated always, onednn in a
+// build with oneDNN, the pair and AMX kernels (and their emulated twins) in an x86-64 build whose
+// compiler knows their instructions.
+std::vector<Bf16Kernels> built_bf16_kernels();
 // The choice the bf16 kernels use (the environment is read once, at the first call).
 Bf16Kernels active_bf16_kernels();
 // For the start-up block and towerflow_devices, e.g. "oneDNN 2.6.3, avx512_core_amx (AMX tiles)"

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 #include "core/cpu/kernel_table.h"
@@ -91,8 +92,36 @@ void append(std::string& out, const char* separator, const char* text) {
   out += text;
 }
 
+// Note [Holding the CPU to a lower level]
+// TOWERFLOW_MAX_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx makes towerflow see this CPU as one
+// with at most that level's instructions, as ONEDNN_MAX_CPU_ISA does for oneDNN: baseline is an
+// x86-64-v2 CPU, avx2 one without AVX-512, avx512 one without AVX512-BF16 (Intel Ice Lake),
+// avx512_bf16 one without AMX (AMD Zen 4). Every choice that reads the features (the CPU kernels,
+// the bf16 kernels) follows, and so does every test that derives its expectation from them: the
+// suite runs under each level the CPU reaches (tests/CMakeLists.txt), so one machine checks the
+// expectations of the lower ones. A value that names no level is reported by active_isa().
+constexpr const char* kLevels[] = {"baseline", "avx2", "avx512", "avx512_bf16", "amx"};
+
+// The level TOWERFLOW_MAX_CPU_ISA asks for (an index into kLevels), -1 for none, -2 for a bad value.
+int max_level() {
+  const char* env = std::getenv("TOWERFLOW_MAX_CPU_ISA");
+  if (!env || !*env) return -1;
+  for (int i = 0; i < int(std::size(kLevels)); ++i)
+    if (std::strcmp(env, kLevels[i]) == 0) return i;
+  return -2;
+}
+
+Features held_to(Features f, int level) {
+  if (level < 0) return f;
+  if (level < 4) f.amx_tile = f.amx_bf16 = false;
+  if (level < 3) f.avx512_bf16 = false;
+  if (level < 2) f.avx512f = f.avx512bw = f.avx512cd = f.avx512dq = f.avx512vl = false;
+  if (level < 1) f.avx = f.avx2 = f.fma = f.bmi1 = f.bmi2 = f.f16c = f.movbe = f.lzcnt = false;
+  return f;
+}
+
 const Features& features() {
-  static const Features f = detect();
+  static const Features f = held_to(detect(), max_level());
   return f;
 }
 
@@ -159,7 +188,11 @@ Choice choose() {
   if (supported.empty())
     raise<DeviceError>("this CPU cannot run towerflow's CPU kernels: it lacks ", missing(built.front()),
                        " (the lowest instruction set this build has, ", isa_name(built.front()), ")");
+  if (max_level() == -2)
+    raise<InvalidArgument>("TOWERFLOW_MAX_CPU_ISA=", std::getenv("TOWERFLOW_MAX_CPU_ISA"), " names no level; use "
+                           "baseline, avx2, avx512, avx512_bf16 or amx (or unset it for all this CPU has)");
   Choice c{supported.back(), "the best this CPU supports"};
+  if (max_level() >= 0) c.why += str(" under TOWERFLOW_MAX_CPU_ISA=", kLevels[max_level()]);
   if (const char* env = std::getenv("TOWERFLOW_CPU_ISA"); env && *env) {
     std::string names;
     std::optional<Isa> asked;

@@ -13,6 +13,11 @@
 // asks for a lower one. A CPU without even the baseline set gets DeviceError naming the missing
 // instructions at the first kernel call, never an illegal instruction.
 //
+// TOWERFLOW_MAX_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx hides the instructions above that
+// level from every function here, as if the CPU had no more (Note [Holding the CPU to a lower
+// level] in isa.cc); with ONEDNN_MAX_CPU_ISA for oneDNN, it shows how towerflow behaves on an
+// older CPU.
+//
 // A build made with -DTOWERFLOW_NATIVE=ON compiles the rest of the library for the building
 // machine; started on a CPU that lacks those instructions, it stops before main() with a message
 // naming them (and the portable build as the fix).

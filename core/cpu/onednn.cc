@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include <array>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -28,8 +29,33 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
+// oneDNN's instruction set, read once. TOWERFLOW_MAX_CPU_ISA holds oneDNN to the same level as
+// towerflow's own kernels (Note [Holding the CPU to a lower level] in isa.cc) unless
+// ONEDNN_MAX_CPU_ISA names one of its own. oneDNN takes the cap only before its first use, so
+// the engine and every query go through here first.
+dnnl::cpu_isa effective_isa() {
+  static const dnnl::cpu_isa isa = [] {
+    const char* ours = std::getenv("TOWERFLOW_MAX_CPU_ISA");
+    if (ours && *ours && !std::getenv("ONEDNN_MAX_CPU_ISA") && !std::getenv("DNNL_MAX_CPU_ISA")) {
+      const std::string level(ours);
+      const dnnl::cpu_isa cap = level == "baseline"      ? dnnl::cpu_isa::sse41
+                                : level == "avx2"        ? dnnl::cpu_isa::avx2
+                                : level == "avx512"      ? dnnl::cpu_isa::avx512_core_vnni
+                                : level == "avx512_bf16" ? dnnl::cpu_isa::avx512_core_bf16
+                                                         : dnnl::cpu_isa::all;
+      try {
+        dnnl::set_max_cpu_isa(cap);
+      } catch (const dnnl::error&) {
+        // oneDNN was used before (a second caller in this process): its instruction set stays.
+      }
+    }
+    return dnnl::get_effective_cpu_isa();
+  }();
+  return isa;
+}
+
 dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine e = (effective_isa(), dnnl::engine(dnnl::engine::kind::cpu, 0));
   return e;
 }
 
@@ -205,7 +231,7 @@ std::string version() {
 }
 
 std::string isa() {
-  switch (static_cast<dnnl_cpu_isa_t>(dnnl::get_effective_cpu_isa())) {
+  switch (static_cast<dnnl_cpu_isa_t>(effective_isa())) {
     case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
     case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
     case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
@@ -220,7 +246,7 @@ std::string isa() {
 
 namespace {
 bool has_bits(dnnl_cpu_isa_t bits) {
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto isa = static_cast<unsigned>(effective_isa());
   return (isa & static_cast<unsigned>(bits)) == static_cast<unsigned>(bits);
 }
 }  // namespace

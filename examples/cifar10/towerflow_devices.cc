@@ -63,6 +63,8 @@ nlohmann::ordered_json to_json(const tw::Platform& platform, const tw::ProcessOp
   nlohmann::ordered_json built = nlohmann::ordered_json::array(), supported = nlohmann::ordered_json::array();
   for (auto i : tw::cpu::built_isas()) built.push_back(tw::cpu::isa_name(i));
   for (auto i : tw::cpu::supported_isas()) supported.push_back(tw::cpu::isa_name(i));
+  nlohmann::ordered_json bf16_built = nlohmann::ordered_json::array();
+  for (auto k : tw::cpu::built_bf16_kernels()) bf16_built.push_back(tw::cpu::bf16_kernels_name(k));
   return {{"platform", platform.name()},
           {"cpu_kernels",
            {{"isa", tw::cpu::isa_name(tw::cpu::active_isa())},
@@ -72,6 +74,7 @@ nlohmann::ordered_json to_json(const tw::Platform& platform, const tw::ProcessOp
             {"cpu_features", tw::cpu::cpu_features()}}},
           {"bf16_kernels",
            {{"kernels", tw::cpu::bf16_kernels_name(tw::cpu::active_bf16_kernels())},
+            {"built", bf16_built},
             {"onednn_isa", tw::cpu::onednn_isa()},
             {"why", tw::cpu::describe_bf16_kernels()}}},
           {"options",
