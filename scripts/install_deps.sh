@@ -13,7 +13,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(
-  cmake ninja-build g++ pkg-config
+  cmake ninja-build make g++ pkg-config  # make: CMake's default generator, Unix Makefiles
   libeigen3-dev          # CPU kernels
   catch2                 # tests
   libcli11-dev           # command-line flags
