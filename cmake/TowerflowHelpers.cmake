@@ -9,10 +9,16 @@ function(tw_add_library name)
   set_property(GLOBAL APPEND PROPERTY TW_ALL_LIBRARIES ${name})
 endfunction()
 
-# tw_add_test(NAME SOURCES ... [LIBS ...])
-#   A Catch2 executable whose test cases are registered one by one with CTest.
+# tw_add_test(NAME SOURCES ... [LIBS ...] [GPU])
+#   A Catch2 executable whose test cases are registered one by one with CTest. GPU: some of its
+#   cases use a GPU where there is one, so they hold CTest's resource lock "gpu" (one GPU-using
+#   test at a time under ctest -j, each free to take the memory it needs).
 function(tw_add_test name)
-  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "GPU" "" "SOURCES;LIBS" ${ARGN})
+  set(_lock "")
+  if(ARG_GPU)
+    set(_lock RESOURCE_LOCK gpu)
+  endif()
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE tw_catch_main ${ARG_LIBS} tw_build_flags)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
@@ -20,7 +26,7 @@ function(tw_add_test name)
   # skipped, never as passed.
   catch_discover_tests(${name} TEST_PREFIX "${name}:" DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "TOWERFLOW_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/fixtures"
-                                  SKIP_REGULAR_EXPRESSION "TEST SKIPPED: ")
+                                  SKIP_REGULAR_EXPRESSION "TEST SKIPPED: " ${_lock})
 endfunction()
 
 # tw_add_python_test(NAME COMMAND ... [PROPERTIES ...])

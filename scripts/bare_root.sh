@@ -23,6 +23,7 @@
 #                               cached, never the project's dependencies). Delete it to refresh.
 #   TOWERFLOW_DEBIAN_MIRROR     default http://deb.debian.org/debian
 #   TOWERFLOW_BARE_ROOT_KEEP=1  keep the root afterwards (its path is printed)
+#   TOWERFLOW_BARE_ROOT_CARRY   paths in the source tree that git ignores, copied to /src too
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 [ $# -gt 0 ] || { sed -n '2,9p' "$0"; exit 2; }
@@ -71,6 +72,9 @@ tar -C "$root" -xf "$cache"
 mkdir -p "$root/src"
 git -C "$src" ls-files -z --cached --others --exclude-standard |
   (cd "$src" && tar --null --no-recursion -T - -cf -) | tar -C "$root/src" -xf -
+for extra in ${TOWERFLOW_BARE_ROOT_CARRY:-}; do
+  (cd "$src" && tar -cf - "$extra") | tar -C "$root/src" -xf -
+done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 env=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
      TERM=dumb DEBIAN_FRONTEND=noninteractive TOWERFLOW_BARE_ROOT=1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CPU training-throughput benchmark for small CIFAR-10-style CNNs in PyTorch.
+"""Training-throughput benchmark for small CIFAR-10-style CNNs in PyTorch, on the CPU or a GPU.
 
 Synthetic data (random float32 NCHW [B,3,32,32], random int64 labels in [0,10),
 fixed seed; one batch generated up front and reused every step).
@@ -24,6 +24,11 @@ FLOPs = 2*MACs. Training FLOPs per image are approximated as 3x forward FLOPs.
 conv/linear/matmul in bf16, ops on autocast's fp32 list in fp32); parameters, gradients and
 the SGD update stay fp32 (fp32 master weights); backward runs outside the autocast region,
 as autocast recommends. Without --bf16 the step is exactly the fp32 step (no autocast context).
+
+--device cuda[:N]: the model and the batch on that GPU, as PyTorch users run it there: with
+--channels-last, and --bf16 or --fp16 as torch.autocast("cuda", ...) (fp16 with a GradScaler, the
+dynamic loss scaling towerflow's fp16 also uses). Steps are timed to the loss's .item(), which
+waits for the GPU.
 """
 import argparse
 import contextlib
@@ -151,10 +156,20 @@ def main():
     ap.add_argument("--channels-last", action="store_true",
                     help="(optional extra) use torch.channels_last memory format for model and input")
     ap.add_argument("--bf16", action="store_true",
-                    help="wrap forward+loss in torch.autocast('cpu', dtype=torch.bfloat16); fp32 master weights")
+                    help="wrap forward+loss in torch.autocast(device, dtype=torch.bfloat16); fp32 master weights")
+    ap.add_argument("--fp16", action="store_true",
+                    help="torch.autocast(device, dtype=torch.float16) with a GradScaler (GPU only)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     ap.add_argument("--layers", action="store_true", help="print per-layer MAC table")
     ap.add_argument("--json", action="store_true", help="print one JSON result line at the end")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if args.bf16 and args.fp16:
+        ap.error("--bf16 and --fp16 exclude each other")
+    if args.fp16 and device.type != "cuda":
+        ap.error("--fp16 runs on a GPU only (--device cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: this PyTorch sees no CUDA device")
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -168,15 +183,17 @@ def main():
     g = torch.Generator().manual_seed(args.seed)
     x = torch.randn(args.batch, 3, 32, 32, generator=g, dtype=torch.float32)
     y = torch.randint(0, 10, (args.batch,), generator=g, dtype=torch.int64)
+    model, x, y = model.to(device), x.to(device), y.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
+    scaler = torch.amp.GradScaler("cuda") if args.fp16 else None
 
     def amp_ctx():
-        if args.bf16:
-            return torch.autocast("cpu", dtype=torch.bfloat16)
+        if args.bf16 or args.fp16:
+            return torch.autocast(device.type, dtype=torch.bfloat16 if args.bf16 else torch.float16)
         return contextlib.nullcontext()
 
     def step():
@@ -184,8 +201,13 @@ def main():
         with amp_ctx():
             out = model(x)
             loss = F.cross_entropy(out, y)
-        loss.backward()
-        opt.step()
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
         return loss.item()
 
     print(f"# torch {torch.__version__} | python {platform.python_version()} | "
@@ -222,7 +244,8 @@ def main():
     train_gflops = ips_med * 3 * fwd_flops / 1e9
     res = dict(
         framework="pytorch", torch_version=torch.__version__, model=args.model, batch=args.batch,
-        threads=torch.get_num_threads(), channels_last=args.channels_last, bf16=args.bf16,
+        threads=torch.get_num_threads(), channels_last=args.channels_last, bf16=args.bf16, fp16=args.fp16,
+        device=str(device), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         warmup=args.warmup, steps=args.steps, warmup_total_s=round(t_warm, 4),
         step_ms_median=round(med * 1e3, 3), step_ms_mean=round(mean * 1e3, 3),
         step_ms_min=round(min(times) * 1e3, 3), step_ms_max=round(max(times) * 1e3, 3),

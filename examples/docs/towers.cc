@@ -1,6 +1,8 @@
 // docs/towers.md: two CPU towers, all-reduce, SGD with a schedule, a loop over the loader and an
-// evaluation; then the same model with a 3:1 split and synchronised batch norm.
+// evaluation (on the GPUs where there are some); then the same model on the two CPU devices with a
+// 3:1 split and synchronised batch norm.
 #include <cstdio>
+#include <vector>
 
 #include "core/platform/registry.h"
 #include "data/data.h"
@@ -36,7 +38,8 @@ int main() {
 
   // [docs:weighted]
   // A faster device takes 3 rows for every 1 of the slower one; batch norm over the whole batch.
-  tw::tower::Trainer weighted{tw::models::factory("resnet20"), devices,
+  std::vector<tw::Device> cpus{tw::Device::cpu(0), tw::Device::cpu(1)};
+  tw::tower::Trainer weighted{tw::models::factory("resnet20"), cpus,
                               {.split = tw::tower::WeightedSplit{{3, 1}},
                                .batch_norm = tw::tower::BatchNormMode::Synchronised}};
   // [end]
