@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # Gathers what a GPU build of towerflow needs that a CUDA image lacks, for a GPU node with no
 # package registry (tests/gpu/run_gpu_checks.sh --bundle OUT; docs/gpus.md). Run it on a Debian 12
-# machine that reaches Debian's packages; it writes OUT/ (about 23 MiB) and OUT.tar.xz (about
+# machine that reaches Debian's packages; it writes OUT/ (about 24 MiB) and OUT.tar.xz (about
 # 3 MiB), either of which travels.
 #
 #   scripts/gpu_bundle.sh OUT
 #
 # What it holds: Debian 12's packages unpacked into OUT/usr (their CMake configs are relocatable):
 # Eigen, nlohmann-json, CLI11 and Catch2 2 (header-only), protobuf's headers, shared libraries
-# and protoc, and the part of Boost's headers that Boost.CRC includes (found by the compiler),
-# with Boost's CMake config for its headers. What it leaves out: the CUDA toolkit, cuDNN and NCCL
-# (the node's own, or its Python's nvidia-* wheels), and what the GPU checks do not build with
-# (oneDNN, Open MPI, libjpeg, libpng, Google Benchmark: each optional).
+# and protoc, libjpeg, libpng and zlib (the data module reads image folders), and the part of
+# Boost's headers that Boost.CRC includes (found by the compiler), with Boost's CMake config for
+# its headers. What it leaves out: the CUDA toolkit, cuDNN and NCCL (the node's own, or its
+# Python's nvidia-* wheels), and what the GPU checks do not build with (oneDNN, Open MPI, Google
+# Benchmark: each optional).
 #
-# Debian 12's shared libraries (protobuf's) need glibc 2.34 and GCC 12's libstdc++ or newer:
-# Ubuntu 22.04 and 24.04, RHEL 9 and Debian 12 and later have them. run_gpu_checks.sh --only probe
-# says whether the node does.
+# Debian 12's shared libraries (protobuf's) need glibc 2.34 and GCC 11's libstdc++ (GLIBCXX_3.4.29)
+# or newer: measured, protoc runs in Debian 13 (glibc 2.41) and fails in Debian 11 (glibc 2.31);
+# Ubuntu 22.04 and 24.04 and RHEL 9 have what it needs. run_gpu_checks.sh --only probe says whether
+# the node does.
 set -euo pipefail
 [ $# -eq 1 ] || { sed -n '2,8p' "$0"; exit 2; }
 out=$(realpath -m "$1")
 src=$(cd "$(dirname "$0")/.." && pwd)
 packages=(libeigen3-dev nlohmann-json3-dev libcli11-dev catch2 libprotobuf-dev libprotobuf32 libprotoc32
-          protobuf-compiler libboost1.74-dev)
+          protobuf-compiler libboost1.74-dev libjpeg62-turbo-dev libjpeg62-turbo libpng-dev libpng16-16
+          zlib1g-dev zlib1g)
 for tool in apt-get dpkg-deb g++; do
   command -v $tool > /dev/null || { echo "gpu_bundle: needs $tool (a Debian 12 machine with g++)" >&2; exit 1; }
 done
@@ -58,7 +61,14 @@ find "$lib/cmake" -mindepth 1 -maxdepth 1 ! -name 'Boost-*' ! -name 'boost_heade
 
 # What the build does not read: documentation, static archives, Boost's other libraries.
 rm -rf "$tmp/root/usr/share/doc" "$tmp/root/usr/share/man" "$tmp/root/usr/share/lintian"
-find "$tmp/root" \( -name '*.a' -o -name 'libboost_*' \) -delete
+find "$tmp/root" \( -name '*.a' ! -name 'libCatch2*' -o -name 'libboost_*' \) -delete  # Catch2's config names its own
+# Multiarch paths a Debian compiler searches by itself and another does not: zlib's library
+# (under /lib) beside the others, libjpeg's jconfig.h beside its headers.
+cp -a "$tmp/root"/lib/x86_64-linux-gnu/libz.so.1* "$lib/"
+ln -sf libz.so.1 "$lib/libz.so"
+mv "$tmp/root"/usr/include/x86_64-linux-gnu/* "$tmp/root/usr/include/"
+rmdir "$tmp/root/usr/include/x86_64-linux-gnu"
+find "$tmp/root/usr" -xtype l -delete  # links to packages not taken (protobuf-lite)
 cp -a "$tmp/root/usr" "$out/usr"
 {
   echo "towerflow GPU bundle: Debian 12 packages unpacked (see scripts/gpu_bundle.sh)"

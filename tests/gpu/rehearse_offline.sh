@@ -39,20 +39,28 @@ for pkg in libeigen3-dev libprotobuf-dev libboost-dev catch2 nlohmann-json3-dev 
   fi
 done
 
-# The toolkit as a node may have it: without cuDNN and NCCL (they come from the wheels).
+# The toolkit as a node may have it: without cuDNN and NCCL (they come from the wheels). A tree
+# of links to the toolkit's files, but for theirs, in each folder that holds headers or libraries.
 lite=/opt/cuda-lite
-mkdir -p "$lite"
-for entry in /usr/local/cuda/*; do
-  name=$(basename "$entry")
-  case "$name" in
-    include | lib | lib64)
-      mkdir -p "$lite/$name"
-      for f in "$entry"/*; do
-        case "$(basename "$f")" in cudnn* | libcudnn* | nccl* | libnccl*) ;; *) ln -s "$f" "$lite/$name/" ;; esac
-      done ;;
-    *) ln -s "$entry" "$lite/$name" ;;
-  esac
-done
+mirror() {  # mirror SRC DST: DST/x -> SRC/x for every entry, the folders in $filtered walked into
+  local src=$1 dst=$2 f name
+  mkdir -p "$dst"
+  for f in "$src"/*; do
+    name=$(basename "$f")
+    case "$name" in cudnn* | libcudnn* | nccl* | libnccl*) continue ;; esac
+    if [ -d "$f" ] && [[ " $filtered " == *" ${f#/usr/local/cuda/} "* ]]; then
+      mirror "$(readlink -f "$f")" "$dst/$name"
+    else
+      ln -s "$f" "$dst/$name"
+    fi
+  done
+}
+filtered="include lib lib64 targets targets/x86_64-linux targets/x86_64-linux/include targets/x86_64-linux/lib"
+mirror /usr/local/cuda "$lite"
+if find -L "$lite" -maxdepth 4 \( -name 'libcudnn*' -o -name 'cudnn*.h' -o -name 'libnccl*' -o -name 'nccl.h' \) | grep -q .; then
+  echo "rehearsal: the toolkit's cuDNN or NCCL still shows in $lite" >&2
+  exit 1
+fi
 
 # The check itself, with no network: what it needs must come from the bundle.
 status=0

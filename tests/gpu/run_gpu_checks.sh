@@ -231,8 +231,11 @@ part_build() {
     local lib=$bundle/usr/lib/x86_64-linux-gnu
     cfg+=("-DCMAKE_PREFIX_PATH=$bundle/usr" "-DProtobuf_INCLUDE_DIR=$bundle/usr/include"
           "-DProtobuf_LIBRARY=$lib/libprotobuf.so" "-DProtobuf_PROTOC_EXECUTABLE=$bundle/usr/bin/protoc"
-          "-DBoost_DIR=$(ls -d "$lib"/cmake/Boost-* | head -1)" -DCMAKE_DISABLE_FIND_PACKAGE_JPEG=ON
-          -DCMAKE_DISABLE_FIND_PACKAGE_PNG=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON)
+          "-DBoost_DIR=$(ls -d "$lib"/cmake/Boost-* | head -1)" -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON
+          # Named, not searched: a node that is not Debian-like does not look in lib/x86_64-linux-gnu.
+          "-DJPEG_INCLUDE_DIR=$bundle/usr/include" "-DJPEG_LIBRARY=$lib/libjpeg.so"
+          "-DPNG_PNG_INCLUDE_DIR=$bundle/usr/include" "-DPNG_LIBRARY=$lib/libpng.so"
+          "-DZLIB_INCLUDE_DIR=$bundle/usr/include" "-DZLIB_LIBRARY=$lib/libz.so")
   fi
   step build "configure (CUDA on, sm_$arch, cuDNN $(basename "$CUDNN_LIBRARY"), NCCL $(basename "$NCCL_LIBRARY"))" 240 \
     "$state/logs/configure.log" cmake "${cfg[@]}" || return
