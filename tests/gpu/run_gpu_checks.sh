@@ -19,7 +19,7 @@
 #   train    cifar10_train on /gpu:0 in fp32, bf16 and fp16, each against the same training on one
 #            CPU tower, with the tolerance taken from that CPU run and a second one that differs
 #            only in summation order (tests/gpu/compare_loss_curves.py); with 2 GPUs, 2 GPU towers
-#            with each reduction too
+#            with each reduction too, and 2 processes x 1 GPU under mpirun where the build has MPI
 #   bench    ResNet-20 and tfcnn training on /gpu:0 in fp32, bf16 and fp16, towerflow
 #            (towerflow_bench_train) and PyTorch (bench/peers/torch_cifar_bench.py --device cuda,
 #            channels-last, autocast) alternating, and their ratios
@@ -224,12 +224,14 @@ part_build() {
   arch=${CMAKE_CUDA_ARCHITECTURES:-${arch:-90}}
   cfg=(-S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTOWERFLOW_CUDA=ON -DTOWERFLOW_CUDA_WERROR=OFF
        "-DCMAKE_CUDA_ARCHITECTURES=$arch" -DCMAKE_CUDA_COMPILER="$cuda_home/bin/nvcc"
-       -DTOWERFLOW_MPI=OFF -DTOWERFLOW_ONEDNN=OFF
+       -DTOWERFLOW_ONEDNN=OFF
        "-DTW_CUDNN_INCLUDE=$CUDNN_INCLUDE" "-DTW_CUDNN_LIBRARY=$CUDNN_LIBRARY"
        "-DTW_NCCL_INCLUDE=$NCCL_INCLUDE" "-DTW_NCCL_LIBRARY=$NCCL_LIBRARY")
-  if [ -n "$bundle" ]; then
+  if [ -z "$bundle" ]; then
+    cfg+=(-DTOWERFLOW_MPI=AUTO)  # the machine's Open MPI, where it has one: the 2-process run
+  else
     local lib=$bundle/usr/lib/x86_64-linux-gnu
-    cfg+=("-DCMAKE_PREFIX_PATH=$bundle/usr" "-DProtobuf_INCLUDE_DIR=$bundle/usr/include"
+    cfg+=(-DTOWERFLOW_MPI=OFF"-DCMAKE_PREFIX_PATH=$bundle/usr" "-DProtobuf_INCLUDE_DIR=$bundle/usr/include"
           "-DProtobuf_LIBRARY=$lib/libprotobuf.so" "-DProtobuf_PROTOC_EXECUTABLE=$bundle/usr/bin/protoc"
           "-DBoost_DIR=$(ls -d "$lib"/cmake/Boost-* | head -1)" -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON
           # Named, not searched: a node that is not Debian-like does not look in lib/x86_64-linux-gnu.
@@ -301,6 +303,20 @@ part_train() {
       train_run "$tag" /gpu:0,/gpu:1 --reduction "$reduction"
       compare_runs "/gpu:0,/gpu:1 $reduction against 2 CPU towers" "$tag" cpu2_per_tower cpu2_per_tower_b
     done
+    # Across processes: 2 x 1 GPU (task-named devices: rank 0 takes GPU 0, rank 1 GPU 1), one NCCL
+    # communicator over both processes' GPUs, where this build has MPI.
+    if command -v mpirun > /dev/null && ldd "$(bin cifar10_train)" 2> /dev/null | grep -q libmpi; then
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+      OMPI_MCA_btl_vader_single_copy_mechanism=none \
+        step train "mpirun -np 2 cifar10_train, NCCL across processes ($steps steps)" 300 "$state/logs/train_gpu_mpi.log" \
+        mpirun -np 2 "$(bin cifar10_train)" --model resnet20 --batch_size 64 --max_steps "$steps" --log_every 10 \
+        --json --eval_every 1 --builtin_train_size 6400 --builtin_test_size 1000 --loader_threads 2 --save_every 0 \
+        --tensorboard=false --start_over delete --train_dir "$state/runs/gpu_mpi" \
+        --devices /job:worker/task:0/device:GPU:0,/job:worker/task:1/device:GPU:1
+      compare_runs "2 processes x 1 GPU against 2 CPU towers" gpu_mpi cpu2_per_tower cpu2_per_tower_b
+    else
+      record train "mpirun -np 2 cifar10_train on 2 GPUs" "skipped" 0 "" "this build has no MPI (the bundle builds without it)"
+    fi
   fi
 }
 
