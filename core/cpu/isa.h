@@ -15,8 +15,8 @@
 //
 // TOWERFLOW_MAX_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx hides the instructions above that
 // level from every function here, as if the CPU had no more (Note [Holding the CPU to a lower
-// level] in isa.cc); with ONEDNN_MAX_CPU_ISA for oneDNN, it shows how towerflow behaves on an
-// older CPU.
+// level] in isa.cc), and holds oneDNN to the same level unless ONEDNN_MAX_CPU_ISA names its own:
+// towerflow then behaves as on an older CPU. InvalidArgument from active_isa() for another value.
 //
 // A build made with -DTOWERFLOW_NATIVE=ON compiles the rest of the library for the building
 // machine; started on a CPU that lacks those instructions, it stops before main() with a message
