@@ -70,8 +70,12 @@ cleanup() {
 trap cleanup EXIT
 tar -C "$root" -xf "$cache"
 mkdir -p "$root/src"
-git -C "$src" ls-files -z --cached --others --exclude-standard |
-  (cd "$src" && tar --null --no-recursion -T - -cf -) | tar -C "$root/src" -xf -
+if git -C "$src" rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  git -C "$src" ls-files -z --cached --others --exclude-standard |
+    (cd "$src" && tar --null --no-recursion -T - -cf -) | tar -C "$root/src" -xf -
+else  # a source tree without git: all of it but build folders
+  tar -C "$src" --exclude='./build*' --exclude=./.venv -cf - . | tar -C "$root/src" -xf -
+fi
 for extra in ${TOWERFLOW_BARE_ROOT_CARRY:-}; do
   (cd "$src" && tar -cf - "$extra") | tar -C "$root/src" -xf -
 done
@@ -79,7 +83,7 @@ cp /etc/resolv.conf "$root/etc/resolv.conf"
 env=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
      TERM=dumb DEBIAN_FRONTEND=noninteractive TOWERFLOW_BARE_ROOT=1)
 for v in CI http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY PIP_INDEX_URL \
-         PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT TOWERFLOW_VENV; do
+         PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST PIP_DEFAULT_TIMEOUT; do
   [ -n "${!v:-}" ] && env+=("$v=${!v}")
 done
 if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
