@@ -45,7 +45,8 @@ for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
 boost=$(g++ -std=c++20 -M -I"$tmp/root/usr/include" -x c++ - <<< '#include <boost/crc.hpp>' |
         tr ' \\' '\n\n' | grep "^$tmp/root/usr/include/boost/" | sort -u)
 [ -n "$boost" ] || { echo "gpu_bundle: could not list Boost.CRC's headers" >&2; exit 1; }
-keep_boost=$(mktemp -d)
+keep_boost=$tmp/boost-kept
+mkdir -p "$keep_boost"
 for h in $boost boost/version.hpp; do
   rel=${h#"$tmp/root/usr/include/"}
   mkdir -p "$keep_boost/$(dirname "$rel")"
@@ -54,7 +55,6 @@ done
 cp -r "$tmp/root/usr/include/boost/config" "$keep_boost/boost/"
 rm -rf "$tmp/root/usr/include/boost"
 mv "$keep_boost/boost" "$tmp/root/usr/include/boost"
-rmdir "$keep_boost"
 lib=$tmp/root/usr/lib/x86_64-linux-gnu
 find "$lib/cmake" -mindepth 1 -maxdepth 1 ! -name 'Boost-*' ! -name 'boost_headers-*' ! -name 'BoostDetectToolset-*' \
   -exec rm -rf {} +

@@ -318,6 +318,11 @@ std::string amx_unavailable() {
 
 bool cpu_has_amx_bf16() { return amx_unavailable().empty(); }
 
+std::string max_cpu_isa() {
+  const int level = max_level();
+  return level >= 0 ? kLevels[level] : "";
+}
+
 std::string cpu_features() {
   const Features& f = features();
   std::string out;

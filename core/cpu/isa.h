@@ -51,6 +51,9 @@ bool cpu_has_amx_bf16();
 std::string amx_unavailable();
 // The instruction-set features the CPU reports, e.g. "sse4.2 avx avx2 fma avx512f avx512bw ...".
 std::string cpu_features();
+// The level TOWERFLOW_MAX_CPU_ISA holds the CPU to ("baseline", "avx2", "avx512", "avx512_bf16",
+// "amx"), or empty where it is unset or names no level (active_isa() raises for that).
+std::string max_cpu_isa();
 
 // Tests: use this set (InvalidArgument when it is not built or not supported here), or go back
 // to the automatic choice with nullopt. Not thread-safe with running kernels.

@@ -19,6 +19,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/cpu/isa.h"
 #include "core/cpu/onednn_impl.h"
 #include "core/error.h"
 
@@ -35,9 +36,8 @@ using dt = memory::data_type;
 // the engine and every query go through here first.
 dnnl::cpu_isa effective_isa() {
   static const dnnl::cpu_isa isa = [] {
-    const char* ours = std::getenv("TOWERFLOW_MAX_CPU_ISA");
-    if (ours && *ours && !std::getenv("ONEDNN_MAX_CPU_ISA") && !std::getenv("DNNL_MAX_CPU_ISA")) {
-      const std::string level(ours);
+    const std::string level = max_cpu_isa();
+    if (!level.empty() && !std::getenv("ONEDNN_MAX_CPU_ISA") && !std::getenv("DNNL_MAX_CPU_ISA")) {
       const dnnl::cpu_isa cap = level == "baseline"      ? dnnl::cpu_isa::sse41
                                 : level == "avx2"        ? dnnl::cpu_isa::avx2
                                 : level == "avx512"      ? dnnl::cpu_isa::avx512_core_vnni

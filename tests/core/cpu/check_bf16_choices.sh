@@ -28,13 +28,18 @@ expect() {
 is_built() { grep -q "\"$1\"" <<< "$built"; }
 echo "this CPU: ${features#*:}; instruction sets ${supported#*:}; bf16 kernels built ${built#*:}; oneDNN: ${onednn_isa:-none}"
 
-if ! is_built avx512bf16; then
-  expect avx512bf16 "asks for towerflow's AVX512-BF16 kernels, but this build has none"
-  expect avx512bf16-emulated "asks for towerflow's AVX512-BF16 kernels, but this build has none"
-elif [ $avx512 = 0 ]; then
-  expect avx512bf16 "asks for towerflow's AVX512-BF16 kernels, but this CPU has no AVX-512"
-  expect avx512bf16-emulated "asks for towerflow's AVX512-BF16 kernels, but this CPU has no AVX-512"
-else
+# refused KERNELS NAME: where this build lacks KERNELS or the CPU lacks AVX-512, the choice and its
+# emulated twin are both refused, saying which; false where neither is so.
+refused() {
+  local kernels=$1 name=$2 why
+  if ! is_built "$kernels"; then why="this build has none"
+  elif [ $avx512 = 0 ]; then why="this CPU has no AVX-512"
+  else return 1; fi
+  expect "$kernels" "asks for towerflow's $name kernels, but $why"
+  expect "$kernels-emulated" "asks for towerflow's $name kernels, but $why"
+}
+
+if ! refused avx512bf16 AVX512-BF16; then
   if has_feature avx512_bf16; then
     expect avx512bf16 "bf16 kernels (this machine): towerflow's AVX512-BF16 kernels (vdpbf16ps"
   else
@@ -44,13 +49,7 @@ else
                              "bf16 kernels (this machine): towerflow's AVX512-BF16 kernels with vdpbf16ps timed as one FMA"
 fi
 
-if ! is_built amx; then
-  expect amx "asks for towerflow's AMX kernels, but this build has none"
-  expect amx-emulated "asks for towerflow's AMX kernels, but this build has none"
-elif [ $avx512 = 0 ]; then
-  expect amx "asks for towerflow's AMX kernels, but this CPU has no AVX-512"
-  expect amx-emulated "asks for towerflow's AMX kernels, but this CPU has no AVX-512"
-else
+if ! refused amx AMX; then
   if has_feature amx_bf16 && has_feature amx_tile; then
     # The CPU has the tiles; whether Linux lets a process use them is the kernel's to say.
     expect amx "bf16 kernels (this machine): towerflow's AMX kernels (tdpbf16ps" \
