@@ -94,6 +94,8 @@ class ProcessGroup;
 
 namespace towerflow::tower {
 
+struct StepRows;  // row_plan.h
+
 enum class BatchNormMode {
   PerTower,      // each tower's own batch statistics; running averages averaged across towers
   Synchronised,  // statistics over the global batch (every tower's rows), forward and backward
@@ -222,10 +224,14 @@ class Trainer {
 
  private:
   struct Impl;
+  struct TowerResults;
   void init(const nn::Module* initial, nn::ModelFactory factory);
-  void broadcast_from_rank0();  // every process's replicas and master copy <- rank 0's replica 0
-  // Rows per micro-batch and global tower of a global batch.
-  std::vector<std::vector<int>> split_rows(int global_n) const;
+  void broadcast_from_rank0();  // every process's replicas <- rank 0's replica 0
+  // The steps of forward_backward.
+  int global_rows(const HostBatch& batch);
+  TowerResults run_towers(const HostBatch& batch, const StepRows& plan, double loss_scale);
+  bool unscale_or_skip(double loss_scale);
+  double average_buffers(const StepRows& plan);
 
   std::vector<Device> devices_;
   TrainerOptions options_;

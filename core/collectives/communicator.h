@@ -59,6 +59,14 @@ class Communicator {
     if (ready != nullptr) ready->synchronize();
     all_reduce_sum(participant, data);
   }
+  // Queues data <- sum over participants (as all_reduce_sum_after) and returns without waiting for the
+  // result where the implementation can (NCCL: on its stream); the buffer must stay alive and untouched
+  // until wait_queued(participant) returns. Default: all_reduce_sum_after, synchronously.
+  virtual void all_reduce_sum_queued(int participant, std::span<float> data, const QueueEvent* ready) {
+    all_reduce_sum_after(participant, data, ready);
+  }
+  // Returns once every collective this participant queued has completed (raising as the collectives would).
+  virtual void wait_queued(int participant) {}
   // data <- root's data on every participant.
   virtual void broadcast(int participant, std::span<float> data, int root) = 0;
   // out[i * send.size() .. (i+1) * send.size()) <- participant i's send, on every participant.

@@ -47,19 +47,32 @@ void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
   output.impl()->grad_fn = std::move(node);
 }
 
-void Tensor::backward() const {
-  check_defined();
-  if (numel() != 1)
-    raise<InvalidArgument>("backward() needs a scalar (one-element) tensor, got ", describe());
-  if (!requires_grad())
-    raise<InvalidArgument>("backward() on ", describe(),
+// Note [Final leaf gradients]
+// A leaf's gradient is the sum of what every node consuming it gives. The engine counts, before
+// it runs anything, the edges from the reachable nodes to each leaf; it takes one off each time a
+// node that consumes the leaf has run (or was passed over because no gradient flowed to it), and
+// the leaf is final when its count reaches zero. Tape order (Note [Tape order]) does not need to
+// be known to the caller: a bucketed reduction starts reducing a parameter's gradient from this
+// signal while the engine goes on with the nodes below.
+
+void Tensor::backward() const { towerflow::backward(*this, {}); }
+
+void backward(const Tensor& loss, const BackwardHooks& hooks) {
+  if (!loss.defined())
+    raise<InvalidArgument>("backward() on an undefined tensor (default-constructed or moved from)");
+  if (loss.numel() != 1)
+    raise<InvalidArgument>("backward() needs a scalar (one-element) tensor, got ", loss.describe());
+  if (!loss.requires_grad())
+    raise<InvalidArgument>("backward() on ", loss.describe(),
                            ", which does not require grad (no input of its ops requires grad, "
                            "or it was computed under no_grad)");
   NoGradGuard no_grad;  // gradient arithmetic records no history
-  const Tensor seed = full(shape(), 1.0f, device());
-  if (!impl_->grad_fn) {  // a leaf scalar
-    if (impl_->grad) accumulate_into(Tensor(impl_->grad), seed);
-    else impl_->grad = seed.impl_ptr();
+  TensorImpl* const root = loss.impl();
+  const Tensor seed = Tensor::full(loss.shape(), 1.0f, loss.device());
+  if (!root->grad_fn) {  // a leaf scalar
+    if (root->grad) accumulate_into(Tensor(root->grad), seed);
+    else root->grad = seed.impl_ptr();
+    if (hooks.on_leaf_final) hooks.on_leaf_final(loss);
     return;
   }
 
@@ -67,7 +80,7 @@ void Tensor::backward() const {
   // drop the last other owner of the nodes behind it.
   std::vector<std::shared_ptr<Node>> nodes;
   std::unordered_set<Node*> seen;
-  std::vector<std::shared_ptr<Node>> stack{impl_->grad_fn};
+  std::vector<std::shared_ptr<Node>> stack{root->grad_fn};
   seen.insert(stack.back().get());
   while (!stack.empty()) {
     std::shared_ptr<Node> n = stack.back();
@@ -85,12 +98,32 @@ void Tensor::backward() const {
   std::sort(nodes.begin(), nodes.end(),
             [](const auto& a, const auto& b) { return a->sequence > b->sequence; });
 
+  // Note [Final leaf gradients]: consuming edges per leaf still to run.
+  std::unordered_map<TensorImpl*, int> pending;
+  if (hooks.on_leaf_final)
+    for (const std::shared_ptr<Node>& n : nodes)
+      for (const Tensor& in : n->inputs)
+        if (in.defined() && !in.impl()->grad_fn && in.requires_grad()) ++pending[in.impl()];
+  // Takes node n's edges off its leaves' counts, naming the leaves that became final. Holds the
+  // inputs itself: the node's are cleared once it has run.
+  auto leaves_done = [&](std::vector<Tensor> inputs) {
+    if (!hooks.on_leaf_final) return;
+    for (const Tensor& in : inputs) {
+      if (!in.defined()) continue;
+      auto it = pending.find(in.impl());
+      if (it != pending.end() && --it->second == 0) hooks.on_leaf_final(in);
+    }
+  };
+
   std::unordered_map<Node*, Tensor> grads;
-  grads[impl_->grad_fn.get()] = seed;
+  grads[root->grad_fn.get()] = seed;
   for (const std::shared_ptr<Node>& node : nodes) {
     Node* n = node.get();
     auto it = grads.find(n);
-    if (it == grads.end()) continue;  // nothing flowed here
+    if (it == grads.end()) {  // nothing flowed here
+      leaves_done(n->inputs);
+      continue;
+    }
     const Tensor g = std::move(it->second);
     grads.erase(it);
     std::vector<Tensor> input_grads;
@@ -127,6 +160,7 @@ void Tensor::backward() const {
     }
     // Free the graph as we go: saved activations return to the pool before backward ends.
     n->backward = nullptr;
+    leaves_done(std::move(n->inputs));
     n->inputs.clear();
   }
 }

@@ -25,6 +25,19 @@ struct Node {
   std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
 };
 
+// Hooks a caller can give backward(loss, hooks).
+struct BackwardHooks {
+  // Called with each leaf that requires grad (a tensor without grad_fn: a parameter) as soon as
+  // its gradient is final in this backward pass: every node of the graph that consumes it has run
+  // and added its part (Note [Final leaf gradients] in autograd.cc). On the thread running
+  // backward, once per leaf reached by the graph; a leaf the graph does not reach is not named.
+  // The gradient's kernels may still be queued on the leaf's device (a GPU stream).
+  std::function<void(const Tensor& leaf)> on_leaf_final;
+};
+
+// loss.backward(), running the hooks.
+void backward(const Tensor& loss, const BackwardHooks& hooks);
+
 // True when an op with these inputs must record history.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -138,6 +139,45 @@ TEST_CASE("autograd: accumulation, shared inputs, freed graph, no_grad", "[autog
   Tensor m = ramp({2, 2}).set_requires_grad(true);
   sum(mul(m.view({4}), ramp({4}, 1.0f))).backward();
   CHECK(m.grad().to_host() == std::vector<float>{1, 2, 3, 4});
+}
+
+TEST_CASE("autograd names each leaf once its gradient is final, while backward goes on", "[autograd]") {
+  // c is consumed by the last op recorded (final first); a by the first and by a later op, so it
+  // is final only after the first op's node, which runs last.
+  Tensor a = ramp({3}, 1.0f).set_requires_grad(true);  // 1 2 3
+  Tensor b = ramp({3}, 4.0f).set_requires_grad(true);  // 4 5 6
+  Tensor c = ramp({3}, 7.0f).set_requires_grad(true);  // 7 8 9
+  Tensor unused = ramp({3}).set_requires_grad(true);
+  Tensor h = mul(a, b);                                  // first: consumes a, b
+  Tensor loss = sum(add(mul(h, a), mul(c, c)));          // d/da = 2ab, d/db = a^2, d/dc = 2c
+  std::vector<std::string> order;
+  std::vector<std::vector<float>> at_signal;
+  auto name = [&](const Tensor& t) {
+    return t.impl() == a.impl() ? "a" : t.impl() == b.impl() ? "b" : t.impl() == c.impl() ? "c" : "?";
+  };
+  backward(loss, {.on_leaf_final = [&](const Tensor& leaf) {
+             order.push_back(name(leaf));
+             at_signal.push_back(leaf.grad().to_host());
+           }});
+  // Each leaf once, c before a and b; a's second use (mul(h, a)) runs before h's node, so a is
+  // named with b when h's node has run. A leaf the graph does not reach is never named.
+  REQUIRE(order.size() == 3);
+  CHECK(order[0] == "c");
+  CHECK(std::find(order.begin(), order.end(), "?") == order.end());
+  // At the signal each gradient already holds its final value.
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    const Tensor& leaf = order[k] == "a" ? a : order[k] == "b" ? b : c;
+    CHECK(at_signal[k] == leaf.grad().to_host());
+  }
+  CHECK(a.grad().to_host() == std::vector<float>{8, 20, 36});
+  CHECK(b.grad().to_host() == std::vector<float>{1, 4, 9});
+  CHECK(c.grad().to_host() == std::vector<float>{14, 16, 18});
+  CHECK_FALSE(unused.grad().defined());
+  // A leaf scalar is its own final gradient.
+  Tensor s = Tensor::full({1}, 3.0f, kCpu).set_requires_grad(true);
+  int named = 0;
+  backward(s, {.on_leaf_final = [&](const Tensor& leaf) { named += leaf.impl() == s.impl(); }});
+  CHECK(named == 1);
 }
 
 TEST_CASE("accuracy and top-k count ties against the label", "[ops]") {

@@ -1,0 +1,78 @@
+#include "tower/row_plan.h"
+
+#include "core/error.h"
+
+namespace towerflow::tower {
+
+RowPlan::RowPlan(std::vector<Device> global_devices, int rank, int towers, SplitPolicy split,
+                 Remainder remainder, int micro_batches, bool every_tower_needs_rows)
+    : global_devices_(std::move(global_devices)), rank_(rank), towers_(towers), split_(std::move(split)),
+      remainder_(remainder), micro_batches_(micro_batches), every_tower_needs_rows_(every_tower_needs_rows) {}
+
+std::vector<std::vector<int>> RowPlan::split(int global_n) const {
+  const int k = micro_batches_;
+  const std::vector<int> micro =
+      split_batch(global_n, std::vector<Device>(k, Device::cpu(0)), EvenSplit{}, Remainder::Spread);
+  std::vector<std::vector<int>> rows;
+  for (int m = 0; m < k; ++m) rows.push_back(split_batch(micro[m], global_devices_, split_, remainder_));
+  return rows;
+}
+
+std::vector<std::pair<int, int>> RowPlan::shard(int global_n) const {
+  if (global_n < 1) raise<InvalidArgument>("a global batch of ", global_n, " rows has no shard; give at least one row");
+  std::vector<std::pair<int, int>> ranges;
+  int base = 0;
+  for (const std::vector<int>& g : split(global_n)) {
+    int begin = base;
+    for (int t = 0; t < rank_ * towers_; ++t) begin += g[static_cast<std::size_t>(t)];
+    int end = begin;
+    for (int i = 0; i < towers_; ++i) end += g[static_cast<std::size_t>(rank_ * towers_ + i)];
+    for (int v : g) base += v;
+    if (end == begin) continue;
+    if (!ranges.empty() && ranges.back().second == begin) ranges.back().second = end;
+    else ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
+StepRows RowPlan::step(int global_n, int process_rows) const {
+  const int k = micro_batches_, n = towers_;
+  const int G = static_cast<int>(global_devices_.size());
+  const bool across = G > n;
+  if (global_n < 1) raise<InvalidArgument>("forward_backward got an empty batch; give at least one row");
+  if (global_n < k)
+    raise<InvalidArgument>("batch ", global_n, " cannot be cut into ", k,
+                           " micro-batches (accumulation_steps); use a batch of at least ", k);
+  const std::vector<std::vector<int>> global_rows = split(global_n);
+  StepRows s{.global_n = global_n, .rows = std::vector<std::vector<int>>(k),
+             .offset = std::vector<std::vector<int>>(k), .total = std::vector<int>(n, 0)};
+  int base = 0;
+  for (int m = 0; m < k; ++m) {
+    for (int i = 0; i < n; ++i) {
+      s.rows[m].push_back(global_rows[m][static_cast<std::size_t>(rank_ * n + i)]);
+      s.offset[m].push_back(base);
+      base += s.rows[m][i];
+      s.total[i] += s.rows[m][i];
+    }
+  }
+  if (base != process_rows)
+    raise<InvalidArgument>(across ? str("process rank ", rank_, " got ") : std::string("got "), process_rows,
+                           " rows, but the split of the global batch of ", global_n, " over ", G,
+                           " towers gives this process's towers ", base, "; ",
+                           across ? "load each process's rows with Trainer::shard() (train::fit does)"
+                                  : "give the whole batch");
+  if (every_tower_needs_rows_) {
+    for (int m = 0; m < k; ++m)
+      for (int g = 0; g < G; ++g)
+        if (global_rows[m][static_cast<std::size_t>(g)] == 0)
+          raise<InvalidArgument>(
+              "batch ", global_n, (k > 1 ? str(" (micro-batch ", m, ")") : ""), " gives tower ", g, " (",
+              global_devices_[static_cast<std::size_t>(g)],
+              across ? str(" of rank ", g / n) : std::string(), ") no rows; synchronised batch norm needs "
+              "every tower in every ", k > 1 ? "micro-batch" : "step", ": use a batch of at least ",
+              G * k, " (or per-tower batch norm)");
+  }
+  return s;
+}
+
+}  // namespace towerflow::tower
