@@ -20,6 +20,8 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int>
 NcclCommunicator::~NcclCommunicator() = default;
 void NcclCommunicator::all_reduce_sum(int, std::span<float>) { no_nccl(); }
 void NcclCommunicator::all_reduce_sum_after(int, std::span<float>, const QueueEvent*) { no_nccl(); }
+void NcclCommunicator::all_reduce_sum_queued(int, std::span<float>, const QueueEvent*) { no_nccl(); }
+void NcclCommunicator::wait_queued(int) { no_nccl(); }
 void NcclCommunicator::broadcast(int, std::span<float>, int) { no_nccl(); }
 void NcclCommunicator::all_gather(int, std::span<const float>, std::span<float>) { no_nccl(); }
 void NcclCommunicator::barrier(int) { no_nccl(); }

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/cuda/module_loading.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory/device_free_lock.h"
@@ -58,8 +59,8 @@ class CudaSubAllocator final : public SubAllocator {
   void free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
     DeviceScope scope(ordinal_);
-    // Never while a thread launches an NCCL collective: see device_free_lock.h.
-    std::lock_guard lock(device_free_mutex());
+    // Never while a round of NCCL launches is half done: see device_free_lock.h.
+    std::lock_guard lock(device_free_lock());
     const cudaError_t err = cudaFree(ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -87,7 +88,7 @@ class PinnedHostSubAllocator final : public SubAllocator {
   }
   void free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
-    std::lock_guard lock(device_free_mutex());  // cudaFreeHost synchronises too
+    std::lock_guard lock(device_free_lock());  // cudaFreeHost synchronises too
     const cudaError_t err = cudaFreeHost(ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
@@ -101,6 +102,7 @@ class PinnedHostSubAllocator final : public SubAllocator {
 
 std::unique_ptr<SubAllocator> make_cuda_sub_allocator(int cuda_ordinal) {
   if (cuda_ordinal < 0) raise<InvalidArgument>("CUDA device ordinal ", cuda_ordinal, " is negative; use 0 or above");
+  gpu::load_cuda_modules_eagerly();  // may be the first CUDA call: Note [Eager CUDA module loading]
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -115,6 +117,7 @@ std::unique_ptr<SubAllocator> make_cuda_sub_allocator(int cuda_ordinal) {
 }
 
 std::unique_ptr<SubAllocator> make_pinned_host_sub_allocator() {
+  gpu::load_cuda_modules_eagerly();  // may be the first CUDA call: Note [Eager CUDA module loading]
   return std::make_unique<PinnedHostSubAllocator>();
 }
 

@@ -133,6 +133,32 @@ TEST_CASE("two NCCL ranks: all-reduce, count mismatch, abort mid-collective, res
   CHECK(bufs[0]->host()[0] == 6.0f);  // 3 + 3
 }
 
+TEST_CASE("queued all-reduces of several buckets, then one wait", "[nccl1]") {
+  NcclCommunicator comm({Device::gpu(0)}, {0});
+  std::vector<std::unique_ptr<DeviceFloats>> buckets;
+  for (std::size_t n : {1u << 10, 17u, 1u << 18, 1u})
+    buckets.push_back(std::make_unique<DeviceFloats>(0, n, 1.5f));
+  for (auto& b : buckets) comm.all_reduce_sum_queued(0, b->span(), nullptr);
+  comm.wait_queued(0);
+  for (auto& b : buckets) CHECK(b->host().back() == 1.5f);
+  comm.wait_queued(0);  // nothing queued: returns at once
+}
+
+TEST_CASE("two NCCL ranks: queued buckets summed, then one wait each", "[nccl2]") {
+  NcclCommunicator comm({Device::gpu(0), Device::gpu(1)}, {0, 1});
+  std::vector<std::vector<std::unique_ptr<DeviceFloats>>> buckets(2);
+  for (int p = 0; p < 2; ++p)
+    for (std::size_t n : {1u << 10, 17u, 1u << 18, 1u})
+      buckets[p].push_back(std::make_unique<DeviceFloats>(p, n, p + 1.0f));
+  auto errors = run_participants(2, [&](int p) {
+    for (auto& b : buckets[p]) comm.all_reduce_sum_queued(p, b->span(), nullptr);
+    comm.wait_queued(p);
+  });
+  for (auto& e : errors) REQUIRE(e == nullptr);
+  for (int p = 0; p < 2; ++p)
+    for (auto& b : buckets[p]) CHECK(b->host().back() == 3.0f);
+}
+
 namespace {
 
 // A CUDA event recorded on a stream of the test's, as a tensor backend's record_event() makes one.
