@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include "core/cuda/module_loading.h"
 #include "core/cuda/status.h"
 
 namespace towerflow::gpu {
@@ -9,6 +10,7 @@ namespace towerflow::gpu {
 bool built_with_cuda() { return true; }
 
 CudaAvailability cuda_availability() {
+  load_cuda_modules_eagerly();  // may be the first CUDA call: Note [Eager CUDA module loading]
   CudaAvailability a;
   a.built = true;
   cudaRuntimeGetVersion(&a.runtime_version);

@@ -155,29 +155,38 @@ void batch_norm_forward_inference(const GpuContext& ctx, std::int64_t rows, int 
                                   cudaMemcpyDeviceToDevice, m.stream));
 }
 
+// Note [Batch-norm backward eps]
+// cudnnBatchNormalizationBackward takes an epsilon that cudnn_ops.h documents as "Has to be >=
+// CUDNN_BN_MIN_EPSILON. Should be the same in forward and backward functions." With savedMean
+// and savedInvVariance given, the result comes from the saved 1/sqrt(var + eps); an engine that
+// recomputed it from x with another eps (CUDNN_BN_MIN_EPSILON is 0.0) would divide by zero on a
+// constant channel. So the backend's backward carries the forward's eps and passes it on, and
+// the CPU kernels, which only read save_invstd, ignore it.
 void batch_norm_backward(const GpuContext& ctx, std::int64_t rows, int c, const float* x,
                          const float* dy, const float* gamma, const float* save_mean,
-                         const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+                         const float* save_invstd, float eps, float* dx, float* dgamma,
+                         float* dbeta) {
   const char* what = "batch_norm_backward";
   check_shape(rows, c, what);
+  check_eps(eps, what);
   if (dx == dy)
     raise<InvalidArgument>(what, ": dx must not alias dy on the GPU (cuDNN reads dy while "
                                  "writing dx); give dx its own buffer");
   GpuContext::Impl& m = ctx.impl();
   auto scope = m.scope();
   BnDescriptors d(rows, c);
-  // With the saved mean and inverse std given, cuDNN does not use epsilon for the result; it only
-  // has to be a valid value (>= CUDNN_BN_MIN_EPSILON), and the CPU twin's signature carries none.
+  // The forward's eps: Note [Batch-norm backward eps].
   TW_CUDNN_CHECK(cudnnBatchNormalizationBackward(
       m.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero, d.x, x, d.x, dy, d.x, dx,
-      d.stats, gamma, dgamma, dbeta, CUDNN_BN_MIN_EPSILON, save_mean, save_invstd));
+      d.stats, gamma, dgamma, dbeta, static_cast<double>(eps), save_mean, save_invstd));
 }
 
 void batch_norm_relu_backward(const GpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
-                              const float* save_mean, const float* save_invstd, float* dx,
-                              float* dgamma, float* dbeta, float* d_pre_relu) {
+                              const float* save_mean, const float* save_invstd, float eps,
+                              float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
   check_shape(rows, c, "batch_norm_relu_backward");
+  check_eps(eps, "batch_norm_relu_backward");
   DeviceBuffer scratch;
   float* masked = d_pre_relu;
   if (masked == nullptr) {
@@ -185,7 +194,8 @@ void batch_norm_relu_backward(const GpuContext& ctx, std::int64_t rows, int c, c
     masked = scratch.as<float>();
   }
   detail::relu_mask(ctx, rows * c, y, dy, masked);
-  batch_norm_backward(ctx, rows, c, x, masked, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  batch_norm_backward(ctx, rows, c, x, masked, gamma, save_mean, save_invstd, eps, dx, dgamma,
+                      dbeta);
 }
 
 }  // namespace towerflow::gpu

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "core/cuda/context_impl.h"
+#include "core/cuda/module_loading.h"
 #include "core/log.h"
 
 namespace towerflow::gpu {
@@ -31,6 +32,7 @@ void check_ordinal(const GpuContextOptions& opts) {
     raise<InvalidArgument>("GpuContext for ", opts.device,
                            " needs a device allocator (GpuContextOptions::allocator is null); pass "
                            "device_allocator(", opts.device, ")");
+  load_cuda_modules_eagerly();  // may be the first CUDA call: Note [Eager CUDA module loading]
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {

@@ -8,25 +8,30 @@
 #include <memory>
 #include <mutex>
 
+#include "core/cuda/candidates.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/memory/allocator.h"
 
 namespace towerflow::gpu {
 
-// One direction's choice (forward, backward-data or backward-filter) of a ConvPlan, ranked on
-// first use: Note [Choosing convolution algorithms] in conv.cc. The algorithm is kept as int (each
-// direction has its own cuDNN enum).
-struct ConvChoice {
-  bool ranked = false;
-  bool found = false;  // cuDNN ranked a supported, deterministic algorithm that fits
+// One cuDNN algorithm of a ConvChoice, kept as int (each direction has its own cuDNN enum).
+struct ConvAlgo {
   int algo = 0;
   cudnnMathType_t math = CUDNN_FMA_MATH;  // what the algorithm was ranked with
-  std::size_t workspace = 0;
+  std::size_t workspace = 0;              // cudnnGetConvolution*WorkspaceSize for algo and math
+};
+
+// One direction's choice (forward, backward-data or backward-filter) of a ConvPlan, ranked on
+// first use: Note [Choosing convolution algorithms] in conv.cc.
+struct ConvChoice {
+  bool ranked = false;
+  // The ranking's usable algorithms, best first; the one that last ran is where calls start.
+  Candidates<ConvAlgo> candidates;
   // The best-ranked one that needs no workspace, for when the workspace cannot be allocated.
   bool have_zero = false;
-  int algo_zero = 0;
-  cudnnMathType_t math_zero = CUDNN_FMA_MATH;
+  ConvAlgo zero;
+  bool found() const { return !candidates.empty(); }
 };
 
 // One convolution shape's cuDNN descriptors in one data type (float, or bf16 / fp16 with float

@@ -10,13 +10,22 @@
 //
 // Note [Choosing convolution algorithms]
 // cuDNN's heuristics (cudnnGetConvolution*Algorithm_v7) rank the algorithms for a shape without
-// running them; the first one that is supported (status CUDNN_STATUS_SUCCESS), deterministic
+// running them; every one that is supported (status CUDNN_STATUS_SUCCESS), deterministic
 // (CUDNN_DETERMINISTIC: the README promises that only max-pool backward's atomics may vary, and
 // cuDNN's backward-data and backward-filter ALGO_0 accumulate with atomics), fits
-// kMaxWorkspaceBytes and obeys the math mode is kept in the context's plan for that shape, so the
-// ranking runs once per shape per device. Its workspace is asked of
+// kMaxWorkspaceBytes and obeys the math mode is kept, in rank order, in the context's plan for
+// that shape, so the ranking runs once per shape per device. Each one's workspace is asked of
 // cudnnGetConvolution*WorkspaceSize for that algorithm and math mode (the size the call itself
-// checks against), not taken from the ranking's estimate. Unless allow_tf32 is set, the
+// checks against), not taken from the ranking's estimate.
+// A ranking's status is the heuristic's verdict, not a run's result (cudnnConvolution*AlgoPerf_t
+// in cuDNN's cudnn_cnn reference), and an algorithm it calls supported can still fail when it
+// runs. So a call runs the best candidate; when cuDNN answers with a status of the categories
+// NOT_SUPPORTED, BAD_PARAM or EXECUTION_FAILED (cudnn_graph.h: cuDNN 9 codes are a category
+// plus a specific error, e.g. CUDNN_STATUS_NOT_SUPPORTED_SHAPE), it runs the next, and the one
+// that ran is where later calls of that shape start (candidates.h). Other statuses (an internal
+// error, an allocation cuDNN could not make) are raised at once: another algorithm would not
+// cure them. When every candidate fails, the error names the shape, the precision and each
+// algorithm's status. Unless allow_tf32 is set, the
 // descriptors ask for FMA math (no TF32 tensor-core rounding) so float results match the CPU to
 // rounding. The workspace comes from the device's allocator for the duration of the call
 // (stream-ordered free, Note [Stream-ordered frees]); if that allocation fails, the call uses the
@@ -43,6 +52,9 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "core/cuda/context_impl.h"
 #include "core/cuda/ops.h"
@@ -100,45 +112,45 @@ ConvPlan& plan_for(const GpuContext& ctx, const Conv2dShape& s, cudnnDataType_t 
   return *slot;
 }
 
-// Picks from cuDNN's ranking (see Note [Choosing convolution algorithms]).
+// Whether a ranked algorithm may be used (see Note [Choosing convolution algorithms]).
 template <typename Perf>
-const Perf* choose(const Perf* perf, int count, bool tensor_ops, bool need_no_workspace) {
-  for (int i = 0; i < count; ++i) {
-    if (perf[i].status != CUDNN_STATUS_SUCCESS) continue;
-    if (perf[i].determinism != CUDNN_DETERMINISTIC) continue;
-    if (perf[i].memory > (need_no_workspace ? 0 : kMaxWorkspaceBytes)) continue;
-    if (!tensor_ops && perf[i].mathType == CUDNN_TENSOR_OP_MATH) continue;
-    return &perf[i];
-  }
-  return nullptr;
+bool usable(const Perf& perf, bool tensor_ops, bool need_no_workspace) {
+  return perf.status == CUDNN_STATUS_SUCCESS && perf.determinism == CUDNN_DETERMINISTIC &&
+         perf.memory <= (need_no_workspace ? 0 : kMaxWorkspaceBytes) &&
+         (tensor_ops || perf.mathType != CUDNN_TENSOR_OP_MATH);
 }
 
 const char* type_name(cudnnDataType_t type) {
   return type == CUDNN_DATA_BFLOAT16 ? "bf16" : type == CUDNN_DATA_HALF ? "fp16" : "float32";
 }
 
-// Keeps the choice from a ranking call's result. A float plan that cuDNN cannot rank is an error;
-// a 16-bit one runs emulated (Note [16-bit convolutions on tensor cores]), said once here.
-template <typename Perf>
+// Keeps the usable algorithms of a ranking call's result, best first, each with its workspace
+// (workspace(algo, &bytes) with the descriptor set to the algorithm's math mode; one whose size
+// query fails is left out: it could not run either). A float plan that cuDNN cannot rank is an
+// error; a 16-bit one runs emulated (Note [16-bit convolutions on tensor cores]), said once here.
+template <typename Perf, typename Workspace>
 void keep_choice(const GpuContext& ctx, const Conv2dShape& s, const ConvPlan& p, ConvChoice& c,
                  cudnnStatus_t status, const char* call, const char* what, const Perf* perf,
-                 int count) {
+                 int count, Workspace workspace) {
   c.ranked = true;
   if (status != CUDNN_STATUS_SUCCESS && p.data_type == CUDNN_DATA_FLOAT)
     detail::raise_cudnn(status, call);
   if (status == CUDNN_STATUS_SUCCESS) {
-    if (const Perf* best = choose(perf, count, p.tensor_ops, false)) {
-      c.found = true;
-      c.algo = static_cast<int>(best->algo);
-      c.math = best->mathType;
+    std::vector<ConvAlgo> ranked;
+    for (int i = 0; i < count; ++i) {
+      if (!usable(perf[i], p.tensor_ops, false)) continue;
+      ConvAlgo a{static_cast<int>(perf[i].algo), perf[i].mathType, 0};
+      TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, a.math));
+      if (workspace(a.algo, &a.workspace) != CUDNN_STATUS_SUCCESS) continue;
+      if (!c.have_zero && usable(perf[i], p.tensor_ops, true) && a.workspace == 0) {
+        c.have_zero = true;
+        c.zero = a;
+      }
+      ranked.push_back(a);
     }
-    if (const Perf* zero = choose(perf, count, p.tensor_ops, true)) {
-      c.have_zero = true;
-      c.algo_zero = static_cast<int>(zero->algo);
-      c.math_zero = zero->mathType;
-    }
+    c.candidates = Candidates<ConvAlgo>(std::move(ranked));
   }
-  if (!c.found && p.data_type != CUDNN_DATA_FLOAT)
+  if (!c.found() && p.data_type != CUDNN_DATA_FLOAT)
     log_warning(str("cuDNN offers no deterministic ", type_name(p.data_type), " ", what,
                     " algorithm for ", s.to_string(), " on ", ctx.device(),
                     status == CUDNN_STATUS_SUCCESS ? "" : str(" (", call, ": ",
@@ -184,16 +196,13 @@ DeviceBuffer try_workspace(const GpuContext& ctx, std::size_t bytes, bool* ok) {
 template <typename Perf, int kCount, typename Rank, typename Workspace>
 bool ready(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, ConvChoice& c,
            const char* call, const char* what, Rank rank, Workspace workspace) {
-  if (c.ranked) return c.found;
+  if (c.ranked) return c.found();
   Perf perf[kCount];
   int count = 0;
   TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, p.base_math));
-  keep_choice(ctx, s, p, c, rank(perf, &count), call, what, perf, count);
-  if (c.found) {
-    TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, c.math));
-    TW_CUDNN_CHECK(workspace(c.algo, &c.workspace));
-  }
-  return c.found;
+  const cudnnStatus_t status = rank(perf, &count);
+  keep_choice(ctx, s, p, c, status, call, what, perf, count, workspace);
+  return c.found();
 }
 
 bool ready_forward(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p) {
@@ -247,19 +256,43 @@ bool ready_backward_filter(const GpuContext& ctx, const Conv2dShape& s, ConvPlan
       });
 }
 
-// The algorithm to run now, with its workspace: the chosen one, or the no-workspace one when the
-// workspace cannot be allocated. Sets the descriptor's math mode to the one it was ranked with.
-struct Launchable {
-  int algo;
-  DeviceBuffer workspace;
-};
-Launchable launchable(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p,
-                      const ConvChoice& c, const char* what) {
-  bool ok = true;
-  DeviceBuffer ws = try_workspace(ctx, c.workspace, &ok);
-  if (!ok && !c.have_zero) no_fallback(ctx, s, what, c.workspace);
-  TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, ok ? c.math : c.math_zero));
-  return {ok ? c.algo : c.algo_zero, std::move(ws)};
+// Whether a failed run is worth trying the next candidate for: Note [Choosing convolution
+// algorithms].
+bool worth_next_candidate(cudnnStatus_t status) {
+  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(status));
+  return category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM ||
+         category == CUDNN_STATUS_EXECUTION_FAILED;
+}
+
+// Runs one direction's convolution: launch(algo, workspace, bytes) makes the cuDNN call with the
+// descriptor already in the algorithm's math mode. Candidates in rank order from the one that ran
+// last (candidates.h); each with its workspace, or the no-workspace algorithm when the workspace
+// cannot be allocated.
+template <typename Launch>
+void run_candidates(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, ConvChoice& c,
+                    const char* what, const char* call, Launch launch) {
+  c.candidates.run(
+      [&](const ConvAlgo& a) -> std::optional<std::string> {
+        bool ok = true;
+        DeviceBuffer ws = try_workspace(ctx, a.workspace, &ok);
+        if (!ok && !c.have_zero) no_fallback(ctx, s, what, a.workspace);
+        const ConvAlgo& use = ok ? a : c.zero;
+        TW_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv_desc, use.math));
+        const cudnnStatus_t status = launch(use.algo, ws.data(), ws.size());
+        if (status == CUDNN_STATUS_SUCCESS) return std::nullopt;
+        if (!worth_next_candidate(status)) detail::raise_cudnn(status, call);
+        cudaGetLastError();  // a failed launch's (non-sticky) error must not reach the next call
+        return std::string(cudnnGetErrorString(status));
+      },
+      [](const ConvAlgo& a) {
+        return str("algo ", a.algo, a.math == CUDNN_TENSOR_OP_MATH ? " (tensor-op math)" : "");
+      },
+      str("cuDNN ", what, " of ", s.to_string(), " in ", type_name(p.data_type), " on ",
+          ctx.device(), " (", call, ")"),
+      str("no ranked algorithm runs for this shape and precision with cuDNN ",
+          cudnnGetVersion(), "; try another batch size",
+          p.data_type == CUDNN_DATA_FLOAT ? "" : " or float32 precision",
+          ", or run this model on the CPU"));
 }
 
 const float kOne = 1.0f;  // float scaling factors for float and 16-bit data alike
@@ -269,29 +302,33 @@ const float kZero = 0.0f;
 // ready_*() returned true.
 void run_forward(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* x,
                  const void* w, void* y) {
-  Launchable l = launchable(ctx, s, p, p.fwd, "forward convolution");
-  TW_CUDNN_CHECK(cudnnConvolutionForward(ctx.impl().cudnn, &kOne, p.x_desc, x, p.w_desc, w,
-                                         p.conv_desc,
-                                         static_cast<cudnnConvolutionFwdAlgo_t>(l.algo),
-                                         l.workspace.data(), l.workspace.size(), &kZero, p.y_desc,
-                                         y));
+  run_candidates(ctx, s, p, p.fwd, "forward convolution", "cudnnConvolutionForward",
+                 [&](int algo, void* ws, std::size_t bytes) {
+                   return cudnnConvolutionForward(
+                       ctx.impl().cudnn, &kOne, p.x_desc, x, p.w_desc, w, p.conv_desc,
+                       static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, bytes, &kZero, p.y_desc,
+                       y);
+                 });
 }
 void run_backward_data(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* dy,
                        const void* w, void* dx) {
-  Launchable l = launchable(ctx, s, p, p.bwd_data, "backward-data convolution");
-  TW_CUDNN_CHECK(cudnnConvolutionBackwardData(ctx.impl().cudnn, &kOne, p.w_desc, w, p.y_desc, dy,
-                                              p.conv_desc,
-                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(l.algo),
-                                              l.workspace.data(), l.workspace.size(), &kZero,
-                                              p.x_desc, dx));
+  run_candidates(ctx, s, p, p.bwd_data, "backward-data convolution",
+                 "cudnnConvolutionBackwardData", [&](int algo, void* ws, std::size_t bytes) {
+                   return cudnnConvolutionBackwardData(
+                       ctx.impl().cudnn, &kOne, p.w_desc, w, p.y_desc, dy, p.conv_desc,
+                       static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, bytes, &kZero,
+                       p.x_desc, dx);
+                 });
 }
 void run_backward_filter(const GpuContext& ctx, const Conv2dShape& s, ConvPlan& p, const void* x,
                          const void* dy, void* dw) {
-  Launchable l = launchable(ctx, s, p, p.bwd_filter, "backward-filter convolution");
-  TW_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-      ctx.impl().cudnn, &kOne, p.x_desc, x, p.y_desc, dy, p.conv_desc,
-      static_cast<cudnnConvolutionBwdFilterAlgo_t>(l.algo), l.workspace.data(),
-      l.workspace.size(), &kZero, p.w_desc, dw));
+  run_candidates(ctx, s, p, p.bwd_filter, "backward-filter convolution",
+                 "cudnnConvolutionBackwardFilter", [&](int algo, void* ws, std::size_t bytes) {
+                   return cudnnConvolutionBackwardFilter(
+                       ctx.impl().cudnn, &kOne, p.x_desc, x, p.y_desc, dy, p.conv_desc,
+                       static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws, bytes, &kZero,
+                       p.w_desc, dw);
+                 });
 }
 
 std::int64_t input_count(const Conv2dShape& s) {

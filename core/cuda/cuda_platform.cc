@@ -1,19 +1,24 @@
-// The CUDA half of the system platform: which GPUs the runtime lists, and what they are.
+// The CUDA half of the system platform: which GPUs the runtime lists, what they are, and how
+// much of a GPU's memory is free when its allocator first needs memory.
 //
-// Only cudaGetDeviceCount and cudaGetDeviceProperties are called. Both initialise the runtime
+// Listing calls only cudaGetDeviceCount and cudaGetDeviceProperties. Both initialise the runtime
 // (and load the driver) but create no context and allocate no device memory, so listing devices
 // leaves every GPU untouched until a logical device on it is used. CUDA_VISIBLE_DEVICES and
 // CUDA_DEVICE_ORDER are applied by the driver itself, so the ordinals here are the ones every
-// other CUDA call in this process uses.
+// other CUDA call in this process uses. Listing is usually the process's first CUDA call, so the
+// module loading mode is fixed before it (Note [Eager CUDA module loading]).
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 
+#include "core/cuda/module_loading.h"
+#include "core/error.h"
 #include "core/platform/cuda_query.h"
 
 namespace towerflow::detail {
 
 std::vector<GpuDescription> query_cuda_gpus(std::string* why) {
+  gpu::load_cuda_modules_eagerly();
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -44,6 +49,29 @@ std::vector<GpuDescription> query_cuda_gpus(std::string* why) {
                     .compute_minor = prop.minor});
   }
   return gpus;
+}
+
+GpuMemoryInfo query_cuda_memory(int ordinal) {
+  gpu::load_cuda_modules_eagerly();
+  auto fail = [&](const char* call, cudaError_t status) {
+    cudaGetLastError();
+    raise<DeviceError>("cannot read the free memory of CUDA device ", ordinal, ": ", call,
+                       " failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status),
+                       ")");
+  };
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  cudaError_t status = cudaSetDevice(ordinal);
+  if (status != cudaSuccess) fail("cudaSetDevice", status);
+  GpuMemoryInfo info;
+  // cudaMemGetInfo reports for the current device and creates its primary context, which the
+  // allocation that asked would create anyway; what the context itself takes is no longer free.
+  status = cudaMemGetInfo(&info.free_bytes, &info.total_bytes);
+  if (status == cudaSuccess)
+    status = cudaDeviceGetAttribute(&info.compute_major, cudaDevAttrComputeCapabilityMajor, ordinal);
+  if (previous >= 0 && previous != ordinal) cudaSetDevice(previous);
+  if (status != cudaSuccess) fail("cudaMemGetInfo", status);
+  return info;
 }
 
 }  // namespace towerflow::detail

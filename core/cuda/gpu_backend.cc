@@ -269,14 +269,14 @@ class GpuBackend final : public Backend {
   }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
                            const float* dy, const float* gamma, const float* save_mean,
-                           const float* save_invstd, float* dx, float* dgamma, float* dbeta,
-                           float* d_pre_relu) override {
+                           const float* save_invstd, float eps, float* dx, float* dgamma,
+                           float* dbeta, float* d_pre_relu) override {
     if (relu)
-      gpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
-                                    dgamma, dbeta, d_pre_relu);
+      gpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, eps,
+                                    dx, dgamma, dbeta, d_pre_relu);
     else
-      gpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
-                               dbeta);
+      gpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, eps, dx,
+                               dgamma, dbeta);
   }
 
   // ---- gemm, dropout, loss, accuracy ---------------------------------------------------------

@@ -106,10 +106,13 @@ void batch_norm_forward_inference(const GpuContext& ctx, std::int64_t rows, int 
                                   const float* gamma, const float* beta,
                                   const float* running_mean, const float* running_var, float eps,
                                   float* y);
-// Overwrites dx, dgamma, dbeta. dx must not alias dy (cuDNN reads dy while writing dx).
+// Overwrites dx, dgamma, dbeta. dx must not alias dy (cuDNN reads dy while writing dx). eps is
+// the training forward's (cuDNN asks for the same value in both); an eps the forward would have
+// refused throws InvalidArgument.
 void batch_norm_backward(const GpuContext& ctx, std::int64_t rows, int c, const float* x,
                          const float* dy, const float* gamma, const float* save_mean,
-                         const float* save_invstd, float* dx, float* dgamma, float* dbeta);
+                         const float* save_invstd, float eps, float* dx, float* dgamma,
+                         float* dbeta);
 void batch_norm_relu_forward_training(const GpuContext& ctx, std::int64_t rows, int c,
                                       const float* x, const float* gamma, const float* beta,
                                       float eps, float* y, float* save_mean, float* save_invstd);
@@ -121,8 +124,8 @@ void batch_norm_add_relu_forward_training(const GpuContext& ctx, std::int64_t ro
 // d_pre_relu (nullable) receives that masked gradient and may equal dy. dx must not alias dy.
 void batch_norm_relu_backward(const GpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
-                              const float* save_mean, const float* save_invstd, float* dx,
-                              float* dgamma, float* dbeta, float* d_pre_relu);
+                              const float* save_mean, const float* save_invstd, float eps,
+                              float* dx, float* dgamma, float* dbeta, float* d_pre_relu);
 
 // ---- matrix product (cuBLAS), row-major, the arguments of cpu::gemm ---------------------------
 

@@ -156,7 +156,8 @@ void batch_norm_forward_inference(const GpuContext&, std::int64_t, int, const fl
   no_cuda("batch_norm_forward_inference");
 }
 void batch_norm_backward(const GpuContext&, std::int64_t, int, const float*, const float*,
-                         const float*, const float*, const float*, float*, float*, float*) {
+                         const float*, const float*, const float*, float, float*, float*,
+                         float*) {
   no_cuda("batch_norm_backward");
 }
 void batch_norm_relu_forward_training(const GpuContext&, std::int64_t, int, const float*,
@@ -169,8 +170,8 @@ void batch_norm_add_relu_forward_training(const GpuContext&, std::int64_t, int, 
   no_cuda("batch_norm_add_relu_forward_training");
 }
 void batch_norm_relu_backward(const GpuContext&, std::int64_t, int, const float*, const float*,
-                              const float*, const float*, const float*, const float*, float*,
-                              float*, float*, float*) {
+                              const float*, const float*, const float*, const float*, float,
+                              float*, float*, float*, float*) {
   no_cuda("batch_norm_relu_backward");
 }
 void gemm(const GpuContext&, bool, bool, int, int, int, float, const float*, int, const float*,

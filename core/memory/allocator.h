@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -81,6 +82,12 @@ struct BfcOptions {
                                               // 0: pure doubling (TensorFlow's behaviour)
   bool dump_on_oom = false;                   // append debug_dump() to out-of-memory messages
                                               // (also TOWERFLOW_ALLOCATOR_DUMP=1)
+  // When set, the first allocate() calls it, under the allocator's lock and before it obtains any
+  // region, and its result (at least 256 bytes, else InvalidArgument) becomes the limit: for a
+  // default that depends on the device's state at first use (a GPU's free memory). Until then
+  // limit_bytes is the limit stats() report, an upper bound. What it throws, that allocate()
+  // throws, and the next allocate() calls it again.
+  std::function<std::size_t()> limit_at_first_use;
 };
 
 std::unique_ptr<Allocator> make_bfc_allocator(std::unique_ptr<SubAllocator> sub, BfcOptions opts);

@@ -201,12 +201,11 @@ class BfcAllocator final : public Allocator {
     if (opts_.allow_growth && opts_.initial_region_bytes == 0)
       raise<InvalidArgument>("initial region of ", opts_.device_name,
                              " is 0 bytes; use a positive BfcOptions::initial_region_bytes (default 2 MiB)");
-    limit_ = round_down(opts_.limit_bytes);
     if (!(opts_.growth_cap >= 0.0))
       raise<InvalidArgument>("growth cap of ", opts_.device_name, " is ", opts_.growth_cap,
                              "; use a fraction of the pool such as 0.25, or 0 for pure doubling");
-    initial_region_ = std::min(limit_, std::max(kGranule, round_up(opts_.initial_region_bytes)));
-    next_region_ = initial_region_;
+    set_limit(opts_.limit_bytes);
+    limit_pending_ = static_cast<bool>(opts_.limit_at_first_use);
     for (auto& bin : bins_) bin = std::make_unique<Bin>(&node_pool_);
   }
 
@@ -223,6 +222,15 @@ class BfcAllocator final : public Allocator {
                                     ? std::numeric_limits<std::size_t>::max()
                                     : std::max(kGranule, round_up(bytes));
     std::lock_guard lock(mu_);
+    if (limit_pending_) {  // before any region exists, so the new limit bounds the whole pool
+      const std::size_t limit = opts_.limit_at_first_use();
+      if (limit < kGranule)
+        raise<InvalidArgument>("memory limit of ", opts_.device_name, " at first use is ", limit,
+                               " bytes; it must be at least ", kGranule,
+                               " bytes (set it with --memory_limit or --per_process_gpu_memory_fraction)");
+      set_limit(limit);
+      limit_pending_ = false;
+    }
     std::uint32_t h = rounded <= limit_ ? find_free(rounded) : kNone;
     bool region_refused = false;
     if (h == kNone && rounded <= limit_ && extend(rounded, &region_refused)) h = find_free(rounded);
@@ -266,6 +274,13 @@ class BfcAllocator final : public Allocator {
   }
 
  private:
+  // The limit and the growth sizes that derive from it; only while the pool has no region.
+  void set_limit(std::size_t limit_bytes) {
+    limit_ = round_down(limit_bytes);
+    initial_region_ = std::min(limit_, std::max(kGranule, round_up(opts_.initial_region_bytes)));
+    next_region_ = initial_region_;
+  }
+
   std::uint32_t new_chunk(const Chunk& c) {
     if (free_handles_.empty()) {
       chunks_.push_back(c);
@@ -553,6 +568,7 @@ class BfcAllocator final : public Allocator {
   std::size_t limit_ = 0;
   std::size_t initial_region_ = 0;
   std::size_t next_region_ = 0;
+  bool limit_pending_ = false;  // opts_.limit_at_first_use is still to be called
 
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;

@@ -38,6 +38,7 @@ struct Planned {
   bool explicit_limit;  // set by the user (virtual devices, memory_limit), not a default
   bool growth;
   int threads;
+  bool from_free_memory = false;  // a GPU's default without fraction or growth: set at first use
 };
 
 std::string describe(const LogicalDevice& d, const std::vector<GpuDescription>& gpus) {
@@ -50,7 +51,12 @@ std::string describe(const LogicalDevice& d, const std::vector<GpuDescription>& 
   } else {
     out = str("physical CPU ", d.physical_index);
   }
-  out += str(", memory limit ", format_byte_size(d.memory_limit_bytes), ", growth ", d.allow_growth ? "on" : "off");
+  if (d.limit_from_free_memory)
+    out += str(", memory limit at first use: free memory less the reserve (at most ",
+               format_byte_size(d.memory_limit_bytes), ")");
+  else
+    out += str(", memory limit ", format_byte_size(d.memory_limit_bytes));
+  out += str(", growth ", d.allow_growth ? "on" : "off");
   if (d.device.is_cpu())
     out += str(", ", d.intra_op_threads, " intra-op thread", d.intra_op_threads == 1 ? "" : "s");
   return out;
@@ -77,6 +83,20 @@ std::size_t gpu_system_memory_reserve(std::size_t total_bytes, int compute_major
   if (compute_major <= 6) return 500 * kMiB;
   if (compute_major <= 7) return 1050 * kMiB;
   return 1536 * kMiB;
+}
+
+std::size_t gpu_memory_limit_at_open(const std::string& device, std::size_t free_bytes,
+                                     std::size_t total_bytes, std::optional<double> fraction,
+                                     std::size_t reserve_bytes) {
+  if (fraction) return static_cast<std::size_t>(static_cast<double>(total_bytes) * *fraction);
+  if (free_bytes < reserve_bytes || free_bytes - reserve_bytes < 256)
+    raise<OutOfMemory>(
+        device, " has ", format_byte_size(free_bytes), " free of its ", format_byte_size(total_bytes),
+        " at first use, not more than the ", format_byte_size(reserve_bytes),
+        " left to the system and libraries (the default limit is free memory less that reserve); "
+        "other processes or libraries hold the rest. Set per_process_gpu_memory_fraction or a "
+        "memory_limit for this device, or allow_growth=true, or free the GPU");
+  return free_bytes - reserve_bytes;
 }
 
 std::vector<int> parse_visible_device_list(const std::string& list, int visible_count) {
@@ -177,7 +197,10 @@ std::vector<LogicalDevice> resolve_logical_devices(const ProcessOptions& opts, c
     if (gpu_virtual && !(*gpu_virtual)[pos].empty()) {
       for (double mb : (*gpu_virtual)[pos]) planned.push_back({DeviceKind::GPU, id, mib_to_bytes(mb), true, growth, 1});
     } else {
-      planned.push_back({DeviceKind::GPU, id, default_limit, false, growth, 1});
+      // Without a fraction and without growth the pool reserves its whole limit at first use, so
+      // the limit is taken then, from the memory free at that moment (gpu_memory_limit_at_open);
+      // default_limit is its upper bound until then.
+      planned.push_back({DeviceKind::GPU, id, default_limit, false, growth, 1, !fraction && !growth});
     }
   }
 
@@ -217,6 +240,7 @@ std::vector<LogicalDevice> resolve_logical_devices(const ProcessOptions& opts, c
     d.physical_index = p.physical_index;
     d.memory_limit_bytes = p.limit;
     d.allow_growth = p.growth;
+    d.limit_from_free_memory = p.from_free_memory;
     d.intra_op_threads = p.threads;
     devices.push_back(d);
   }
@@ -228,6 +252,7 @@ std::vector<LogicalDevice> resolve_logical_devices(const ProcessOptions& opts, c
       raise<InvalidArgument>("memory_limit names ", dev, " but the logical devices are ", list_devices(devices),
                              "; limit one of those (logical numbering, after visible_device_list and virtual_devices)");
     it->memory_limit_bytes = mib_to_bytes(mb);
+    it->limit_from_free_memory = false;
     explicit_limit[it - devices.begin()] = true;
   }
   // A physical device's explicit limits must fit in it; defaults fit by construction (and the

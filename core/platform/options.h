@@ -44,9 +44,10 @@ struct ProcessOptions {
   // Which of the GPUs this process sees (after CUDA_VISIBLE_DEVICES) become logical GPUs, in
   // this order: "1,0" makes visible GPU 1 the logical /gpu:0. Unset or empty: all, in order.
   std::optional<std::string> visible_device_list{};
-  // The share of each GPU's total memory its allocator may use, in (0, 1]. Unset: all of the
-  // memory but a system reserve (TensorFlow's heuristic: 225 MiB to 1.5 GiB by device size and
-  // compute capability). Cannot be combined with GPU virtual devices.
+  // The share of each GPU's total memory its allocator may use, in (0, 1]. Unset: the memory
+  // free at the device's first allocation less a system reserve (TensorFlow's heuristic: 225 MiB
+  // to 1.5 GiB by free memory and compute capability); with growth, the total memory less that
+  // reserve (logical.h). Cannot be combined with GPU virtual devices.
   std::optional<double> per_process_gpu_memory_fraction{};
   // GPU allocators grow in doubling regions up to their limit (true) or reserve the whole limit
   // at first use (false, the default as in TensorFlow). CPU allocators always grow: host memory

@@ -244,8 +244,9 @@ class CpuBackend final : public Backend {
   }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
                            const float* dy, const float* gamma, const float* save_mean,
-                           const float* save_invstd, float* dx, float* dgamma, float* dbeta,
-                           float* d_pre_relu) override {
+                           const float* save_invstd, float /*eps*/, float* dx, float* dgamma,
+                           float* dbeta, float* d_pre_relu) override {
+    // The CPU kernels read 1/sqrt(var + eps) from save_invstd and need eps no further.
     if (relu) {
       cpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
                                     dgamma, dbeta, d_pre_relu);

@@ -252,8 +252,8 @@ TEST_CASE("batch norm training, inference, fused variants and backward match the
   expect_close("batch_norm_forward_training invstd", download(ginv, c), inv, 1e-6, 1e-4);
 
   gpu::batch_norm_backward(ctx, rows, c, gx.as<float>(), gdy.as<float>(), ggamma.as<float>(),
-                           gmean.as<float>(), ginv.as<float>(), gdx.as<float>(), gdg.as<float>(),
-                           gdb.as<float>());
+                           gmean.as<float>(), ginv.as<float>(), eps, gdx.as<float>(),
+                           gdg.as<float>(), gdb.as<float>());
   cpu::batch_norm_backward(the_cpu(), rows, c, x.data(), dy.data(), gamma.data(), mean.data(),
                            inv.data(), dx.data(), dg.data(), db.data());
   expect_close("batch_norm_backward dx", download(gdx, n), dx, 1e-5, 1e-4);
@@ -268,7 +268,7 @@ TEST_CASE("batch norm training, inference, fused variants and backward match the
                                             inv.data());
   expect_close("batch_norm_add_relu_forward y", download(gy, n), y, 1e-5, 1e-5);
   gpu::batch_norm_relu_backward(ctx, rows, c, gx.as<float>(), gy.as<float>(), gdy.as<float>(),
-                                ggamma.as<float>(), gmean.as<float>(), ginv.as<float>(),
+                                ggamma.as<float>(), gmean.as<float>(), ginv.as<float>(), eps,
                                 gdx.as<float>(), gdg.as<float>(), gdb.as<float>(),
                                 gpre.as<float>());
   cpu::batch_norm_relu_backward(the_cpu(), rows, c, x.data(), y.data(), dy.data(), gamma.data(),
@@ -357,7 +357,7 @@ TEST_CASE("batch norm beyond cuDNN's batch limit matches the CPU (70,000 and 1,0
     expect_close("batch_norm large mean", download(gmean, c), mean, 1e-5, 1e-4);
     expect_close("batch_norm large invstd", download(ginv, c), inv, 1e-5, 1e-4);
     gpu::batch_norm_backward(ctx, rows, c, gx.as<float>(), gdy.as<float>(), ggamma.as<float>(),
-                             gmean.as<float>(), ginv.as<float>(), gdx.as<float>(),
+                             gmean.as<float>(), ginv.as<float>(), eps, gdx.as<float>(),
                              gdg.as<float>(), gdb.as<float>());
     cpu::batch_norm_backward(the_cpu(), rows, c, x.data(), dy.data(), gamma.data(), mean.data(),
                              inv.data(), dx.data(), dg.data(), db.data());
@@ -370,6 +370,64 @@ TEST_CASE("batch norm beyond cuDNN's batch limit matches the CPU (70,000 and 1,0
     cpu::batch_norm_forward_inference(the_cpu(), rows, c, x.data(), gamma.data(), beta.data(),
                                       rmean.data(), rvar.data(), eps, y.data());
     expect_close("batch_norm large inference", download(gy, n), y, 1e-5, 1e-5);
+  }
+}
+
+TEST_CASE("batch norm backward through the backends, with the forward's eps, matches the CPU on "
+          "a constant channel (variance 0)", "[cuda]") {
+  // Note [Batch-norm backward eps]: with variance 0, 1/sqrt(var + eps) is finite only with the
+  // forward's eps; the GPU's backward gets that eps and must give the CPU backend's gradients.
+  tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
+  tw::Backend& gb = tw::backend_for(tw::Device::gpu(0));
+  tw::Backend& cb = cpu_backend();
+  const std::int64_t rows = 4 * 3 * 3;
+  const int c = 3;
+  const float eps = 1e-3f;
+  const std::size_t n = std::size_t(rows) * c;
+  std::vector<float> x = random_vector(n, 51, -2.0f, 3.0f);
+  for (std::int64_t r = 0; r < rows; ++r) x[r * c + 1] = 0.75f;  // channel 1 is constant
+  const auto dy = random_vector(n, 52), gamma = random_vector(c, 53, 0.5f, 1.5f),
+             beta = random_vector(c, 54);
+  struct Run {
+    std::vector<float> y, mean, invstd, dx, dgamma, dbeta;
+  };
+  auto run = [&](tw::Backend& be, bool relu) {
+    tw::Allocator& a = be.allocator();
+    auto buffer = [&](std::size_t count, const float* from) {
+      float* p = static_cast<float*>(a.allocate(count * sizeof(float)));
+      if (from != nullptr) be.copy_from_host(p, from, count * sizeof(float));
+      return p;
+    };
+    float *bx = buffer(n, x.data()), *bdy = buffer(n, dy.data()),
+          *bgamma = buffer(c, gamma.data()), *bbeta = buffer(c, beta.data()),
+          *by = buffer(n, nullptr), *bmean = buffer(c, nullptr), *binv = buffer(c, nullptr),
+          *bdx = buffer(n, nullptr), *bdg = buffer(c, nullptr), *bdb = buffer(c, nullptr);
+    be.batch_norm_forward_training(rows, c, bx, nullptr, relu, bgamma, bbeta, eps, 0.1f, nullptr,
+                                   nullptr, by, bmean, binv);
+    be.batch_norm_backward(rows, c, bx, relu ? by : nullptr, relu, bdy, bgamma, bmean, binv, eps,
+                           bdx, bdg, bdb, nullptr);
+    Run out{std::vector<float>(n), std::vector<float>(c), std::vector<float>(c),
+            std::vector<float>(n), std::vector<float>(c), std::vector<float>(c)};
+    be.copy_to_host(out.y.data(), by, n * sizeof(float));
+    be.copy_to_host(out.mean.data(), bmean, c * sizeof(float));
+    be.copy_to_host(out.invstd.data(), binv, c * sizeof(float));
+    be.copy_to_host(out.dx.data(), bdx, n * sizeof(float));
+    be.copy_to_host(out.dgamma.data(), bdg, c * sizeof(float));
+    be.copy_to_host(out.dbeta.data(), bdb, c * sizeof(float));
+    be.synchronize();
+    for (float* p : {bx, bdy, bgamma, bbeta, by, bmean, binv, bdx, bdg, bdb}) a.deallocate(p);
+    return out;
+  };
+  for (bool relu : {false, true}) {
+    INFO("relu " << relu);
+    const Run g = run(gb, relu), r = run(cb, relu);
+    CHECK(std::fabs(r.invstd[1] - 1.0f / std::sqrt(eps)) < 1e-3f * r.invstd[1]);
+    expect_close("batch_norm constant channel invstd", g.invstd, r.invstd, 1e-6, 1e-4);
+    expect_close("batch_norm constant channel y", g.y, r.y, 1e-5, 1e-5);
+    expect_close("batch_norm constant channel dx", g.dx, r.dx, 1e-4, 1e-4);
+    expect_close("batch_norm constant channel dgamma", g.dgamma, r.dgamma, 1e-4, 1e-4);
+    expect_close("batch_norm constant channel dbeta", g.dbeta, r.dbeta, 1e-5, 1e-5);
+    CHECK(std::all_of(g.dx.begin(), g.dx.end(), [](float v) { return std::isfinite(v); }));
   }
 }
 

@@ -473,3 +473,50 @@ TEST_CASE("format_bytes uses binary units with one decimal", "[memory]") {
   CHECK(tw::format_bytes(1536 * KiB) == "1.5 MiB");
   CHECK(tw::format_bytes(16ull << 30) == "16.0 GiB");
 }
+
+TEST_CASE("limit_at_first_use sets the limit at the first allocation, before any region",
+          "[memory]") {
+  int calls = 0;
+  std::size_t free_now = 64 * MiB;  // what the device has free when the pool is first used
+  Pool pool(tw::BfcOptions{.device_name = "/gpu:0",
+                           .limit_bytes = 256 * MiB,  // the bound shown until then
+                           .allow_growth = false,
+                           .limit_at_first_use = [&] {
+                             ++calls;
+                             return free_now - 16 * MiB;
+                           }});
+  CHECK(pool->stats().bytes_limit == 256 * MiB);
+  CHECK(calls == 0);
+  free_now = 32 * MiB;  // NCCL and cuDNN took memory between creation and first use
+  void* p = pool->allocate(KiB);
+  CHECK(calls == 1);
+  CHECK(pool->stats().bytes_limit == 16 * MiB);
+  REQUIRE(pool.log->granted.size() == 1);
+  CHECK(pool.log->granted[0] == 16 * MiB);  // without growth the whole limit, no more
+  void* q = pool->allocate(KiB);
+  CHECK(calls == 1);
+  CHECK_THROWS_AS(pool->allocate(32 * MiB), tw::OutOfMemory);
+  pool->deallocate(p);
+  pool->deallocate(q);
+}
+
+TEST_CASE("limit_at_first_use: a failure is the allocation's, and the next one asks again",
+          "[memory]") {
+  int calls = 0;
+  Pool pool(tw::BfcOptions{.device_name = "/gpu:0",
+                           .limit_bytes = 256 * MiB,
+                           .allow_growth = false,
+                           .limit_at_first_use = [&]() -> std::size_t {
+                             if (++calls == 1) throw tw::OutOfMemory("/gpu:0 has no memory free");
+                             return 8 * MiB;
+                           }});
+  CHECK_THROWS_AS(pool->allocate(KiB), tw::OutOfMemory);
+  CHECK(pool.log->granted.empty());
+  void* p = pool->allocate(KiB);
+  CHECK(calls == 2);
+  CHECK(pool->stats().bytes_limit == 8 * MiB);
+  pool->deallocate(p);
+  Pool tiny(tw::BfcOptions{.device_name = "/gpu:1", .limit_bytes = MiB, .allow_growth = false,
+                           .limit_at_first_use = [] { return std::size_t{100}; }});
+  CHECK_THROWS_AS(tiny->allocate(KiB), tw::InvalidArgument);
+}

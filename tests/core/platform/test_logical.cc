@@ -195,3 +195,61 @@ TEST_CASE("format_byte_size prints binary units with one decimal", "[platform][l
   CHECK(tw::format_byte_size(2048) == "2.0 KiB");
   CHECK(tw::format_byte_size(100) == "100 B");
 }
+
+TEST_CASE("the default GPU limit without growth is taken from free memory at first use",
+          "[platform][logical]") {
+  auto p = machine(2, 40, 8);
+  auto devices = resolve({}, *p);
+  REQUIRE(devices.size() == 3);
+  for (int i = 0; i < 2; ++i) {
+    CHECK(devices[i].limit_from_free_memory);
+    CHECK(devices[i].memory_limit_bytes == 40 * kGiB - 1536 * kMiB);  // the bound until then
+    CHECK_THAT(devices[i].description,
+               Contains("memory limit at first use: free memory less the reserve (at most 38.5 GiB), growth off"));
+  }
+  CHECK_FALSE(devices[2].limit_from_free_memory);  // the CPU's limit is the host's memory
+  // A fraction, growth, an explicit limit or a virtual device fix the limit when resolving.
+  CHECK_FALSE(resolve({.per_process_gpu_memory_fraction = 0.5}, *p)[0].limit_from_free_memory);
+  CHECK_FALSE(resolve({.allow_growth = true}, *p)[0].limit_from_free_memory);
+  ProcessOptions limited;
+  limited.memory_limit_mb[Device::gpu(1)] = 4096;
+  auto l = resolve(limited, *p);
+  CHECK(l[0].limit_from_free_memory);
+  CHECK_FALSE(l[1].limit_from_free_memory);
+  CHECK(l[1].memory_limit_bytes == 4 * kGiB);
+  ProcessOptions split;
+  split.virtual_devices.gpu_memory_limits_mb = std::vector<std::vector<double>>{{1024, 1024}, {}};
+  auto v = resolve(split, *p);
+  CHECK_FALSE(v[0].limit_from_free_memory);
+  CHECK_FALSE(v[1].limit_from_free_memory);
+  CHECK(v[2].limit_from_free_memory);  // GPU 1, whole
+}
+
+TEST_CASE("gpu_memory_limit_at_open: free memory less the reserve, or the fraction of the total",
+          "[platform][logical]") {
+  // 80 GiB card, 3 GiB already taken by NCCL, cuDNN and cuBLAS: the limit leaves them alone.
+  CHECK(tw::gpu_memory_limit_at_open("/gpu:0", 77 * kGiB, 80 * kGiB, std::nullopt, 1536 * kMiB) ==
+        77 * kGiB - 1536 * kMiB);
+  // A fraction is of the total, whatever is free (TensorFlow's rule).
+  CHECK(tw::gpu_memory_limit_at_open("/gpu:0", 10 * kGiB, 80 * kGiB, 0.5, 1536 * kMiB) ==
+        40 * kGiB);
+  CHECK(tw::gpu_memory_limit_at_open("/gpu:0", 1536 * kMiB + 256, 80 * kGiB, std::nullopt,
+                                     1536 * kMiB) == 256);
+}
+
+TEST_CASE("gpu_memory_limit_at_open: less free than the reserve is an error naming the device, "
+          "the memory and the fix", "[platform][logical]") {
+  std::string message;
+  try {
+    tw::gpu_memory_limit_at_open("/gpu:1", 200 * kMiB, 16 * kGiB, std::nullopt, 225 * kMiB);
+  } catch (const tw::OutOfMemory& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Contains("/gpu:1 has 200.0 MiB free of its 16.0 GiB"));
+  CHECK_THAT(message, Contains("225.0 MiB"));
+  CHECK_THAT(message, Contains("per_process_gpu_memory_fraction"));
+  CHECK_THAT(message, Contains("memory_limit"));
+  CHECK_THAT(message, Contains("allow_growth=true"));
+  CHECK_THROWS_AS(tw::gpu_memory_limit_at_open("/gpu:0", kGiB, 16 * kGiB, std::nullopt, kGiB),
+                  tw::OutOfMemory);
+}
