@@ -105,4 +105,10 @@ std::string Device::full_name() const {
 
 std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
 
+std::string device_list(const std::vector<Device>& devices) {
+  std::string s;
+  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.str();
+  return s;
+}
+
 }  // namespace towerflow

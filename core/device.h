@@ -13,6 +13,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace towerflow {
 
@@ -40,6 +41,8 @@ struct Device {
 };
 
 std::ostream& operator<<(std::ostream& os, const Device& d);  // short form
+// "/cpu:0, /cpu:1": short forms joined, for messages.
+std::string device_list(const std::vector<Device>& devices);
 
 // The task of a TensorFlow cluster name ("/job:worker/replica:0/task:1/device:GPU:0" -> 1), or
 // nullopt for a name without one. In a job of several processes, task t is the process of rank t

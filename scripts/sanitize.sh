@@ -3,7 +3,8 @@
 #   asan  build-asan/: everything under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer
 #         included), then the whole ctest suite;
 #   tsan  build-tsan/: the tests of every threaded component under ThreadSanitizer: tower workers
-#         and the trainer, sync batch norm, the local communicator, the BFC allocator, the CPU
+#         and the trainer, sync batch norm, the local communicator, the NCCL communicator's logic
+#         (against a double of NCCL), the BFC allocator, the CPU
 #         thread pool, the data loader and image-folder decoding, checkpoints and the run loop.
 #   ci    build-asan/: only what parses outside input (files, INI, flags, checkpoints, event files,
 #         images) and its tests under ASan + UBSan: the part of asan that fits CI's time (the
@@ -44,8 +45,8 @@ fi
 
 if [ "$what" != asan ]; then
   start=$(date +%s)
-  tsan_tests=(test_tower_split test_tower_trainer test_tower_sync_batch_norm test_collectives test_memory
-              test_core test_data test_train)
+  tsan_tests=(test_tower_split test_tower_trainer test_tower_sync_batch_norm test_collectives test_nccl_ranks
+              test_memory test_core test_data test_train)
   tw_configure_tsan
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
   regex="^($(IFS='|'; echo "${tsan_tests[*]}")):"

@@ -12,14 +12,6 @@
 
 namespace towerflow::tower {
 
-namespace {
-std::string device_list(const std::vector<Device>& devices) {
-  std::string s;
-  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.str();
-  return s;
-}
-}  // namespace
-
 double GradientReducer::exposed_seconds(std::span<const double> towers, double finish) const {
   return (towers.empty() ? 0.0 : *std::min_element(towers.begin(), towers.end())) + finish;
 }

@@ -11,12 +11,6 @@ namespace towerflow::tower {
 
 namespace {
 
-std::string device_list(const std::vector<Device>& devices) {
-  std::string s;
-  for (const Device& d : devices) s += (s.empty() ? "" : ", ") + d.str();
-  return s;
-}
-
 std::vector<double> weights_of(const SplitPolicy& policy, std::size_t n) {
   if (const auto* w = std::get_if<WeightedSplit>(&policy)) {
     if (w->weights.size() != n)

@@ -241,8 +241,9 @@ NcclCommunicator::NcclCommunicator(std::vector<Device> devices, std::vector<int>
                          return s;
                        }(),
                        "); reduce on a parameter device instead");
-  impl_->ranks = std::make_unique<NcclRanks>(devices_, std::make_unique<CudaNcclBackend>(std::move(gpu_ordinals)),
-                                             processes);
+  impl_->ranks = std::make_unique<NcclRanks>(
+      devices_, std::make_unique<CudaNcclBackend>(std::move(gpu_ordinals)), processes,
+      NcclRanksOptions{.timeout = collective_timeout(NcclRanksOptions{}.timeout)});
 }
 
 NcclCommunicator::~NcclCommunicator() = default;

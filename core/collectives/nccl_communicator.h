@@ -17,8 +17,8 @@
 // non-blocking and connected when they are created (NCCL_RUNTIME_CONNECT=0 unless the
 // environment says otherwise, so their buffers exist before the trainer reserves device memory);
 // no lock is held across a call that may wait for a peer; every wait polls NCCL's asynchronous
-// error, abort() and a deadline (5 minutes in one process; the process group's timeout() across
-// processes), sleeping between polls. An asynchronous error or a passed deadline aborts every
+// error, abort() and a deadline (in one process TOWERFLOW_COLLECTIVE_TIMEOUT, default 5 minutes;
+// across processes the process group's timeout()), sleeping between polls. An asynchronous error or a passed deadline aborts every
 // rank and raises CollectiveAborted naming the rank, its device and NCCL's error string on that
 // participant, and CollectiveAborted with the same reason on the others.
 // abort() is callable from any thread at any time, also while participants are inside NCCL: it

@@ -260,7 +260,7 @@ void NcclRanks::wait(int p, const char* what, Poll poll) {
                     " s (the process group's timeout): another rank died, hangs or is far behind"),
              true);
       fail(p, str(what, " did not complete within ", seconds(timeout()),
-                  " s: a GPU or a peer rank hangs (NcclRanksOptions::timeout)"),
+                  " s: a GPU or a peer rank hangs (set TOWERFLOW_COLLECTIVE_TIMEOUT, in seconds, to wait longer)"),
            false);
     }
     std::this_thread::sleep_for(pause);

@@ -93,7 +93,8 @@ class NcclBackend {
 struct NcclRanksOptions {
   // The deadline of every wait in one process (across processes: the process group's timeout()).
   // Five minutes: far beyond any healthy collective or communicator creation, so it only ends a
-  // hang (a lost rank, a wedged GPU), never a slow step.
+  // hang (a lost rank, a wedged GPU), never a slow step. The NCCL communicator takes
+  // TOWERFLOW_COLLECTIVE_TIMEOUT instead when it is set (process_group.h: collective_timeout).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 

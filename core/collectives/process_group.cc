@@ -37,16 +37,7 @@ class SingleProcessGroup final : public ProcessGroup {
   }
 };
 
-std::chrono::milliseconds timeout_from_environment() {
-  const char* v = std::getenv("TOWERFLOW_COLLECTIVE_TIMEOUT");
-  if (v == nullptr || *v == '\0') return std::chrono::milliseconds(30'000);
-  char* end = nullptr;
-  const double s = std::strtod(v, &end);
-  if (end == v || *end != '\0' || !(s > 0) || s > 86400)
-    raise<InvalidArgument>("TOWERFLOW_COLLECTIVE_TIMEOUT='", v, "' is not a number of seconds between 0 and 86400; "
-                           "set it to e.g. 30, or unset it for the default of 30 seconds");
-  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
-}
+std::chrono::milliseconds timeout_from_environment() { return collective_timeout(std::chrono::milliseconds(30'000)); }
 
 // Note [Hierarchical all-reduce]: the towers of a process sum their buffers with the local
 // communicator (one pass over shared memory, every tower's thread helping), then only participant
@@ -171,6 +162,17 @@ bool launched_by_mpi() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"})
     if (const char* s = std::getenv(v); s != nullptr && *s != '\0') return true;
   return false;
+}
+
+std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback) {
+  const char* v = std::getenv("TOWERFLOW_COLLECTIVE_TIMEOUT");
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != '\0' || !(s > 0) || s > 86400)
+    raise<InvalidArgument>("TOWERFLOW_COLLECTIVE_TIMEOUT='", v, "' is not a number of seconds between 0 and 86400; "
+                           "set it to e.g. 30, or unset it for the default of ", fallback.count() / 1000.0, " seconds");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
 }
 
 ProcessGroup& world() {

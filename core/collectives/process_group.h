@@ -93,6 +93,11 @@ bool launched_by_mpi();
 // initial timeout; a bad value raises InvalidArgument naming it.
 ProcessGroup& world();
 
+// TOWERFLOW_COLLECTIVE_TIMEOUT when set, else `fallback`: the deadline of a collective's wait
+// (the process group's, 30 s by default; the NCCL communicator's inside one process, 5 minutes by
+// default). InvalidArgument naming a bad value.
+std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback);
+
 // A world of one process: every collective returns at once.
 std::unique_ptr<ProcessGroup> make_single_process_group();
 
