@@ -45,6 +45,13 @@ ReductionChoice choose_reduction(const Reduction& asked, const std::vector<Devic
   return {asked, std::move(comm)};
 }
 
+// The strategies, one file each (reducer_*.cc).
+std::unique_ptr<GradientReducer> make_parameter_device_reducer(Device device, const ReducerSetup& setup);
+std::unique_ptr<GradientReducer> make_all_reduce_reducer(std::unique_ptr<collectives::Communicator> comm,
+                                                         const ReducerSetup& setup);
+std::unique_ptr<GradientReducer> make_bucketed_reducer(std::unique_ptr<collectives::Communicator> comm,
+                                                       std::size_t bucket_bytes, const ReducerSetup& setup);
+
 std::unique_ptr<GradientReducer> make_reducer(ReductionChoice choice, const ReducerSetup& setup) {
   if (const auto* pd = std::get_if<ParameterDevice>(&choice.reduction))
     return make_parameter_device_reducer(pd->device.value_or(Device::cpu(0)), setup);

@@ -27,7 +27,8 @@
 //   replica hold the parameters the optimizer updated; take_replica0() makes replica 0's
 //   parameters the truth (after a checkpoint was loaded into it and copied to the replicas).
 //
-// Adding a strategy: a class in its own reducer_*.cc and a line in make_reducer (reducer.cc).
+// Adding a strategy: a class in its own reducer_*.cc, and its maker declared and called in
+// make_reducer (reducer.cc).
 
 #include <cstddef>
 #include <cstdint>
@@ -102,13 +103,6 @@ ReductionChoice choose_reduction(const Reduction& asked, const std::vector<Devic
                                  collectives::ProcessGroup& processes);
 
 std::unique_ptr<GradientReducer> make_reducer(ReductionChoice choice, const ReducerSetup& setup);
-
-// The strategies (one file each).
-std::unique_ptr<GradientReducer> make_parameter_device_reducer(Device device, const ReducerSetup& setup);
-std::unique_ptr<GradientReducer> make_all_reduce_reducer(std::unique_ptr<collectives::Communicator> comm,
-                                                         const ReducerSetup& setup);
-std::unique_ptr<GradientReducer> make_bucketed_reducer(std::unique_ptr<collectives::Communicator> comm,
-                                                       std::size_t bucket_bytes, const ReducerSetup& setup);
 
 // Replica-copy helpers the all-reduce strategies share: one optimizer copy per replica, run on
 // the towers' threads.
