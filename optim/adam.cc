@@ -1,9 +1,11 @@
 #include "optim/adam.h"
 
 #include <cmath>
+#include <string_view>
 
 #include "core/tensor/backend_impl.h"
 #include "core/error.h"
+#include "core/tensor/optimizer_update.h"
 
 namespace towerflow::optim {
 
@@ -16,6 +18,12 @@ AdamOptions validated(AdamOptions o, const char* who) {
   if (!(o.eps >= 0)) raise<InvalidArgument>(who, " eps ", o.eps, " is invalid; use a value >= 0 (e.g. 1e-8)");
   if (!(o.weight_decay >= 0))
     raise<InvalidArgument>(who, " weight_decay ", o.weight_decay, " is invalid; use a value >= 0");
+  // The rule every backend's fused update applies (core/tensor/optimizer_update.h), checked once
+  // here for every copy: a CPU copy refuses what a GPU copy would (a beta that rounds to 1 in float).
+  check_adam_update({.lr = static_cast<float>(o.lr), .beta1 = static_cast<float>(o.beta1),
+                     .beta2 = static_cast<float>(o.beta2), .eps = static_cast<float>(o.eps),
+                     .weight_decay = static_cast<float>(o.weight_decay),
+                     .decoupled_weight_decay = std::string_view(who) == "AdamW", .step = 1});
   return o;
 }
 }  // namespace

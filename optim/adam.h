@@ -4,7 +4,8 @@
 //   AdamW: p *= 1 - lr * weight_decay                  (decoupled weight decay)
 //   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g^2
 //   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
-// Throws InvalidArgument for a negative lr, eps or weight decay, or a beta outside [0, 1).
+// Throws InvalidArgument for a negative lr, eps or weight decay, or a beta outside [0, 1) (in
+// float too: core/tensor/optimizer_update.h's rule, the one every device's update applies).
 
 #include "optim/optimizer.h"
 

@@ -4,6 +4,7 @@
 
 #include "core/tensor/backend_impl.h"
 #include "core/error.h"
+#include "core/tensor/optimizer_update.h"
 
 namespace towerflow::optim {
 
@@ -24,6 +25,11 @@ Sgd::Sgd(ParameterSet params, SgdOptions options)
   if (options.nesterov && (options.momentum <= 0 || options.dampening != 0))
     raise<InvalidArgument>("SGD with nesterov = true needs momentum > 0 and dampening = 0 (got momentum ",
                            options.momentum, ", dampening ", options.dampening, ")");
+  // The rule every backend's fused update applies (core/tensor/optimizer_update.h), checked once
+  // here for every copy: a CPU copy refuses what a GPU copy would (dampening outside [0, 1]).
+  check_sgd_update({.lr = static_cast<float>(options.lr), .momentum = static_cast<float>(options.momentum),
+                    .dampening = static_cast<float>(options.dampening),
+                    .weight_decay = static_cast<float>(options.weight_decay), .nesterov = options.nesterov});
 }
 
 std::string Sgd::name() const { return options_.nesterov ? "SGD (Nesterov)" : "SGD"; }

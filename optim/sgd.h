@@ -5,8 +5,9 @@
 //   buf = d on the first step, then momentum * buf + (1 - dampening) * d
 //   d = nesterov ? d + momentum * buf : buf          (when momentum != 0)
 //   p -= lr * d
-// Throws InvalidArgument for a negative lr, momentum or weight decay, and for Nesterov without
-// momentum or with dampening (as PyTorch does).
+// Throws InvalidArgument for a negative lr, momentum or weight decay, a dampening outside [0, 1],
+// and for Nesterov without momentum or with dampening (core/tensor/optimizer_update.h's rule, the
+// one every device's update applies).
 
 #include "optim/optimizer.h"
 

@@ -145,6 +145,10 @@ TEST_CASE("optimizers reject bad options with the value and the fix", "[optim]")
   REQUIRE_THROWS_WITH((Sgd(set(), {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true})),
                       Catch::Contains("dampening"));
   REQUIRE_THROWS_AS((Sgd(set(), {.lr = 0.1, .weight_decay = -1e-4})), InvalidArgument);
+  // The one rule of every backend's fused update, on a CPU copy too (a GPU copy refuses these).
+  REQUIRE_THROWS_WITH((Sgd(set(), {.lr = 0.1, .momentum = 0.9, .dampening = 1.5})),
+                      Catch::Contains("dampening 1.5") && Catch::Contains("[0, 1]"));
+  REQUIRE_THROWS_WITH((Adam(set(), {.beta2 = 0.99999999})), Catch::Contains("beta2 1"));
   REQUIRE_THROWS_WITH((Adam(set(), {.beta1 = 1.0})), Catch::Contains("beta1 1"));
   REQUIRE_THROWS_WITH((AdamW(set(), {.beta2 = -0.5})), Catch::Contains("AdamW beta2"));
   REQUIRE_THROWS_AS((Adam(set(), {.eps = -1})), InvalidArgument);
