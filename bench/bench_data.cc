@@ -2,7 +2,7 @@
 //
 //   towerflow_bench_data --dataset cifar10 --data_dir DIR --threads N --json
 //   towerflow_bench_data --dataset builtin --threads 1,2
-//   towerflow_bench_data --dataset folder --data_dir /data/cifar10-jpeg --threads 2
+//   towerflow_bench_data --dataset folder --data_dir DIR --threads 2
 //
 // Each row runs the Loader with the CIFAR training recipe (pad-4 crop, flip, normalisation;
 // --cutout adds cutout) over --images images after one warm-up batch, with a consumer that only

@@ -8,7 +8,7 @@
 //   --devices 2            two logical CPU devices, /cpu:0 and /cpu:1 (--threads each)
 //   --devices /gpu:0,/gpu:1  the listed devices (CPU or GPU names, as cifar10_train takes them)
 //
-// Each step is what torch_cifar_bench.py and torch_ddp_bench.py time (/work/shared/peers): zero
+// Each step is what torch_cifar_bench.py and torch_ddp_bench.py time (bench/peers/): zero
 // the gradients, forward, softmax cross-entropy (global-batch mean), backward, reduction across
 // the towers (tower::Trainer, --reduction), SGD with momentum 0.9 and weight decay 5e-4 (PyTorch's
 // formulation) through optim::Sgd. The global batch (NHWC float32 normal, labels uniform in

@@ -19,12 +19,7 @@ Sections, in the order they run:
                AVX512-BF16 (a "skip" row otherwise)                     (towerflow_bench_kernels)
     bandwidth  STREAM copy and triad on 1 and N threads                  (towerflow_bench_kernels)
     kernel     conv / GEMM / batch norm / max pool, forward and backward, at ResNet-20 and tfcnn
-               shapes, each with its roofline share (Note [Limits measured twice]
-Other work on a shared machine only ever lowers a measured limit. The suite measures the limits at
-the start (the best of the repetitions) and again at the end, and the higher figure counts; a
-share above 100% still means the limit was measured low, and the report says so.
-
-Note [Shares] below)  (towerflow_bench_kernels)
+               shapes, each with its roofline share (Note [Shares] below)  (towerflow_bench_kernels)
     kernel_bf16  the same convolutions and GEMMs through the bf16 kernels the CPU chooses, each
                beside its fp32 row and over the peak of the instructions it runs (bf16 peak for
                oneDNN's or towerflow's bf16 kernels where measured, else fp32); on a CPU with
@@ -52,6 +47,11 @@ bandwidth; otherwise "compute"-bound and GFLOP/s over the fp32 peak of the instr
 kernels use. Batch norm and pooling count no FLOPs, so they are memory-bound by definition.
 Training is counted as compute-bound: GFLOP/s (3 x forward multiply-adds x 2 per image, the
 peers' convention) over the fp32 peak on all the threads the run uses.
+
+Note [Limits measured twice]
+Other work on a shared machine only ever lowers a measured limit. The suite measures the limits at
+the start (the best of the repetitions) and again at the end, and the higher figure counts; a
+share above 100% still means the limit was measured low, and the report says so.
 """
 import argparse
 import datetime

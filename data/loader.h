@@ -4,7 +4,10 @@
 //
 //   data::Loader loader{train, {.batch = 512, .augment = data::cifar_augment(), .seed = 1}};
 //   for (int epoch = 0; epoch < 30; ++epoch)
-//     for (const data::Batch& batch : loader) trainer.step(batch);   // epochs 0, 1, 2, ...
+//     for (const data::Batch& batch : loader) {   // epochs 0, 1, 2, ...
+//       trainer.forward_backward(batch);          // a tower::Trainer: split, run every tower, reduce
+//       sgd.step();                               // its optimizer (optim::Sgd) applies the gradients
+//     }
 //
 // Epochs. Each pass (begin()) runs one epoch: the one given to set_epoch(), else the one after
 // the previous pass (the first is 0). The epoch's order is a permutation of the dataset drawn

@@ -50,9 +50,9 @@ class Communicator {
   virtual void all_reduce_sum(int participant, std::span<float> data) = 0;
   // The same for a buffer whose producing work may still be queued on the participant's device:
   // the collective reads `data` only after `ready` has been reached (null: nothing is pending).
-  // Note [Bucketed reduction during backward] in tower/buckets.cc records one such event per
-  // bucket on the tower's compute stream. The default waits for the event on the calling thread
-  // and then runs all_reduce_sum; the NCCL communicator makes its own stream wait for it on the
+  // Note [Bucketed reduction during backward] in tower/reducer_bucketed.cc records one such event
+  // per bucket on the tower's compute stream. The default waits for the event on the calling
+  // thread and then runs all_reduce_sum; the NCCL communicator makes its own stream wait for it on the
   // GPU instead, so neither the host nor the compute stream stalls.
   virtual void all_reduce_sum_after(int participant, std::span<float> data,
                                     const QueueEvent* ready) {

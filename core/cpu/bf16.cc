@@ -26,7 +26,7 @@
 // 2-core Intel Xeon @ 2.80GHz (Ice Lake-SP, AVX-512 without BF16), one thread, ResNet-20's layer
 // shapes at batch 64: oneDNN's bf16 convolutions ran at 17-41 GFLOP/s against 36-153 for oneDNN's
 // fp32 ones (2-4x slower), while the emulated path costs one rounding pass over each operand
-// (ResNet-20 trains at 0.79x fp32: docs/tensors-and-models.md). So the emulated path is the
+// (ResNet-20 trains at 0.90x fp32: docs/precision.md, "Measured"). So the emulated path is the
 // automatic choice without bf16 instructions, and TOWERFLOW_BF16_KERNELS=onednn can still ask for
 // oneDNN's kernels there (so that they are tested on every AVX-512 machine).
 //

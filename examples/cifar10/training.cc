@@ -162,9 +162,9 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
       if (d.is_cpu()) max_cpu = std::max(max_cpu, d.index);
     if (max_cpu >= 1 && !cpu_configured) process.device_count["CPU"] = max_cpu + 1;
   } else if (!has_gpu && !cpu_configured && o.num_gpus <= 0) {
-    // Note [Two CPU towers by default]: on a machine without a GPU, "every visible device" would
-    // be one CPU device and no towers at all; two logical CPU devices, each with half of the
-    // host's threads, run the same multi-tower path a multi-GPU machine runs.
+    // Two CPU towers by default: on a machine without a GPU, "every visible device" would be one
+    // CPU device and no towers at all; two logical CPU devices, each with half of the host's
+    // threads, run the same multi-tower path a multi-GPU machine runs.
     process.device_count["CPU"] = 2;
   }
 

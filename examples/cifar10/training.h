@@ -7,8 +7,10 @@
 // datasets, builds a tower::Trainer and an optimizer from the options, and runs train::fit with
 // the reporter (start-up block, progress, summary) and train_dir/metrics.jsonl as hooks, plus
 // any `extra` hooks. Everything fit() promises holds (train/fit.h): checkpoints every save_every
-// steps and at the end, --resume continuing bit for bit, a fresh run removing the checkpoints
-// and metrics of an earlier run in train_dir, as the TensorFlow tutorial's trainer does.
+// steps and at the end, --resume continuing bit for bit. A new run in a train_dir that holds an
+// earlier run's files changes nothing and raises InvalidArgument (naming --resume and
+// --start_over), unless --start_over says move (the files go to train_dir/earlier-<time>/) or
+// delete.
 //
 // Errors: options that do not fit raise InvalidArgument naming the flag; a non-finite loss
 // raises NumericalError after the step that produced it was discarded (the last checkpoint is the
@@ -40,7 +42,8 @@ struct EvalOptions {
 };
 // The data set (data_dir, dataset, the built-in sizes) comes from the checkpoint's recorded
 // options, except the options named in `given` (set by flags or a config file); the start-up
-// block says which.
+// block says which. A test loss that is not finite raises NumericalError naming the checkpoint
+// and the likely causes, after the reporter showed the evaluation.
 FitResult run_evaluation(const TrainOptions& options, const EvalOptions& eval, ProcessOptions process,
                          Reporter& reporter, const std::set<std::string>& given = {});
 

@@ -194,9 +194,9 @@ struct PinnedFloats {
 
 }  // namespace
 
-// Note [Bucketed reduction during backward] in tower/buckets.cc: the all-reduce of a bucket must
-// not start before the compute stream has written the bucket. Here the "backward" is 300 ms of
-// work queued on a compute stream, then the gradient written; all_reduce_sum_after must order
+// Note [Bucketed reduction during backward] in tower/reducer_bucketed.cc: the all-reduce of a
+// bucket must not start before the compute stream has written the bucket. Here the "backward" is
+// 300 ms of work queued on a compute stream, then the gradient written; all_reduce_sum_after must order
 // NCCL's stream after it. A communicator that ignored the event would read the old values (the
 // 2-GPU case sees them in the sum) and return before the compute stream got there (both cases).
 TEST_CASE("an all-reduce after a ready event waits, on the GPU, for the work before the event", "[nccl1]") {
