@@ -342,25 +342,25 @@ float Trainer::forward_backward(const HostBatch& batch) {
   const StepRows plan = im.rows->step(global_rows(batch), batch.n);
   const double loss_scale = im.scaler ? im.scaler->scale() : 1.0;
 
-  const TowerResults towers = run_towers(batch, plan, loss_scale);
+  const TowerResults ran = run_towers(batch, plan, loss_scale);
 
   const auto t0 = Clock::now();
   im.reducer->finish();
-  const double reduction = im.reducer->exposed_seconds(towers.reduce_s, since(t0));
+  const double reduction = im.reducer->exposed_seconds(ran.reduce_s, since(t0));
   const bool skipped = unscale_or_skip(loss_scale);
-  const double sync = *std::max_element(towers.sync_s.begin(), towers.sync_s.end()) + average_buffers(plan);
+  const double sync = *std::max_element(ran.sync_s.begin(), ran.sync_s.end()) + average_buffers(plan);
 
   std::array<double, 2> sums{};  // loss (already divided by B) and correct rows
-  for (int i = 0; i < this->towers(); ++i) {
-    sums[0] += towers.loss[i];
-    sums[1] += static_cast<double>(towers.correct[i]);
+  for (int i = 0; i < towers(); ++i) {
+    sums[0] += ran.loss[i];
+    sums[1] += static_cast<double>(ran.correct[i]);
   }
   im.processes->all_reduce_sum(std::span<double>(sums));
   last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / plan.global_n,
            .rows = plan.global_n, .split = plan.total, .loss_scale = loss_scale, .skipped = skipped};
   timings_.buckets_reduced_during_backward = im.reducer->reduced_during_backward();
   timings_.steps += 1;
-  timings_.compute_seconds += *std::max_element(towers.compute_s.begin(), towers.compute_s.end());
+  timings_.compute_seconds += *std::max_element(ran.compute_s.begin(), ran.compute_s.end());
   timings_.reduction_seconds += reduction;
   timings_.sync_seconds += sync;
   timings_.step_seconds += since(step_start);
