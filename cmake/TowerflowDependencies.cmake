@@ -22,7 +22,7 @@ if(NOT Protobuf_FOUND)
   message(FATAL_ERROR "Protocol Buffers were not found (TensorBoard event files). Install them with: "
                       "sudo apt-get install libprotobuf-dev protobuf-compiler (or run scripts/install_deps.sh)")
 endif()
-find_package(Boost 1.71 QUIET)   # header-only: Boost.CRC's CRC-32C for TensorBoard's record framing
+find_package(Boost 1.71 QUIET)   # header-only: Boost.CRC's CRC-32C (io/crc32c.h): TensorBoard's record framing, checkpoint checksums
 if(NOT Boost_FOUND)
   message(FATAL_ERROR "Boost's headers were not found. Install them with: sudo apt-get install libboost-dev "
                       "(or run scripts/install_deps.sh)")

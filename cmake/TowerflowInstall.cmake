@@ -2,7 +2,7 @@
 #   PREFIX/lib/libtowerflow_*.a                 the library, one archive per area
 #   PREFIX/include/towerflow/<area>/*.h         headers, included as "tower/tower.h" etc.
 #   PREFIX/lib/cmake/towerflow/                 the CMake package: find_package(towerflow)
-#   PREFIX/bin/cifar10_train, cifar10_eval, towerflow_devices
+#   PREFIX/bin/cifar10_train, cifar10_eval, towerflow_devices, towerflow_ckpt
 # so that research code does
 #   find_package(towerflow REQUIRED)
 #   target_link_libraries(my_experiment PRIVATE towerflow::towerflow)
@@ -70,7 +70,7 @@ foreach(area core tower optim data models io train)
   endif()
 endforeach()
 
-foreach(program cifar10_train cifar10_eval towerflow_devices)
+foreach(program cifar10_train cifar10_eval towerflow_devices towerflow_ckpt)
   if(TARGET ${program})
     install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
   endif()

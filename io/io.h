@@ -1,6 +1,8 @@
 #pragma once
-// towerflow::io: safetensors files, atomic writes, checkpoint directories, module state.
+// towerflow::io: safetensors files (with tensor checksums), atomic writes, checkpoint directories,
+// module state, CRC-32C.
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
+#include "io/crc32c.h"
 #include "io/model_state.h"
 #include "io/safetensors.h"

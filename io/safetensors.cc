@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/crc32c.h"
 
 namespace towerflow::io {
 namespace {
@@ -32,6 +34,12 @@ constexpr std::array<DTypeInfo, 13> kDTypes{{
 
 // The Python implementation refuses headers above 100 MB; a larger length is a corrupt file.
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+std::string hex_checksum(std::uint32_t c) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", c);
+  return text;
+}
 
 std::string known_dtypes() {
   std::string out;
@@ -69,6 +77,11 @@ std::int64_t numel_of(const Shape& shape) {
   std::int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
+}
+
+Metadata with_checksums(std::span<const TensorView> tensors, Metadata metadata) {
+  for (const auto& t : tensors) metadata[str(kChecksumKeyPrefix, t.name)] = hex_checksum(crc32c(t.data));
+  return metadata;
 }
 
 std::string serialize_safetensors(std::span<const TensorView> tensors, const Metadata& metadata) {
@@ -231,7 +244,41 @@ SafetensorsFile SafetensorsFile::parse(std::string bytes, std::string source) {
     bad("the data buffer holds ", buffer_size, " bytes but the tensors describe ", expect,
         " (extra bytes at the end)");
   f.bytes_ = std::move(bytes);
+  f.verify_checksums();
   return f;
+}
+
+// Note [Checksums in the metadata]: safetensors has no field for a checksum; a tensor's entry
+// holds dtype, shape and data_offsets, and the one place the format leaves for more is
+// "__metadata__", a map of strings that readers pass through. So the checksums are metadata
+// strings, one per tensor, and the file loads in PyTorch as before (examples/cifar10/check_torch_load.py).
+// A file that records any checksum must record all of them: a missing one means the header was
+// edited or damaged, which the checksums exist to catch.
+void SafetensorsFile::verify_checksums() {
+  for (const auto& [key, value] : metadata_) {
+    if (!key.starts_with(kChecksumKeyPrefix)) continue;
+    checksummed_ = true;
+    std::string_view tensor = std::string_view(key).substr(kChecksumKeyPrefix.size());
+    if (!find(tensor))
+      raise<DataError>("corrupt safetensors file ", source_, ": metadata field \"", key,
+                       "\" records the checksum of tensor \"", tensor, "\", which the file does not hold "
+                       "(a damaged or edited header); use an earlier checkpoint or copy the file again from an intact source");
+  }
+  if (!checksummed_) return;
+  for (const Entry& e : entries_) {
+    auto it = metadata_.find(str(kChecksumKeyPrefix, e.name));
+    if (it == metadata_.end())
+      raise<DataError>("corrupt safetensors file ", source_, ": it records tensor checksums but none for tensor \"",
+                       e.name, "\" (a damaged or edited header); use an earlier checkpoint or copy the file again "
+                       "from an intact source");
+    const std::string computed = hex_checksum(crc32c(data(e)));
+    if (it->second != computed)
+      raise<DataError>("corrupt safetensors file ", source_, ": tensor \"", e.name, "\" ", to_string(e.dtype), " ",
+                       shape_string(e.shape), " has CRC-32C ", computed, " but the file records ", it->second,
+                       " (metadata \"", it->first, "\"): its bytes changed after it was written (a disk or copy "
+                       "error); use an earlier checkpoint (--resume picks the newest intact one) or copy the file "
+                       "again from an intact source");
+  }
 }
 
 const SafetensorsFile::Entry* SafetensorsFile::find(std::string_view name) const {

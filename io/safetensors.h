@@ -16,6 +16,14 @@
 //   exactly (no overlap, no gap, nothing past the end), metadata values that are strings. Any
 //   violation raises DataError naming the file, the tensor or field, what was found and what
 //   was expected. A returned file is always consistent.
+// - Checksums: a file may record a CRC-32C (io/crc32c.h) of each tensor's bytes in its metadata
+//   (with_checksums(); towerflow checkpoints do): key "towerflow.crc32c.<tensor name>", value 8
+//   lowercase hex digits ("e3069283"). PyTorch's reader ignores metadata, so such a file loads
+//   there as any other. When the metadata holds any such key, parse() also requires one for every
+//   tensor and none for a tensor the file lacks, and computes every tensor's checksum: a mismatch
+//   raises DataError naming the file, the tensor, the recorded and the computed checksum, and the
+//   fix. A file without checksum keys (written before they existed, or by another writer) parses
+//   as before; checksummed() tells which it was.
 // - load_into() checks every destination slot against the file (presence, dtype, shape, and in
 //   strict mode no unexpected tensor) and only then copies; on DataError no slot was written.
 // Objects are immutable after construction and may be read from several threads.
@@ -60,6 +68,11 @@ struct TensorSlot {
   std::span<std::byte> data;
 };
 
+// The metadata key of a tensor's checksum: kChecksumKeyPrefix + name.
+inline constexpr std::string_view kChecksumKeyPrefix = "towerflow.crc32c.";
+// `metadata` plus a checksum key for every tensor (replacing any already there).
+Metadata with_checksums(std::span<const TensorView> tensors, Metadata metadata);
+
 std::string serialize_safetensors(std::span<const TensorView> tensors, const Metadata& metadata = {});
 
 // serialize_safetensors() then write_file_atomically().
@@ -84,17 +97,22 @@ class SafetensorsFile {
   const std::string& source() const { return source_; }
   const std::vector<Entry>& entries() const { return entries_; }  // in data-buffer order
   const Metadata& metadata() const { return metadata_; }
+  // True when the file records checksums (then parse() verified every tensor against them).
+  bool checksummed() const { return checksummed_; }
   const Entry* find(std::string_view name) const;  // nullptr if absent
   // The entry; NotFound naming the file and the tensor if absent.
   const Entry& at(std::string_view name) const;
   std::span<const std::byte> data(const Entry& entry) const;
 
  private:
+  void verify_checksums();  // Note [Checksums in the metadata]
+
   std::string source_;
   std::string bytes_;
   std::size_t data_start_ = 0;
   std::vector<Entry> entries_;
   Metadata metadata_;
+  bool checksummed_ = false;
 };
 
 struct LoadOptions {

@@ -12,8 +12,6 @@
 #include <limits>
 #include <vector>
 
-#include <boost/crc.hpp>
-
 #include "core/error.h"
 #include "event.pb.h"  // generated from io/event.proto
 
@@ -46,12 +44,6 @@ const std::vector<double>& default_bucket_limits() {
 }
 
 }  // namespace
-
-std::uint32_t crc32c(std::string_view data) {
-  boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
-  crc.process_bytes(data.data(), data.size());
-  return crc.checksum();
-}
 
 std::uint32_t masked_crc32c(std::string_view data) {
   const std::uint32_t c = crc32c(data);

@@ -24,10 +24,11 @@
 #include <string>
 #include <string_view>
 
+#include "io/crc32c.h"
+
 namespace towerflow::io {
 
-// CRC-32C (Castagnoli) of `data`, and TFRecord's masked form of it.
-std::uint32_t crc32c(std::string_view data);
+// TFRecord's masked form of crc32c(data) (io/crc32c.h).
 std::uint32_t masked_crc32c(std::string_view data);
 // One TFRecord around `data`.
 std::string tfrecord(std::string_view data);

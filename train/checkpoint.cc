@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/model_state.h"
 
 namespace towerflow::train {
@@ -36,6 +37,13 @@ CheckpointInfo info_of(const io::SafetensorsFile& state) {
   return info;
 }
 
+// One note per checkpoint without checksums (see checkpoint.h).
+void note_unchecked(const fs::path& checkpoint, const io::SafetensorsFile& model, const io::SafetensorsFile& state) {
+  if (model.checksummed() && state.checksummed()) return;
+  log_info(str("checkpoint ", checkpoint.string(), " carries no tensor checksums (written before towerflow recorded "
+               "them); its bytes cannot be verified; checkpoints written from now on carry them"));
+}
+
 // The parameter shape of each optimizer state tensor: "<slot>.<state>" has the slot's shape.
 io::Shape state_shape(const optim::Optimizer& optimizer, const optim::NamedState& s) {
   for (const auto& slot : optimizer.parameters().slots)
@@ -49,8 +57,12 @@ io::Shape state_shape(const optim::Optimizer& optimizer, const optim::NamedState
 
 fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                          const TrainingPosition& position, const io::Metadata& metadata, int keep) {
+  auto model_state = io::module_state(model);
+  std::vector<io::TensorView> model_views;
+  model_views.reserve(model_state.size());
+  for (const auto& h : model_state) model_views.push_back(h.view());
   io::Metadata model_meta{{"format", "pt"}, {"step", std::to_string(position.step)}};
-  std::string model_bytes = io::serialize_module(model, model_meta);
+  std::string model_bytes = io::serialize_safetensors(model_views, io::with_checksums(model_views, model_meta));
 
   optim::OptimizerState state = optimizer.state();
   std::vector<io::TensorView> views;
@@ -63,7 +75,7 @@ fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const 
   meta["step_in_epoch"] = std::to_string(position.step_in_epoch);
   meta["optimizer_step"] = std::to_string(state.step);
   meta["optimizer"] = optimizer.name();
-  std::string state_bytes = io::serialize_safetensors(views, meta);
+  std::string state_bytes = io::serialize_safetensors(views, io::with_checksums(views, std::move(meta)));
 
   return dir.save(position.step, {{kModelFile, std::move(model_bytes)}, {kStateFile, std::move(state_bytes)}}, keep);
 }
@@ -72,11 +84,19 @@ CheckpointInfo read_checkpoint_info(const fs::path& checkpoint) {
   return info_of(io::SafetensorsFile::load(checkpoint / kStateFile));
 }
 
+VerifiedCheckpoint verify_checkpoint(const fs::path& checkpoint) {
+  auto model_file = io::SafetensorsFile::load(checkpoint / kModelFile);  // verifies the checksums
+  auto state_file = io::SafetensorsFile::load(checkpoint / kStateFile);
+  return {info_of(state_file), model_file.checksummed() && state_file.checksummed()};
+}
+
 CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, optim::Optimizer& optimizer) {
-  // Read and validate both files completely before touching the model or the optimizer.
+  // Read and validate both files completely (checksums included) before touching the model or
+  // the optimizer.
   auto model_file = io::SafetensorsFile::load(checkpoint / kModelFile);
   auto state_file = io::SafetensorsFile::load(checkpoint / kStateFile);
   CheckpointInfo info = info_of(state_file);
+  note_unchecked(checkpoint, model_file, state_file);
 
   optim::OptimizerState current = optimizer.state();
   optim::OptimizerState loaded;

@@ -12,6 +12,11 @@
 // The data order and augmentation are pure functions of (seed, epoch, index), so (seed, epoch,
 // step_in_epoch) is the whole random state of the input pipeline.
 //
+// Both files record a CRC-32C of every tensor in their metadata ("towerflow.crc32c.<name>",
+// io/safetensors.h); reading a file verifies them, so a checkpoint whose bytes changed on disk
+// raises DataError naming the file, the tensor and both checksums. A checkpoint written before
+// checksums existed loads as before, with one log note that it carries none.
+//
 // Loading validates both files against the model and the optimizer before changing either:
 // a missing, extra or differently shaped tensor, or a missing or malformed metadata field, raises
 // DataError naming it; then nothing was loaded.
@@ -49,6 +54,16 @@ std::filesystem::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& 
 
 // Reads the metadata of a checkpoint directory without loading tensors (cheap validation first).
 CheckpointInfo read_checkpoint_info(const std::filesystem::path& checkpoint);
+
+// Reads both files of a checkpoint directory completely, as load_checkpoint would: parses them,
+// verifies every tensor's checksum and the position metadata. DataError (or NotFound for a
+// missing file) naming the file and what is wrong; returns the metadata and whether the
+// checkpoint carries checksums (one without is not verified beyond its structure).
+struct VerifiedCheckpoint {
+  CheckpointInfo info;
+  bool checksummed = false;
+};
+VerifiedCheckpoint verify_checkpoint(const std::filesystem::path& checkpoint);
 
 // Loads a checkpoint into model and optimizer, all or nothing (see above).
 CheckpointInfo load_checkpoint(const std::filesystem::path& checkpoint, nn::Module& model,

@@ -120,6 +120,43 @@ EarlierRun earlier_run(const io::CheckpointDir& dir, const std::vector<Hook*>& h
   return e;
 }
 
+// Note [Resume from the newest intact checkpoint]: a checkpoint directory is written atomically,
+// but its bytes can still change afterwards (a failing disk, a bad copy). Rank 0 reads each
+// checkpoint, newest first, completely (checksums included) and resumes from the first intact
+// one, saying which it passed over and why; when every one is damaged it raises rather than
+// start a new run over them. The chosen one is read again by load_checkpoint on every rank: one
+// more read of one checkpoint at start-up, for a choice that never lands on a damaged file.
+std::optional<io::CheckpointInfo> newest_intact(const io::CheckpointDir& dir) {
+  const auto all = dir.list();
+  std::vector<std::string> damaged;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->path);
+    } catch (const DataError& e) {
+      damaged.push_back(e.what());
+      continue;
+    } catch (const NotFound& e) {
+      damaged.push_back(e.what());
+      continue;
+    }
+    for (const auto& why : damaged)
+      log_warning(str("resume: passing over a damaged checkpoint: ", why));
+    if (!damaged.empty())
+      log_warning(str("resume: resuming from ", it->path.string(), " (step ", it->step, "), the newest intact checkpoint; ",
+                      damaged.size(), damaged.size() == 1 ? " newer one is" : " newer ones are",
+                      " damaged and will be replaced as the run passes their steps"));
+    return *it;
+  }
+  if (!damaged.empty()) {
+    std::string list;
+    for (const auto& why : damaged) list += "\n  " + why;
+    raise<DataError>("resume: every checkpoint in ", dir.path().string(), " is damaged, nothing to resume from:", list,
+                     "\nrestore a checkpoint from a copy, or start a new run there (start_over: move the damaged "
+                     "ones aside or delete them)");
+  }
+  return std::nullopt;
+}
+
 // The loader's next batch; the wait for it is a span of the trace.
 const data::Batch* wait_for_batch(data::Loader& loader) {
   const trace::Span span("data", "wait for batch");
@@ -233,6 +270,7 @@ class Loop {
   TimeLeft time_left_;
   double optimizer_seconds_ = 0, window_optimizer_ = 0;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation
+  std::int64_t saved_at_ = -1;      // the step of the last checkpoint this run wrote or resumed from
   collectives::ProcessGroup& processes_ = trainer_.processes();
   const bool rank0_ = processes_.rank() == 0;
 };
@@ -309,6 +347,7 @@ void Loop::save(const TrainingPosition& p, bool final) {
                     "; training goes on (the earlier checkpoints are as they were)"));
     return;
   }
+  saved_at_ = p.step;
   prune();
   CheckpointRecord r{.path = result_.last_checkpoint, .position = p, .seconds = seconds_since(t0)};
   each([&](Hook& h) { h.on_checkpoint(r); });
@@ -357,6 +396,21 @@ void Loop::evaluate_now(std::int64_t step) {
                .examples = e.rows,
                .seconds = seconds};
   each([&](Hook& h) { h.on_eval(r); });
+  // A model that computes NaN or Inf on the test set has diverged even when the training loss
+  // of the last step was finite (an update can overflow the weights it leaves behind). The hooks
+  // have shown the evaluation; the run stops before a checkpoint of that state is written.
+  if (!std::isfinite(e.loss)) {
+    auto latest = dir_ ? dir_->latest() : std::nullopt;
+    raise<NumericalError>(
+        "the test loss is ", e.loss, " at step ", step, " (", e.rows,
+        " test images): the model's weights or batch-norm statistics, or the test data, contain NaN/Inf; "
+        "training stopped without saving this state. ",
+        latest ? str("The last checkpoint is ", latest->path.string(), " (step ", latest->step,
+                     "; it may hold the same state if it was written after the weights diverged); ")
+               : std::string("No checkpoint was written yet; "),
+        "lower the learning rate (", optimizer_.lr(), " now), warm it up, or check the data, then ",
+        latest ? "resume from that checkpoint" : "start again");
+  }
 }
 
 FitResult Loop::run() {
@@ -381,12 +435,13 @@ FitResult Loop::run() {
     if (o_.resume) {
       std::string chosen;
       if (rank0_)
-        if (auto latest = dir_->latest()) chosen = latest->path.string();
+        if (auto intact = newest_intact(*dir_)) chosen = intact->path.string();
       chosen = processes_.broadcast(chosen, 0);
       if (!chosen.empty()) {
         resumed = load_checkpoint(chosen, trainer_.model(), optimizer_);
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
+        saved_at_ = pos.step;
         resumed_from = chosen;
         if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
         if (tower::LossScaler* ls = trainer_.loss_scaler()) restore_loss_scale(*ls, resumed->metadata, chosen);
@@ -545,11 +600,12 @@ FitResult Loop::run() {
   // A resumed run that had nothing left to do, or one stopped by a hook during an evaluation.
   if (evaluated_at_ != step && (!stop_.requested || stop_.evaluate)) evaluate_now(step);
 
-  if (dir_) {
-    auto latest = dir_->latest();
-    if (!latest || latest->step != step) save({step, step / spe, step % spe}, /*final=*/true);
-    else result_.last_checkpoint = latest->path;
-  }
+  // The final checkpoint, unless this run already wrote (or resumed from) this step's: a newer
+  // damaged checkpoint passed over at resume is replaced, not reported as the last one.
+  if (dir_ && saved_at_ != step) save({step, step / spe, step % spe}, /*final=*/true);
+  // Rank 0 alone writes; every rank names the checkpoint (train_dir/ckpt-<step>, where rank 0
+  // wrote it or raised, which would have stopped every rank), e.g. in "stopped by SIGTERM" lines.
+  if (!o_.train_dir.empty()) result_.last_checkpoint = o_.train_dir / io::CheckpointDir::name_for_step(step);
   result_.steps = step;
   result_.train_img_per_s = train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0;
   result_.stopped_early = stop_.requested;

@@ -22,15 +22,20 @@
 //   before the optimizer applies that step (naming the step, the learning rate and the last good
 //   checkpoint), so parameters and checkpoints keep the last good state; else optimizer.step().
 // - Evaluation (when test_set is given): every eval_every epochs (0: only at the end) and at the
-//   end, over every test image (the last partial batch kept), in evaluation mode.
+//   end, over every test image (the last partial batch kept), in evaluation mode. A test loss that
+//   is not finite raises NumericalError (naming the loss, the step and the last checkpoint) after
+//   the hooks' on_eval saw it, before any further step or checkpoint.
 // - Checkpoints (when train_dir is set): every save_every steps (0: none on the way) and at the
 //   end, train_dir/ckpt-<step> written atomically (checkpoint.h), the newest keep_checkpoints kept
 //   (0: all). Their metadata holds FitOptions::metadata plus the position and the seed.
-// - Resume: with resume, the latest complete checkpoint in train_dir is loaded into replica 0 and
-//   the optimizer (all or nothing; DataError naming the tensor or field otherwise), broadcast to
-//   every replica, and training continues at its step, epoch and batch: with the same options and
-//   devices the run ends with the same parameters, bit for bit, as one never interrupted. No
-//   checkpoint there: a new run (logged).
+// - Resume: with resume, the newest intact checkpoint in train_dir (read whole, every tensor's
+//   checksum verified; checkpoint.h) is loaded into replica 0 and the optimizer (all or nothing;
+//   DataError naming the tensor or field otherwise), broadcast to every replica, and training
+//   continues at its step, epoch and batch: with the same options and devices the run ends with
+//   the same parameters, bit for bit, as one never interrupted. Newer damaged checkpoints are
+//   passed over with a warning naming each and why (and replaced as the run reaches their steps);
+//   when every checkpoint there is damaged, DataError listing them. No checkpoint there: a new
+//   run (logged).
 // - An earlier run is never lost silently. A new run (no resume, or nothing to resume) in a
 //   train_dir that holds checkpoints or the hooks' files (Hook::files) of an earlier run raises
 //   TrainDirInUse before anything is touched, naming what is there, unless start_over says to
@@ -38,6 +43,7 @@
 //   but no checkpoint to resume, they are moved aside unless start_over says more). Each run has
 //   an id (metadata "run_id", kept on resume); rotation (keep_checkpoints) deletes only
 //   checkpoints of the running run.
+// - FitResult::last_checkpoint is train_dir/ckpt-<final step> on every rank (rank 0 wrote it).
 // - A checkpoint that cannot be written (a full disk, permissions) raises DataError naming the
 //   path and the reason, leaves the earlier checkpoints as they were and no partial one; with
 //   checkpoint_errors = Continue a periodic checkpoint's failure is logged and training goes on

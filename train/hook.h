@@ -129,7 +129,7 @@ struct FitResult {
   std::int64_t test_examples = 0;
   double train_img_per_s = 0;         // over this call's training steps
   double wall_seconds = 0;            // this call, start to end
-  std::filesystem::path last_checkpoint = {};  // empty without a train_dir
+  std::filesystem::path last_checkpoint = {};  // the final one, on every rank; empty without a train_dir
   bool stopped_early = false;         // a hook called stop_training()
   std::string stop_reason = {};
   std::string run_id = {};            // the run's identity, kept in its checkpoints

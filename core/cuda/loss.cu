@@ -88,9 +88,14 @@ __global__ void top_k_kernel(std::int64_t rows, int classes, const float* logits
   if (label < 0 || label >= classes) return;
   const float* x = logits + r * classes;
   const float v = x[label];
+  // A row with a NaN or an infinity is never correct, as on the CPU (cpu_backend.cc).
+  bool finite = true;
   int above = 0;
-  for (int j = 0; j < classes; ++j) above += (x[j] > v || (x[j] == v && j < label)) ? 1 : 0;
-  if (above < k) atomicAdd(correct, 1);
+  for (int j = 0; j < classes; ++j) {
+    finite = finite && isfinite(x[j]);
+    above += (x[j] > v || (x[j] == v && j < label)) ? 1 : 0;
+  }
+  if (finite && above < k) atomicAdd(correct, 1);
 }
 
 void check_rows(std::int64_t rows, int classes, const char* what) {

@@ -1,5 +1,6 @@
 #include "core/platform/ini.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -59,6 +60,21 @@ std::vector<std::string_view> lines_of(std::string_view text) {
   return lines;
 }
 
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+// neighbouring characters ([trian] is one edit from [train]).
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i)
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
 }  // namespace
 
 IniFile read_ini(std::string_view text, std::string_view source) {
@@ -97,6 +113,7 @@ IniFile read_ini(std::string_view text, std::string_view source) {
         if (!fresh && section != "DEFAULT")
           raise<InvalidArgument>(source, ":", line_no, ": section [", section, "] is already given on line ",
                                  it->second, "; merge the two (Python's configparser refuses it too)");
+        if (fresh) out.sections.push_back({.name = section, .line = line_no});
         current = nullptr;
         continue;
       }
@@ -128,6 +145,57 @@ IniFile read_ini(std::string_view text, std::string_view source) {
   }
   for (IniEntry& e : out.entries) e.value = rstrip(std::move(e.value));
   return out;
+}
+
+void check_ini_sections(const IniFile& ini, std::string_view source, std::string_view what,
+                        const std::vector<std::string>& known) {
+  std::set<std::string> ours;
+  std::string listing;  // "[train], [gpu], ..."
+  for (const std::string& k : known) {
+    ours.insert(lower(k));
+    listing += "[" + k + "], ";
+  }
+  listing += "[DEFAULT] and [towerflow]";
+  // The sections of other programs that share the file, as [towerflow] ignore_sections names them.
+  std::set<std::string> ignored;
+  for (const IniEntry& e : ini.entries) {
+    if (lower(e.section) != "towerflow") continue;
+    if (e.key != "ignore_sections")
+      raise<InvalidArgument>(source, ":", e.line, ": [", e.section, "] has no key ", e.key,
+                             "; it takes ignore_sections = <section>, ... (the sections of other programs "
+                             "that share this file, which are then skipped)");
+    std::string_view list = ini_option_value(e);
+    std::size_t start = 0;
+    while (start <= list.size()) {
+      std::size_t end = std::min(list.find_first_of(",\n", start), list.size());
+      std::string_view name = strip(list.substr(start, end - start));
+      if (name.size() >= 2 && name.front() == '[' && name.back() == ']') name = strip(name.substr(1, name.size() - 2));
+      start = end + 1;
+      if (name.empty()) continue;
+      if (ours.count(lower(name)) || name == "DEFAULT" || lower(name) == "towerflow")
+        raise<InvalidArgument>(source, ":", e.line, ": ignore_sections names [", name, "], a section of ", what,
+                               "; remove it from the list");
+      ignored.insert(lower(name));
+    }
+  }
+  for (const IniSection& s : ini.sections) {
+    const std::string name = lower(s.name);
+    if (s.name.empty() || s.name == "DEFAULT" || name == "towerflow" || ours.count(name) || ignored.count(name))
+      continue;
+    // The nearest known section, when it is near enough to be the one meant.
+    std::string nearest;
+    std::size_t best = std::max<std::size_t>(2, name.size() / 3) + 1;
+    for (const std::string& k : known)
+      if (std::size_t d = edit_distance(name, lower(k)); d < best) best = d, nearest = k;
+    if (nearest.empty() && edit_distance(name, "default") <= 2) nearest = "DEFAULT";
+    raise<InvalidArgument>(source, ":", s.line, ": unknown section [", s.name, "]",
+                           nearest.empty() ? std::string(".") : str("; did you mean [", nearest, "]?"),
+                           " The sections of ", what, " are ", listing,
+                           "; this one would be skipped with every key in it. ",
+                           nearest.empty() ? std::string("Rename it") : str("Rename it to [", nearest, "]"),
+                           ", or, if another program sharing this file reads it, declare it in a [towerflow] "
+                           "section: ignore_sections = ", s.name);
+  }
 }
 
 std::string_view ini_option_value(const IniEntry& e) {

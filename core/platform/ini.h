@@ -39,8 +39,14 @@ struct IniEntry {
   int last_line = 0;    // the value's last line (== line unless the value continues)
 };
 
+struct IniSection {
+  std::string name;  // as written
+  int line = 0;      // its first header line (1-based)
+};
+
 struct IniFile {
-  std::vector<IniEntry> entries;  // in file order
+  std::vector<IniEntry> entries;     // in file order
+  std::vector<IniSection> sections;  // every header, once, in file order (empty ones too)
 };
 
 // Reads INI text. `source` names the file in error messages. Throws InvalidArgument.
@@ -50,6 +56,19 @@ IniFile read_ini(std::string_view text, std::string_view source);
 // what follows) and less one pair of matching quotes around it. configparser keeps both; no
 // towerflow value contains " #" or starts and ends with a quote, so these only accept more.
 std::string_view ini_option_value(const IniEntry& e);
+
+// Refuses a section that the program reading the file does not know, so that a typo such as
+// [trian] is not skipped with every key in it. `known` are the program's sections (compared in
+// any case); the keys before the first header, [DEFAULT] and [towerflow] are always known.
+// A file shared with other programs declares their sections, which are then skipped:
+//   [towerflow]
+//   ignore_sections = pipeline, eval_server     # commas or lines between names
+// Throws InvalidArgument "SOURCE:LINE: unknown section [trian]; did you mean [train]? ..." naming
+// `what` (e.g. "a cifar10_train --config file"), its sections and the fix, for an unknown section;
+// also for a key of [towerflow] other than ignore_sections and for ignore_sections naming one of
+// the known sections.
+void check_ini_sections(const IniFile& ini, std::string_view source, std::string_view what,
+                        const std::vector<std::string>& known);
 
 // Throws InvalidArgument "SOURCE:LINE: what" for a value the options refused; when the value
 // continues on further lines, the message says so (an indented line is a continuation).

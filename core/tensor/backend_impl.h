@@ -283,7 +283,8 @@ class Backend {
 
   // ---- accuracy (kTopK) ----------------------------------------------------------------------
   // correct_out[0] = number of rows whose label is among the k largest logits (ties count
-  // against the label: a logit equal to the label's and earlier in the row ranks above it).
+  // against the label: a logit equal to the label's and earlier in the row ranks above it). A row
+  // with a logit that is NaN or infinite is never counted (TensorFlow's InTopK rule).
   virtual void top_k_correct(std::int64_t rows, int classes, const float* logits,
                              const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
 

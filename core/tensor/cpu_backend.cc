@@ -333,10 +333,15 @@ class CpuBackend final : public Backend {
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* z = logits + r * classes;
       const int label = labels[r];
+      // A row with a NaN or an infinity is never correct (TensorFlow's InTopK): nothing compares
+      // greater than NaN, so its label would otherwise rank first.
+      bool finite = true;
       int above = 0;  // entries ranked above the label
-      for (int j = 0; j < classes; ++j)
+      for (int j = 0; j < classes; ++j) {
+        finite = finite && std::isfinite(z[j]);
         if (z[j] > z[label] || (z[j] == z[label] && j < label)) ++above;
-      if (above < k) ++correct;
+      }
+      if (finite && above < k) ++correct;
     }
     correct_out[0] = correct;
   }

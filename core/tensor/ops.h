@@ -122,7 +122,9 @@ struct SoftmaxCrossEntropyOptions {
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& labels,
                              SoftmaxCrossEntropyOptions opts = {});
 
-// The number of rows whose label is among the k largest logits (no autograd).
+// The number of rows whose label is among the k largest logits (no autograd). A row whose logits
+// are not all finite (NaN, +-inf) is never counted, as in TensorFlow's in_top_k: a diverged
+// model scores 0, not 100%.
 std::int64_t top_k_correct(const Tensor& logits, const Tensor& labels, int k = 1);
 // top_k_correct / n.
 double accuracy(const Tensor& logits, const Tensor& labels, int k = 1);

@@ -235,14 +235,19 @@ std::vector<OptionDoc> describe_train_options(const TrainOptions& opts) {
   return out;
 }
 
-// The file is read once, as Python's configparser reads it (core/platform/ini.h); training keys
-// ([train], and training option names at the top or in [DEFAULT]) are applied here, and every
-// other entry goes to the device options, which read their own sections and skip the rest.
+// The file is read once, as Python's configparser reads it (core/platform/ini.h); a section that
+// is neither ours nor declared another program's ([towerflow] ignore_sections) is refused, so a
+// typo such as [trian] does not drop its keys. Training keys ([train], and training option names
+// at the top or in [DEFAULT]) are applied here, and every other entry goes to the device options,
+// which read their own sections and skip the rest.
 Config parse_config(std::string_view text, std::string_view source) {
   Config c;
   std::map<std::string, int> seen;
   std::vector<IniEntry> device_entries;
-  for (const IniEntry& e : read_ini(text, source).entries) {
+  const IniFile ini = read_ini(text, source);
+  check_ini_sections(ini, source, "a --config file of cifar10_train and cifar10_eval",
+                     {"train", "gpu", "cpu", "devices", "session", "process"});
+  for (const IniEntry& e : ini.entries) {
     bool shared = e.section.empty() || e.section == "DEFAULT";
     if (lower(e.section) != "train" && !(shared && is_train_option(e.key))) {
       device_entries.push_back(e);

@@ -12,8 +12,10 @@
 // same text and fail the same way: InvalidArgument naming the option, the value, and the form
 // expected (for a file also the file and line). Keys of [train] must be training options; keys at
 // the top of the file that are not training options must be device options; keys in the device
-// sections [gpu], [cpu], [devices], [session], [process] are device options; other sections
-// belong to other programs and are skipped. A key given twice is an error.
+// sections [gpu], [cpu], [devices], [session], [process] are device options. Any other section
+// is an error naming the nearest known one ([trian]: did you mean [train]?), unless the file
+// declares it another program's in [towerflow] ignore_sections = a, b (core/platform/ini.h);
+// those are skipped. A key given twice is an error.
 
 #include <cstdint>
 #include <set>

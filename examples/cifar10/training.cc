@@ -369,6 +369,12 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
   std::int64_t step = meta.count("step") ? std::stoll(meta["step"]) : 0;
   reporter.eval({.step = step, .epoch = 0, .test_loss = r.loss, .test_acc = r.accuracy, .examples = r.rows,
                  .seconds = seconds_since(t0)});
+  if (!std::isfinite(r.loss))
+    raise<NumericalError>("the test loss of ", model_file.string(), " is ", r.loss, " (", r.rows,
+                          " test images): the checkpoint's weights or batch-norm statistics, or the test data, "
+                          "contain NaN/Inf. Check the checkpoint (one written after the training loss "
+                          "diverged holds NaN), evaluate an earlier ckpt-<step>, or train again with a lower "
+                          "--lr or a longer --warmup_epochs");
   FitResult result;
   result.steps = step;
   result.test_loss = r.loss;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/model_state.h"
@@ -75,3 +76,123 @@ TEST_CASE("mismatched checkpoints are refused naming the tensor, and load nothin
   }
 }
 
+
+namespace {
+
+// A byte of a tensor's data in a safetensors file's bytes: its offset in the whole file.
+std::size_t data_offset(const std::string& bytes, const tw::io::SafetensorsFile::Entry& e, std::size_t at) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  return 8 + n + e.begin + at;
+}
+
+// `file` rewritten with the same tensors and metadata but no checksum keys (as written before
+// checkpoints carried them).
+void strip_checksums(const fs::path& file) {
+  auto f = tw::io::SafetensorsFile::load(file);
+  tw::io::Metadata meta;
+  for (const auto& [k, v] : f.metadata())
+    if (!k.starts_with(tw::io::kChecksumKeyPrefix)) meta[k] = v;
+  std::vector<tw::io::TensorView> views;
+  for (const auto& e : f.entries()) views.push_back({e.name, e.dtype, e.shape, f.data(e)});
+  tw::io::save_safetensors(file, views, meta);
+}
+
+}  // namespace
+
+TEST_CASE("a byte changed in any tensor of a checkpoint is detected, naming the file and the tensor", "[train][checkpoint][checksum]") {
+  fresh_devices();
+  TempDir dir;
+  tw::io::CheckpointDir ckdir(dir.path);
+  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
+  auto params = model->flat_parameters().to_host();
+  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
+                     {.lr = 0.1, .momentum = 0.9});
+  sgd.step();  // momentum buffers that are not all zero
+  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
+  CHECK(verify_checkpoint(ckpt).checksummed);
+
+  for (const char* name : {kModelFile, kStateFile}) {
+    const fs::path file = ckpt / name;
+    const std::string good = tw::io::read_file(file);
+    auto parsed = tw::io::SafetensorsFile::parse(good, file.string());
+    REQUIRE(parsed.checksummed());
+    REQUIRE_FALSE(parsed.entries().empty());  // the model: every parameter; the state: one flat momentum buffer
+    int flips = 0;
+    for (const auto& e : parsed.entries()) {
+      const std::size_t size = e.end - e.begin;
+      for (std::size_t at : {std::size_t{0}, size / 3, size / 2, size - 1}) {
+        INFO(name << ": tensor " << e.name << ", byte " << at << " of " << size);
+        std::string bad = good;
+        bad[data_offset(good, e, at)] ^= 0x5a;
+        CHECK_THROWS_AS(tw::io::SafetensorsFile::parse(bad, file.string()), tw::DataError);
+        CHECK_THROWS_WITH(tw::io::SafetensorsFile::parse(bad, file.string()),
+                          Catch::Contains(file.string()) && Catch::Contains("tensor \"" + e.name + "\"") &&
+                              Catch::Contains("has CRC-32C") && Catch::Contains("the file records") &&
+                              Catch::Contains("use an earlier checkpoint"));
+        ++flips;
+      }
+    }
+    CHECK(flips == 4 * static_cast<int>(parsed.entries().size()));
+
+    // Through load_checkpoint on disk: refused, and nothing loaded.
+    auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
+    auto before = flat_params(*target);
+    std::vector<float> p2 = before;
+    tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
+                        {.lr = 0.1, .momentum = 0.9});
+    std::string bad = good;
+    const auto& last = parsed.entries().back();
+    bad[data_offset(good, last, (last.end - last.begin) / 2)] ^= 0x01;
+    tw::io::write_file_atomically(file, bad);
+    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, sgd2), Catch::Contains("tensor \"" + last.name + "\""));
+    CHECK_THROWS_AS(verify_checkpoint(ckpt), tw::DataError);
+    CHECK(flat_params(*target) == before);
+    tw::io::write_file_atomically(file, good);
+  }
+}
+
+TEST_CASE("a checksum header that does not match the tensors is refused", "[train][checkpoint][checksum]") {
+  std::vector<float> a{1, 2, 3}, b{4, 5};
+  std::vector<tw::io::TensorView> views{{"a", tw::io::DType::F32, {3}, std::as_bytes(std::span(a))},
+                                        {"b", tw::io::DType::F32, {2}, std::as_bytes(std::span(b))}};
+  auto meta = tw::io::with_checksums(views, {{"format", "pt"}});
+  CHECK(meta.at("towerflow.crc32c.a").size() == 8);
+  CHECK(tw::io::SafetensorsFile::parse(tw::io::serialize_safetensors(views, meta), "ok").checksummed());
+  SECTION("a tensor without its checksum") {
+    meta.erase("towerflow.crc32c.b");
+    CHECK_THROWS_WITH(tw::io::SafetensorsFile::parse(tw::io::serialize_safetensors(views, meta), "x.safetensors"),
+                      Catch::Contains("none for tensor \"b\""));
+  }
+  SECTION("a checksum of a tensor the file lacks") {
+    meta["towerflow.crc32c.c"] = "00000000";
+    CHECK_THROWS_WITH(tw::io::SafetensorsFile::parse(tw::io::serialize_safetensors(views, meta), "x.safetensors"),
+                      Catch::Contains("tensor \"c\", which the file does not hold"));
+  }
+}
+
+TEST_CASE("a checkpoint written before checksums loads, with one note that it carries none", "[train][checkpoint][checksum]") {
+  fresh_devices();
+  TempDir dir;
+  tw::io::CheckpointDir ckdir(dir.path);
+  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
+  auto params = model->flat_parameters().to_host();
+  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
+                     {.lr = 0.1, .momentum = 0.9});
+  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
+  strip_checksums(ckpt / kModelFile);
+  strip_checksums(ckpt / kStateFile);
+  CHECK_FALSE(verify_checkpoint(ckpt).checksummed);
+
+  std::vector<std::string> notes;
+  auto previous = tw::set_log_sink([&](tw::LogLevel, std::string_view m) { notes.emplace_back(m); });
+  auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
+  std::vector<float> p2 = target->flat_parameters().to_host();
+  tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
+                      {.lr = 0.1, .momentum = 0.9});
+  CHECK(load_checkpoint(ckpt, *target, sgd2).position.step == 5);
+  tw::set_log_sink(previous);
+  CHECK(flat_params(*target) == params);
+  REQUIRE(notes.size() == 1);
+  CHECK_THAT(notes[0], Catch::Contains(ckpt.string()) && Catch::Contains("carries no tensor checksums"));
+}

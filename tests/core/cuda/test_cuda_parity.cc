@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -687,6 +688,27 @@ TEST_CASE("softmax cross-entropy, its gradient and top-k match the CPU backend",
                        gcorrect.as<std::int32_t>());
     cb.top_k_correct(rows, classes, logits.data(), labels.data(), k, &correct);
     CHECK(download<std::int32_t>(gcorrect, 1)[0] == correct);
+  }
+  // Rows with a NaN or an infinity are never correct, on either backend (TensorFlow's InTopK).
+  {
+    auto bad_logits = logits;
+    for (std::int64_t r = 0; r < rows; r += 3) {
+      float* z = bad_logits.data() + r * classes;
+      const float poison[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+      z[(r / 3) % 2 == 0 ? labels[r] : (labels[r] + 1) % classes] = poison[(r / 3) % 3];
+    }
+    for (int k : {1, classes}) {
+      auto glog = upload(bad_logits), glab = upload(labels);
+      auto gcorrect = device_zeros<std::int32_t>(1);
+      std::int32_t correct = -1;
+      gpu::top_k_correct(ctx, rows, classes, glog.as<float>(), glab.as<std::int32_t>(), k,
+                         gcorrect.as<std::int32_t>());
+      cb.top_k_correct(rows, classes, bad_logits.data(), labels.data(), k, &correct);
+      INFO("k " << k);
+      CHECK(download<std::int32_t>(gcorrect, 1)[0] == correct);
+      if (k == classes) CHECK(correct == rows - (rows + 2) / 3);  // every finite row, none other
+    }
   }
   // A label out of range is reported at the next synchronisation, naming it.
   auto bad = labels;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "core/error.h"
@@ -190,6 +191,26 @@ TEST_CASE("accuracy and top-k count ties against the label", "[ops]") {
   CHECK(top_k_correct(logits, labels, 2) == 2);
   CHECK(top_k_correct(logits, labels, 3) == 3);
   CHECK(accuracy(logits, labels) == Approx(1.0 / 3));
+}
+
+TEST_CASE("top-k never counts a row whose logits are not all finite", "[ops]") {
+  // TensorFlow's in_top_k: "if any of the predictions are non-finite, the target is considered
+  // not in top k". Before, nothing compared greater than a NaN label logit, so a model with NaN
+  // weights scored 100%.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> z = {nan,  nan,  nan,    // label 0: all NaN
+                                0.1f, nan,  0.2f,   // label 2: the top finite logit, a NaN beside it
+                                inf,  0.1f, 0.2f,   // label 0: +inf ranks first, but is not finite
+                                0.3f, -inf, 0.1f,   // label 0: top-1, -inf elsewhere in the row
+                                0.1f, 0.7f, 0.2f};  // label 1: finite and top-1
+  Tensor logits = Tensor::from_host(std::span<const float>(z), {5, 3}, kCpu);
+  Tensor labels = Tensor::from_host(std::vector<std::int32_t>{0, 2, 0, 0, 1}, {5}, kCpu);
+  CHECK(top_k_correct(logits, labels, 1) == 1);
+  CHECK(top_k_correct(logits, labels, 3) == 1);  // every finite row is in the top 3; only one is finite
+  CHECK(accuracy(logits, labels) == Approx(1.0 / 5));
+  Tensor all_nan = Tensor::full({4, 10}, nan, kCpu);
+  CHECK(top_k_correct(all_nan, Tensor::from_host(std::vector<std::int32_t>{0, 1, 2, 3}, {4}, kCpu), 1) == 0);
 }
 
 TEST_CASE("dropout: inverted scaling, a mask that is a pure function of seed and offset",

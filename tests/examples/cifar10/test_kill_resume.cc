@@ -27,9 +27,10 @@ using namespace towerflow::train;
 
 namespace {
 
-// Starts cifar10_train with the arguments, its output going to `log`.
-pid_t spawn_trainer(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> all{TW_CIFAR10_TRAIN_BIN};
+// Starts cifar10_train (or `program`) with the arguments, its output going to `log`.
+pid_t spawn_trainer(const std::vector<std::string>& args, const fs::path& log,
+                    const std::string& program = TW_CIFAR10_TRAIN_BIN) {
+  std::vector<std::string> all{program};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
@@ -57,7 +58,65 @@ std::vector<std::string> args_for(const fs::path& train_dir) {
           "--log_every", "1", "--seed", "3", "--json", "--train_dir", train_dir.string()};
 }
 
+// Changes one byte in the middle of tensor `index` (in data-buffer order) of a safetensors file;
+// returns the tensor's name.
+std::string damage_tensor(const fs::path& file, std::size_t index) {
+  std::string bytes = tw::io::read_file(file);
+  auto f = tw::io::SafetensorsFile::parse(bytes, file.string());
+  const auto& e = f.entries().at(index % f.entries().size());
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  bytes[8 + n + e.begin + (e.end - e.begin) / 2] ^= 0x10;
+  tw::io::write_file_atomically(file, bytes);
+  return e.name;
+}
+
 }  // namespace
+
+TEST_CASE("resume passes over damaged newest checkpoints, saying so, and finishes the same run", "[cifar10][checksum]") {
+  TempDir full, damaged;
+  REQUIRE(wait_exit(spawn_trainer(args_for(full.path / "run"), full.path / "log.txt")) == 0);
+  tw::io::CheckpointDir dir(full.path / "run");
+  auto kept = dir.list();  // steps 8, 10, 12 (--keep_checkpoints 3)
+  REQUIRE(kept.size() == 3);
+  const auto uninterrupted = tensors_of(kept.back().path / kModelFile);
+
+  fs::path log = damaged.path / "log.txt";
+  CHECK(wait_exit(spawn_trainer({"verify", dir.path().string()}, log, TW_CKPT_BIN)) == 0);
+  CHECK_THAT(tw::io::read_file(log), Catch::Contains("3 checkpoint(s), 0 damaged"));
+
+  // The two newest are damaged (one in its model, one in its optimizer state).
+  const std::string in_model = damage_tensor(kept[2].path / kModelFile, 3);
+  damage_tensor(kept[1].path / kStateFile, 0);
+  CHECK(wait_exit(spawn_trainer({"verify", kept[2].path.string()}, log, TW_CKPT_BIN)) == 1);
+  CHECK(wait_exit(spawn_trainer({"verify", (kept[0].path / kModelFile).string()}, log, TW_CKPT_BIN)) == 0);
+  CHECK(wait_exit(spawn_trainer({"verify", dir.path().string()}, log, TW_CKPT_BIN)) == 1);
+  CHECK(wait_exit(spawn_trainer({"info", kept[0].path.string()}, log, TW_CKPT_BIN)) == 0);
+  std::string text = tw::io::read_file(log);
+  CHECK_THAT(text, Catch::Contains("DAMAGED: corrupt safetensors file " + (kept[2].path / kModelFile).string()) &&
+                       Catch::Contains(in_model) && Catch::Contains("3 checkpoint(s), 2 damaged") &&
+                       Catch::Contains("checkpoint " + kept[0].path.string() + ": step 8") &&
+                       Catch::Contains("crc32c "));
+
+  auto resume = args_for(full.path / "run");
+  resume.push_back("--resume");
+  fs::path resume_log = damaged.path / "resume.txt";
+  REQUIRE(wait_exit(spawn_trainer(resume, resume_log)) == 0);
+  text = tw::io::read_file(resume_log);
+  CHECK_THAT(text, Catch::Contains("passing over a damaged checkpoint") && Catch::Contains(kept[2].path.string()) &&
+                       Catch::Contains(kept[1].path.string()) && Catch::Contains(in_model) &&
+                       Catch::Contains("resuming from " + kept[0].path.string() + " (step 8)"));
+  // Steps 9..12 again: the damaged checkpoints are replaced by the ones an uninterrupted run wrote.
+  CHECK(wait_exit(spawn_trainer({"verify", dir.path().string()}, log, TW_CKPT_BIN)) == 0);
+  CHECK(tensors_of(dir.latest()->path / kModelFile) == uninterrupted);
+
+  // Every checkpoint damaged: a clear error, not a new run over them.
+  for (const auto& c : dir.list()) damage_tensor(c.path / kModelFile, 0);
+  fs::path none_log = damaged.path / "none.txt";
+  CHECK(wait_exit(spawn_trainer(resume, none_log)) != 0);
+  CHECK_THAT(tw::io::read_file(none_log), Catch::Contains("every checkpoint in " + dir.path().string() + " is damaged"));
+  CHECK(dir.list().size() == 3);  // nothing moved or deleted
+}
 
 TEST_CASE("SIGKILL mid-run leaves only whole checkpoints, and --resume finishes the same run", "[cifar10][kill]") {
   TempDir full, killed;

@@ -13,6 +13,7 @@ Cases (all by default):
   mismatch   ranks started with different flags stop, each naming the difference.
   failure    a rank that fails at start-up is named, with its error, by the other rank.
   kill       a rank killed with SIGKILL mid-run ends the job within the bound, non-zero.
+  sigterm    SIGTERM to every rank: each says where rank 0 wrote the checkpoint (not an empty path).
 Exit status 0 when every case passes; 77 (skipped) when MPIEXEC cannot start 2 processes.
 """
 import json
@@ -26,7 +27,7 @@ import tempfile
 import time
 
 MPIEXEC, TRAIN = sys.argv[1], sys.argv[2]
-CASES = sys.argv[3:] or ["same", "resume", "mismatch", "failure", "kill"]
+CASES = sys.argv[3:] or ["same", "resume", "mismatch", "failure", "kill", "sigterm"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
 if "ASAN_OPTIONS" in ENV:  # Open MPI's unloaded components leak unattributably (tests/tower/CMakeLists.txt)
@@ -170,6 +171,35 @@ if "kill" in CASES:
     check(p.returncode not in (0, None), f"the job ends non-zero ({p.returncode})")
     check(elapsed < 60, f"within 60 s of the kill ({elapsed:.1f} s)")
     check("signal 9" in out or "rank" in out.lower(), "the launcher or a rank says which rank died:\n" + out[-1500:])
+
+if "sigterm" in CASES:
+    # As a scheduler ends a job: SIGTERM to every rank. Rank 0 alone writes the checkpoint; every
+    # rank's "stopped by" line names it. --tag-output prefixes each line with [job,rank]. Rank 1
+    # (no checkpoint to write) finishes first; mpirun may then end rank 0 before its line is out,
+    # so rank 0's line is checked only when it is there.
+    cmd = [MPIEXEC, "--tag-output", "-n", "2", TRAIN, "--devices", "/cpu:0", "--train_dir", str(tmp / "sigterm"), "--max_steps",
+           "100000", "--json"] + COMMON
+    log = open(tmp / "sigterm.log", "w+")
+    p = subprocess.Popen(cmd, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline and '"step"' not in (tmp / "sigterm.log").read_text():
+        time.sleep(0.2)
+    ranks = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "cifar10_train"], capture_output=True, text=True).stdout.split()
+    check(len(ranks) == 2, f"two ranks running ({ranks})")
+    for r in ranks:
+        os.kill(int(r), signal.SIGTERM)
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+    out = (tmp / "sigterm.log").read_text()
+    ckpts = sorted((tmp / "sigterm").glob("ckpt-*"))
+    check(len(ckpts) == 1, f"one checkpoint, rank 0's ({[c.name for c in ckpts]})")
+    stopped = [l for l in out.splitlines() if "stopped by SIGTERM" in l]
+    check(any(",1]<" in l.split(":", 1)[0] for l in stopped) and ckpts and
+          all(str(ckpts[-1]) + ";" in l for l in stopped),
+          "rank 1 (and rank 0, if it got that far) names the checkpoint rank 0 wrote:\n" + "\n".join(stopped) +
+          "\n" + out[-1500:])
 
 print(f"{len(failures)} failure(s)" if failures else "all cases passed")
 sys.exit(1 if failures else 0)

@@ -102,6 +102,8 @@ TEST_CASE("a config file sets training and device options; flags win over it", "
                                "lr = \"0.2\"\n"
                                "[cpu]\n"
                                "device_count = CPU=3\n"
+                               "[towerflow]\n"
+                               "ignore_sections = other_program\n"
                                "[other_program]\n"
                                "whatever = 1\n");
   auto r = parse({"--config", path, "--lr", "0.01", "--device_count", "CPU=2", "--json"});
@@ -260,6 +262,49 @@ TEST_CASE("a config file is read as Python's configparser reads it", "[cifar10][
   // An indented line continues the value above it, as in configparser; the error says so.
   CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n  epochs = 2\n", "t.ini"),
                     Catch::Contains("t.ini:2:") && Catch::Contains("continues to line 3"));
+}
+
+TEST_CASE("a misspelled section is refused, naming the nearest known one; declared foreign sections are skipped",
+          "[cifar10][options]") {
+  // Before, [trian] was skipped with every key in it: the run trained with the defaults.
+  CHECK_THROWS_WITH(parse_config("[gpu]\nallow_growth = true\n[trian]\nlr = 0.5\nepochs = 90\n", "t.ini"),
+                    Catch::Contains("t.ini:3: unknown section [trian]; did you mean [train]?") &&
+                        Catch::Contains("[train], [gpu], [cpu], [devices], [session], [process], [DEFAULT] and [towerflow]") &&
+                        Catch::Contains("skipped with every key in it") && Catch::Contains("Rename it to [train]") &&
+                        Catch::Contains("[towerflow] section: ignore_sections = trian"));
+  CHECK_THROWS_WITH(parse_config("[GPUs]\nallow_growth = true\n", "t.ini"), Catch::Contains("did you mean [gpu]?"));
+  CHECK_THROWS_WITH(parse_config("[Default]\nepochs = 3\n", "t.ini"), Catch::Contains("did you mean [DEFAULT]?"));
+  // A name near none of ours gets no guess, the same fix.
+  CHECK_THROWS_WITH(parse_config("[train]\nlr = 0.1\n[pipeline]\nstage = 2\n", "t.ini"),
+                    Catch::Contains("t.ini:3: unknown section [pipeline]. The sections of a --config file of "
+                                    "cifar10_train and cifar10_eval are") &&
+                        Catch::Contains("Rename it, or") && !Catch::Contains("did you mean"));
+  // An empty misspelled section is refused too: its keys may be on their way.
+  CHECK_THROWS_WITH(parse_config("[trian]\n", "t.ini"), Catch::Contains("t.ini:1: unknown section [trian]"));
+
+  // A file shared with other programs declares their sections; their keys are not read.
+  auto c = parse_config("[towerflow]\n"
+                        "ignore_sections = pipeline, [eval_server]\n"
+                        "    Notebook\n"  // a continuation line: one more name
+                        "[train]\n"
+                        "lr = 0.1\n"
+                        "[pipeline]\n"
+                        "lr = 7\n"
+                        "[eval_server]\n"
+                        "port = 8080\n"
+                        "[notebook]\n"
+                        "kernel = python3\n",
+                        "t.ini");
+  CHECK(c.train.lr == 0.1);
+  CHECK(c.train_keys == std::vector<std::string>{"lr"});
+  // Declaring one of our own sections, or another key in [towerflow], is a mistake.
+  CHECK_THROWS_WITH(parse_config("[towerflow]\nignore_sections = other, train\n[train]\nlr = 0.1\n", "t.ini"),
+                    Catch::Contains("t.ini:2: ignore_sections names [train], a section of a --config file of "
+                                    "cifar10_train and cifar10_eval; remove it from the list"));
+  CHECK_THROWS_WITH(parse_config("[towerflow]\nignore_section = other\n", "t.ini"),
+                    Catch::Contains("t.ini:2: [towerflow] has no key ignore_section; it takes ignore_sections ="));
+  // The device sections and [DEFAULT] are ours in any case, as before.
+  CHECK(parse_config("[GPU]\nallow_growth = true\n[DEFAULT]\nepochs = 3\n", "t.ini").process.allow_growth == true);
 }
 
 TEST_CASE("text options must be UTF-8: they are recorded as JSON (found by fuzz/flag_values)", "[cifar10][options]") {
