@@ -18,6 +18,7 @@
 #include "core/platform/registry.h"
 #include "data/data.h"
 #include "io/checkpoint_dir.h"
+#include "io/train_dir_lock.h"
 #include "optim/optimizer.h"
 #include "tower/trainer.h"
 #include "train/reporter.h"
@@ -262,6 +263,7 @@ class Loop {
   const std::vector<Hook*>& hooks_;
   StopRequest stop_;
   Plan plan_;
+  std::optional<io::TrainDirLock> lock_;  // rank 0's, held for the run (declared first: released last)
   std::optional<io::CheckpointDir> dir_;
   io::Metadata metadata_;
   std::string run_id_;
@@ -431,7 +433,11 @@ FitResult Loop::run() {
   // Across processes, rank 0 alone looks after train_dir (it writes the checkpoints); every rank
   // loads the checkpoint rank 0 chose.
   if (!o_.train_dir.empty()) {
-    if (rank0_) dir_.emplace(o_.train_dir);
+    // One run per train_dir: taken before anything there is read or written (io/train_dir_lock.h).
+    if (rank0_) {
+      lock_.emplace(o_.train_dir);
+      dir_.emplace(o_.train_dir);
+    }
     if (o_.resume) {
       std::string chosen;
       if (rank0_)

@@ -43,6 +43,10 @@
 //   but no checkpoint to resume, they are moved aside unless start_over says more). Each run has
 //   an id (metadata "run_id", kept on resume); rotation (keep_checkpoints) deletes only
 //   checkpoints of the running run.
+// - One run per train_dir: rank 0 holds io::TrainDirLock (train_dir/.lock) from before it reads
+//   or writes anything there until fit() returns; another run on that train_dir, in this process
+//   or another, raises io::TrainDirLocked (naming the holder's pid, host and start time) before
+//   anything is touched. A lock left by a killed run on this host is taken over (logged).
 // - FitResult::last_checkpoint is train_dir/ckpt-<final step> on every rank (rank 0 wrote it).
 // - A checkpoint that cannot be written (a full disk, permissions) raises DataError naming the
 //   path and the reason, leaves the earlier checkpoints as they were and no partial one; with

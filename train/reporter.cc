@@ -172,9 +172,38 @@ std::int64_t evals_left(std::int64_t epochs_done, std::int64_t epochs, int eval_
   return on_the_way + (epochs % eval_every != 0 ? 1 : 0);
 }
 
-Reporter::Reporter(ReporterOptions options) : options_(std::move(options)) {
-  live_ = !options_.json &&
-          (options_.live == 1 || (options_.live == -1 && ::isatty(::fileno(options_.out)) == 1));
+Progress parse_progress(std::string_view text) {
+  for (Progress p : {Progress::Auto, Progress::Plain, Progress::Live, Progress::Json})
+    if (text == to_string(p)) return p;
+  raise<InvalidArgument>("progress \"", text, "\" is not one of auto, plain, live, json; write e.g. --progress plain");
+}
+
+std::string_view to_string(Progress progress) {
+  switch (progress) {
+    case Progress::Auto: return "auto";
+    case Progress::Plain: return "plain";
+    case Progress::Live: return "live";
+    case Progress::Json: return "json";
+  }
+  return "auto";
+}
+
+// Note [Plain lines under a launcher]
+// A terminal on `out` is not enough to draw the live line. Open MPI's mpirun gives the local
+// ranks' stdout a pseudo-terminal (so that their output is line-buffered), whatever mpirun's own
+// output is (Open MPI 4.1.4: `mpirun -n 1 python3 -c 'import os; print(os.isatty(1))' > f`
+// writes True), so a log file of `mpirun ... > train.log` filled with carriage returns and ESC[K,
+// one redraw per report. Under a launcher the output is almost always collected somewhere (a
+// file, a scheduler's log), so Auto prints plain lines there; `--progress live` (Progress::Live)
+// still draws the line for someone watching mpirun on a terminal.
+Progress resolve_progress(Progress progress, std::FILE* out) {
+  if (progress != Progress::Auto) return progress;
+  const bool terminal = out != nullptr && ::isatty(::fileno(out)) == 1;
+  return terminal && !collectives::launched_by_mpi() ? Progress::Live : Progress::Plain;
+}
+
+Reporter::Reporter(ReporterOptions options)
+    : options_(std::move(options)), progress_(resolve_progress(options_.progress, options_.out)) {
   previous_sink_ = set_log_sink([this](LogLevel level, std::string_view text) { message(level, text); });
 }
 
@@ -201,7 +230,7 @@ void Reporter::write_locked(const std::string& line) {
 
 void Reporter::block(const std::string& event, const std::string& title, const Fields& fields) {
   std::lock_guard lock(mu_);
-  if (options_.json) {
+  if (progress_ == Progress::Json) {
     ordered_json j;
     j["event"] = event;
     for (const auto& [k, v] : fields) j[k] = v;
@@ -261,7 +290,7 @@ void Reporter::on_end(const FitResult& r) {
 void Reporter::train(const TrainRecord& r) {
   ordered_json j = json_of(r);
   std::lock_guard lock(mu_);
-  if (options_.json) {
+  if (progress_ == Progress::Json) {
     j["eta_s"] = round_to(r.eta_s, 1);
     write_locked(text_of(j));
     return;
@@ -276,7 +305,7 @@ void Reporter::train(const TrainRecord& r) {
     std::snprintf(line + used, sizeof line - used, "  loss scale %g  skipped %lld", r.loss_scale,
                   static_cast<long long>(r.skipped_steps));
   }
-  if (live_) {
+  if (progress_ == Progress::Live) {
     // Redraw in place: carriage return, the line, erase what an older, longer line left.
     std::fprintf(options_.out, "\r%s\033[K", line);
     std::fflush(options_.out);
@@ -289,7 +318,7 @@ void Reporter::train(const TrainRecord& r) {
 void Reporter::eval(const EvalRecord& r) {
   ordered_json j = json_of(r);
   std::lock_guard lock(mu_);
-  if (options_.json) {
+  if (progress_ == Progress::Json) {
     j["eval_s"] = round_to(r.seconds, 2);
     write_locked(text_of(j));
     return;
@@ -308,7 +337,7 @@ void Reporter::epoch_end() {
 
 void Reporter::message(LogLevel level, std::string_view text) {
   std::lock_guard lock(mu_);
-  if (options_.json) {
+  if (progress_ == Progress::Json) {
     ordered_json j;
     j["event"] = level >= LogLevel::Error ? "error" : "log";
     j["level"] = level_name(level);
@@ -327,7 +356,7 @@ void Reporter::message(LogLevel level, std::string_view text) {
 }
 
 void Reporter::summary(const Fields& fields, const std::string& json_object) {
-  if (options_.json) {
+  if (progress_ == Progress::Json) {
     std::lock_guard lock(mu_);
     auto j = ordered_json::parse(json_object);
     ordered_json out;

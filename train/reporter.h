@@ -1,10 +1,12 @@
 #pragma once
-// Reporter: everything a training run tells its user, in one of three forms, as a hook of fit().
+// Reporter: everything a training run tells its user, in one of three forms (ReporterOptions::
+// progress), as a hook of fit().
 //
-// - On a terminal: a live progress line (epoch, step, loss, accuracy, images/s, ETA) redrawn in
-//   place, kept as a normal line at the end of each epoch; other lines go above it.
-// - Not a terminal (a pipe, a log file): the same progress as plain lines, one per report.
-// - With json: one JSON object per line on the output, nothing else; training lines carry
+// - Live: a progress line (epoch, step, loss, accuracy, images/s, ETA) redrawn in place with a
+//   carriage return and ESC[K, kept as a normal line at the end of each epoch; other lines go
+//   above it.
+// - Plain: the same progress as plain lines, one per report; no carriage returns, no escape codes.
+// - Json: one JSON object per line on the output, nothing else; training lines carry
 //   "step", "epoch", "loss", "acc", "lr", "img_per_s", "eta_s", evaluation lines "test_loss",
 //   "test_acc", "examples", "eval_s"; start-up, summary and log lines carry "event": "start" |
 //   "summary" | "log" | "error".
@@ -22,6 +24,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -37,9 +40,24 @@ using Fields = std::vector<std::pair<std::string, std::string>>;
 // Sets `key` to `value`: in place if present, else inserted after `after` (or at the end).
 void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after = {});
 
+// How progress is shown (see the top of this file).
+enum class Progress {
+  Auto,   // Live when `out` is a terminal and no launcher started the process, else Plain
+  Plain,
+  Live,
+  Json,
+};
+// "auto" | "plain" | "live" | "json"; anything else raises InvalidArgument naming the values.
+Progress parse_progress(std::string_view text);
+std::string_view to_string(Progress progress);
+// What `progress` is for output to `out` in this process: Auto becomes Live only when `out` is a
+// terminal and no MPI launcher started the process (collectives::launched_by_mpi(): mpirun,
+// mpiexec, srun with PMI); else Plain. Note [Plain lines under a launcher] in reporter.cc says why
+// a terminal is not enough.
+Progress resolve_progress(Progress progress, std::FILE* out);
+
 struct ReporterOptions {
-  bool json = false;
-  int live = -1;                          // -1: when `out` is a terminal; 0: never; 1: always
+  Progress progress = Progress::Auto;
   std::FILE* out = stdout;
   std::string title = "towerflow";        // the start-up block's title
   // Edits the start-up block's fields (start_fields()) before it is printed.
@@ -74,7 +92,9 @@ class Reporter : public Hook {
   // JSON mode: {"event": "summary", ...} is built from these; text mode prints block() lines.
   void summary(const Fields& fields, const std::string& json_object);
 
-  bool live() const { return live_; }
+  // The form chosen (Plain, Live or Json: never Auto).
+  Progress progress() const { return progress_; }
+  bool live() const { return progress_ == Progress::Live; }
   // Sets ReporterOptions::title and ::describe, for an application that learns them after the
   // reporter was made.
   void set_start_block(std::string title, std::function<void(const StartInfo&, Fields&)> describe);
@@ -84,7 +104,7 @@ class Reporter : public Hook {
   void write_locked(const std::string& line);  // a whole line
 
   ReporterOptions options_;
-  bool live_ = false;
+  Progress progress_ = Progress::Plain;  // resolved
   bool live_shown_ = false;
   std::mutex mu_;
   LogSink previous_sink_;

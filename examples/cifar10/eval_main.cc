@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", eval.model, "the model (default: the one recorded in the checkpoint)");
   cf::TrainCommandLine cli;
   cli.add_to(app, {"data_dir", "dataset", "loader_threads", "builtin_train_size", "builtin_test_size", "devices",
-                   "num_gpus", "batch_size", "split", "split_remainder", "seed", "json"});
+                   "num_gpus", "batch_size", "split", "split_remainder", "seed", "progress", "json"});
   if (auto code = cf::parse_command_line(app, argc, argv)) return *code;
   return cf::run_main(cli, [&](const cf::Resolved& r, cf::Reporter& reporter) {
     cf::run_evaluation(r.train, eval, r.process, reporter, r.given);

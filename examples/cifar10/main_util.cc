@@ -21,10 +21,25 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
   }
 }
 
+namespace {
+
+// --progress, or json with --json (its older spelling).
+train::Progress progress_of(const TrainOptions& o) {
+  const train::Progress progress = train::parse_progress(o.progress);
+  if (!o.json) return progress;
+  if (progress != train::Progress::Auto && progress != train::Progress::Json)
+    raise<InvalidArgument>("--json and --progress ", o.progress, " disagree (--json is --progress json); give one of them");
+  return train::Progress::Json;
+}
+
+}  // namespace
+
 int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved&, Reporter&)>& work) {
   Resolved resolved;
+  train::Progress progress;
   try {
     resolved = cli.resolve();
+    progress = progress_of(resolved.train);
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;
@@ -40,7 +55,7 @@ int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved
     return 2;
   }
   if (world->rank() > 0 && std::getenv("TOWERFLOW_LOG_LEVEL") == nullptr) set_log_level(LogLevel::Error);
-  Reporter reporter({.json = resolved.train.json});
+  Reporter reporter({.progress = progress});
   auto fail = [&](const std::exception& e, int code) {
     if (dynamic_cast<const collectives::PeerFailed*>(&e) == nullptr) world->announce_failure(e.what());
     reporter.message(LogLevel::Error, world->size() > 1 ? str("rank ", world->rank(), ": ", e.what()) : e.what());

@@ -5,8 +5,8 @@
 // Exit codes: 0 done; 1 an error (a message says which); 2 a bad flag, option, config, path or
 // file (a corrupt or mismatched checkpoint, a train_dir holding an earlier run); 3 a non-finite
 // loss (NumericalError); 4 out of memory; 128 + N stopped by signal N (130 SIGINT, 143 SIGTERM)
-// after writing a checkpoint. With --json the error is a JSON line {"event": "error", ...} on
-// stdout; otherwise "error: ..." on stderr.
+// after writing a checkpoint. With --progress json (or --json) the error is a JSON line
+// {"event": "error", ...} on stdout; otherwise "error: ..." on stderr.
 
 #include <functional>
 #include <optional>

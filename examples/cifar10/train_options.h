@@ -75,7 +75,8 @@ struct TrainOptions {
   std::string start_over = "no";       // no | move | delete: a new run where an earlier one left files
   std::string on_checkpoint_error = "stop";  // stop | continue
   std::uint64_t seed = 1;
-  bool json = false;
+  std::string progress = "auto";       // auto | plain | live | json (train/reporter.h)
+  bool json = false;                   // --progress json, by its older name
   bool tensorboard = true;             // TensorBoard event files
   std::string logdir = {};             // for the event files (empty: train_dir)
   std::int64_t histogram_every = 0;    // steps between weight/gradient histograms (0: none)

@@ -18,6 +18,7 @@
 #include "core/platform/registry.h"
 #include "data/data.h"
 #include "io/model_state.h"
+#include "io/train_dir_lock.h"
 #include "models/models.h"
 #include "optim/optim.h"
 #include "tower/tower.h"
@@ -319,6 +320,12 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     raise_out_of_memory(e, devices, o, true);
   } catch (const NumericalError& e) {
     throw NumericalError(str(e.what(), " (flags: --lr, --warmup_epochs, --resume)"));
+  } catch (const io::TrainDirLocked& e) {
+    // The library's words, in the command line's: the directory is the flag's value.
+    std::string m = e.what();
+    for (auto at = m.find("another train_dir"); at != std::string::npos; at = m.find("another train_dir", at + 2))
+      m.insert(at + 8, "--");
+    throw io::TrainDirLocked("--" + m, e.dir, e.holder);
   } catch (const train::TrainDirInUse& e) {
     raise<InvalidArgument>("--train_dir ", o.train_dir, " holds an earlier run: ", e.found,
                            "; nothing was changed. To continue that run: --resume. To start a new one here: "

@@ -50,7 +50,7 @@ inline void fresh_devices() {
 struct Output {
   std::FILE* file = std::tmpfile();
   ~Output() { std::fclose(file); }
-  ReporterOptions reporter_options() const { return {.json = true, .out = file}; }
+  ReporterOptions reporter_options() const { return {.progress = Progress::Json, .out = file}; }
   std::string text() const {
     std::fflush(file);
     std::rewind(file);

@@ -29,7 +29,7 @@ TrainRecord record(std::int64_t step) {
 TEST_CASE("json mode prints one object per line with the documented keys", "[train][reporter]") {
   Captured out;
   {
-    Reporter r({.json = true, .out = out.file});
+    Reporter r({.progress = Progress::Json, .out = out.file});
     r.block("start", "towerflow", {{"model", "tfcnn"}});
     r.train(record(10));
     r.eval({.step = 10, .epoch = 1, .test_loss = 0.75, .test_acc = 0.625, .examples = 1000, .seconds = 1});
@@ -59,7 +59,7 @@ TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", 
   SECTION("plain") {
     Captured out;
     {
-      Reporter r({.live = 0, .out = out.file});
+      Reporter r({.progress = Progress::Plain, .out = out.file});
       r.train(record(10));
       r.train(record(20));
     }
@@ -74,7 +74,7 @@ TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", 
   SECTION("live") {
     Captured out;
     {
-      Reporter r({.live = 1, .out = out.file});
+      Reporter r({.progress = Progress::Live, .out = out.file});
       r.train(record(10));
       r.train(record(20));
       r.eval({.step = 20, .epoch = 2, .test_loss = 1, .test_acc = 0.5});
@@ -89,6 +89,20 @@ TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", 
     CHECK_THAT(lines[1], Catch::StartsWith("eval") && Catch::Contains("50.00%"));
     CHECK_THAT(lines[2], Catch::Contains("step 30/100"));
   }
+}
+
+TEST_CASE("progress: auto is live on a terminal outside a launcher, plain elsewhere; names parse", "[train][reporter]") {
+  for (Progress p : {Progress::Auto, Progress::Plain, Progress::Live, Progress::Json})
+    CHECK(parse_progress(to_string(p)) == p);
+  CHECK_THROWS_WITH(parse_progress("nonsense"), Catch::Contains("\"nonsense\"") &&
+                                                    Catch::Contains("auto, plain, live, json"));
+  Captured out;  // a file, not a terminal
+  CHECK(resolve_progress(Progress::Auto, out.file) == Progress::Plain);
+  CHECK(resolve_progress(Progress::Live, out.file) == Progress::Live);  // asked for: drawn anyway
+  CHECK(resolve_progress(Progress::Json, out.file) == Progress::Json);
+  CHECK(Reporter({.out = out.file}).progress() == Progress::Plain);
+  // A terminal with and without launcher variables: tests/examples/cifar10/test_progress_cli.py
+  // runs the program under a pseudo-terminal.
 }
 
 TEST_CASE("records as JSON: short numbers, a non-finite loss as null", "[train][reporter]") {
@@ -160,7 +174,7 @@ TEST_CASE("json mode writes names and paths that are not UTF-8 with U+FFFD inste
           "[train][reporter]") {
   Captured out;
   {
-    Reporter r({.json = true, .out = out.file});
+    Reporter r({.progress = Progress::Json, .out = out.file});
     r.block("start", "towerflow", {{"train data", "image folder /data/caf\xe9 (10 classes)"}});
     tw::log_warning("class folder 'r\xe9sum\xe9' has no image");
   }

@@ -41,6 +41,7 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   set_train_option(o, "max_steps", "5000000000");
   set_train_option(o, "resume", "true");
   set_train_option(o, "json", "0");
+  set_train_option(o, "progress", "plain");
   set_train_option(o, "model", " resnet20 ");
   set_train_option(o, "seed", "18446744073709551615");
   CHECK(o.lr == 0.25);
@@ -48,6 +49,7 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   CHECK(o.max_steps == 5'000'000'000);
   CHECK(o.resume);
   CHECK_FALSE(o.json);
+  CHECK(o.progress == "plain");
   CHECK(o.model == "resnet20");
   CHECK(o.seed == 18446744073709551615ull);
 
@@ -56,6 +58,8 @@ TEST_CASE("every option parses from its text form, with typed errors for bad val
   CHECK_THROWS_WITH(set_train_option(o, "batch_size", "0"), Catch::Contains("--batch_size") && Catch::Contains("out of range"));
   CHECK_THROWS_WITH(set_train_option(o, "batch_size", "12.5"), Catch::Contains("not an integer"));
   CHECK_THROWS_WITH(set_train_option(o, "lr", "nan"), Catch::Contains("not a number"));
+  CHECK_THROWS_WITH(set_train_option(o, "progress", "nonsense"),
+                    Catch::Contains("--progress \"nonsense\" is not one of auto, plain, live, json"));
   CHECK_THROWS_WITH(set_train_option(o, "resume", "maybe"), Catch::Contains("--resume") && Catch::Contains("true or false"));
   set_train_option(o, "cutout", "16");
   set_train_option(o, "label_smoothing", "0.1");
