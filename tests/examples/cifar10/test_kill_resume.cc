@@ -27,31 +27,6 @@ using namespace towerflow::train;
 
 namespace {
 
-// Starts cifar10_train (or `program`) with the arguments, its output going to `log`.
-pid_t spawn_trainer(const std::vector<std::string>& args, const fs::path& log,
-                    const std::string& program = TW_CIFAR10_TRAIN_BIN) {
-  std::vector<std::string> all{program};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-}
-
 std::vector<std::string> args_for(const fs::path& train_dir) {
   return {"--builtin_train_size", "192", "--builtin_test_size", "32", "--batch_size", "32", "--epochs", "2",
           "--save_every", "2", "--keep_checkpoints", "3", "--loader_threads", "0", "--devices", "/cpu:0,/cpu:1",

@@ -23,28 +23,6 @@ using namespace towerflow::cifar10::testing;
 
 namespace {
 
-pid_t spawn_train(std::vector<std::string> args, const fs::path& log) {
-  args.insert(args.begin(), TW_CIFAR10_TRAIN_BIN);
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-int exit_code(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-}
-
 std::vector<std::string> args_for(const fs::path& train_dir, const std::string& epochs) {
   return {"--builtin_train_size", "192", "--builtin_test_size", "32", "--batch_size", "32", "--epochs", epochs,
           "--save_every", "2", "--keep_checkpoints", "2", "--loader_threads", "0", "--devices", "/cpu:0,/cpu:1",
@@ -58,7 +36,7 @@ TEST_CASE("cifar10_train twice on one --train_dir: the second is refused naming 
   TempDir tmp;
   const fs::path run = tmp.path / "run";
   // Long enough (1000 epochs) to be running still when the second starts; it is killed below.
-  const pid_t first = spawn_train(args_for(run, "1000"), tmp.path / "first.log");
+  const pid_t first = spawn_trainer(args_for(run, "1000"), tmp.path / "first.log");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
   while (!(fs::exists(run) && towerflow::io::CheckpointDir(run).latest())) {
     REQUIRE(std::chrono::steady_clock::now() < deadline);
@@ -66,7 +44,7 @@ TEST_CASE("cifar10_train twice on one --train_dir: the second is refused naming 
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 
-  const int second = exit_code(spawn_train(args_for(run, "1000"), tmp.path / "second.log"));
+  const int second = wait_exit(spawn_trainer(args_for(run, "1000"), tmp.path / "second.log"));
   const std::string said = towerflow::io::read_file(tmp.path / "second.log");
   INFO(said);
   CHECK(second == 2);
@@ -77,21 +55,21 @@ TEST_CASE("cifar10_train twice on one --train_dir: the second is refused naming 
   CHECK(::waitpid(first, nullptr, WNOHANG) == 0);  // the first one goes on
 
   ::kill(first, SIGKILL);
-  CHECK(exit_code(first) == -SIGKILL);
+  CHECK(wait_exit(first) == -SIGKILL);
   REQUIRE(fs::exists(run / ".lock"));  // left behind, naming the killed run
 
   // The same user resumes: the lock of the killed run is taken over, with a note. (--epochs 1 so
   // that it ends at once: the checkpoint is at or near the end of the shorter run.)
   auto resume = args_for(run, "1");
   resume.push_back("--resume");
-  CHECK(exit_code(spawn_train(resume, tmp.path / "third.log")) == 0);
+  CHECK(wait_exit(spawn_trainer(resume, tmp.path / "third.log")) == 0);
   const std::string third = towerflow::io::read_file(tmp.path / "third.log");
   INFO(third);
   CHECK_THAT(third, Catch::Contains("taking over the lock left by pid " + std::to_string(first)));
   CHECK_FALSE(fs::exists(run / ".lock"));  // a run that ends releases it
 
   // ... and after a run that ended cleanly, --resume has nothing to take over.
-  CHECK(exit_code(spawn_train(resume, tmp.path / "fourth.log")) == 0);
+  CHECK(wait_exit(spawn_trainer(resume, tmp.path / "fourth.log")) == 0);
   const std::string fourth = towerflow::io::read_file(tmp.path / "fourth.log");
   INFO(fourth);
   CHECK_THAT(fourth, !Catch::Contains("taking over the lock"));

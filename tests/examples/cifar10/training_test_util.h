@@ -2,7 +2,16 @@
 // Helpers for the trainer tests: tiny runs on a small built-in dataset, temporary train_dirs,
 // and reading checkpoints back.
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "examples/cifar10/train_options.h"
 #include "train/fit_test_util.h"
@@ -33,5 +42,34 @@ inline TrainOptions tiny_options(const std::filesystem::path& train_dir) {
   o.devices = "/cpu:0,/cpu:1";
   return o;
 }
+
+#ifdef TW_CIFAR10_TRAIN_BIN
+// Starts `program` with the arguments, its output (stdout and stderr) going to `log`.
+inline pid_t spawn_trainer(const std::vector<std::string>& args, const std::filesystem::path& log,
+                           const std::string& program = TW_CIFAR10_TRAIN_BIN) {
+  std::vector<std::string> all{program};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+// Its exit status, or minus the signal that ended it.
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+}
+
+#endif
 
 }  // namespace towerflow::cifar10::testing
