@@ -22,6 +22,22 @@ namespace {
 
 std::vector<float> flat_params(const tw::nn::Module& m) { return m.flat_parameters().to_host(); }
 
+// A tfcnn model (10 classes, initialised from `seed`) and SGD with momentum over a host copy of
+// its parameters: what a checkpoint saves and loads.
+struct TfcnnSgd {
+  explicit TfcnnSgd(unsigned seed)
+      : model(tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = seed})),
+        params(flat_params(*model)),
+        sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
+            {.lr = 0.1, .momentum = 0.9}) {}
+  TfcnnSgd(const TfcnnSgd&) = delete;
+  TfcnnSgd& operator=(const TfcnnSgd&) = delete;
+
+  std::shared_ptr<tw::nn::Module> model;
+  std::vector<float> params;  // the optimizer's copy
+  tw::optim::Sgd sgd;
+};
+
 }  // namespace
 
 TEST_CASE("mismatched checkpoints are refused naming the tensor, and load nothing", "[train][checkpoint]") {
@@ -104,12 +120,9 @@ TEST_CASE("a byte changed in any tensor of a checkpoint is detected, naming the 
   fresh_devices();
   TempDir dir;
   tw::io::CheckpointDir ckdir(dir.path);
-  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
-  auto params = model->flat_parameters().to_host();
-  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
-                     {.lr = 0.1, .momentum = 0.9});
-  sgd.step();  // momentum buffers that are not all zero
-  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
+  TfcnnSgd saved(1);
+  saved.sgd.step();  // momentum buffers that are not all zero
+  fs::path ckpt = save_checkpoint(ckdir, *saved.model, saved.sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
   CHECK(verify_checkpoint(ckpt).checksummed);
 
   for (const char* name : {kModelFile, kStateFile}) {
@@ -136,18 +149,15 @@ TEST_CASE("a byte changed in any tensor of a checkpoint is detected, naming the 
     CHECK(flips == 4 * static_cast<int>(parsed.entries().size()));
 
     // Through load_checkpoint on disk: refused, and nothing loaded.
-    auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
-    auto before = flat_params(*target);
-    std::vector<float> p2 = before;
-    tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
-                        {.lr = 0.1, .momentum = 0.9});
+    TfcnnSgd target(2);
+    const auto before = flat_params(*target.model);
     std::string bad = good;
     const auto& last = parsed.entries().back();
     bad[data_offset(good, last, (last.end - last.begin) / 2)] ^= 0x01;
     tw::io::write_file_atomically(file, bad);
-    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target, sgd2), Catch::Contains("tensor \"" + last.name + "\""));
+    CHECK_THROWS_WITH(load_checkpoint(ckpt, *target.model, target.sgd), Catch::Contains("tensor \"" + last.name + "\""));
     CHECK_THROWS_AS(verify_checkpoint(ckpt), tw::DataError);
-    CHECK(flat_params(*target) == before);
+    CHECK(flat_params(*target.model) == before);
     tw::io::write_file_atomically(file, good);
   }
 }
@@ -175,24 +185,18 @@ TEST_CASE("a checkpoint written before checksums loads, with one note that it ca
   fresh_devices();
   TempDir dir;
   tw::io::CheckpointDir ckdir(dir.path);
-  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
-  auto params = model->flat_parameters().to_host();
-  tw::optim::Sgd sgd(tw::optim::ParameterSet::single(std::span<float>(params), std::span<const float>(params)),
-                     {.lr = 0.1, .momentum = 0.9});
-  fs::path ckpt = save_checkpoint(ckdir, *model, sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
+  TfcnnSgd saved(1);
+  fs::path ckpt = save_checkpoint(ckdir, *saved.model, saved.sgd, {.step = 5, .epoch = 1, .step_in_epoch = 2}, {}, 0);
   strip_checksums(ckpt / kModelFile);
   strip_checksums(ckpt / kStateFile);
   CHECK_FALSE(verify_checkpoint(ckpt).checksummed);
 
   std::vector<std::string> notes;
   auto previous = tw::set_log_sink([&](tw::LogLevel, std::string_view m) { notes.emplace_back(m); });
-  auto target = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 2});
-  std::vector<float> p2 = target->flat_parameters().to_host();
-  tw::optim::Sgd sgd2(tw::optim::ParameterSet::single(std::span<float>(p2), std::span<const float>(p2)),
-                      {.lr = 0.1, .momentum = 0.9});
-  CHECK(load_checkpoint(ckpt, *target, sgd2).position.step == 5);
+  TfcnnSgd target(2);
+  CHECK(load_checkpoint(ckpt, *target.model, target.sgd).position.step == 5);
   tw::set_log_sink(previous);
-  CHECK(flat_params(*target) == params);
+  CHECK(flat_params(*target.model) == saved.params);
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Catch::Contains(ckpt.string()) && Catch::Contains("carries no tensor checksums"));
 }

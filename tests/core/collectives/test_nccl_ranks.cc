@@ -18,7 +18,7 @@
 
 #include "core/collectives/nccl_ranks.h"
 #include "core/memory/device_free_lock.h"
-#include "core/collectives/fake_nccl.h"
+#include "tests/core/collectives/fake_nccl.h"
 
 using namespace towerflow;
 using namespace towerflow::collectives;
@@ -116,6 +116,39 @@ float expected_sum(int n, std::size_t i) {
   return static_cast<float>(n * (n + 1) / 2) + static_cast<float>(n) * static_cast<float>(i % 7);
 }
 
+// Participants 0..n-1 each run an all-reduce while another thread waits (wait_then_abort's
+// return) and then calls abort(reason) on the communicator: each participant's error and how
+// long after the abort it returned.
+struct AbortRun {
+  std::vector<std::exception_ptr> errors;
+  std::vector<Clock::duration> after_abort;
+};
+AbortRun abort_during_all_reduce(Clique& c, int n, const std::string& reason,
+                                 const std::function<void()>& wait_then_abort) {
+  auto bufs = buffers(n, 16);
+  std::atomic<Clock::rep> aborted_at{0};
+  std::vector<Clock::time_point> returned(n);
+  auto errors = run_bounded(n + 1, [&](int i) {
+    if (i == n) {
+      wait_then_abort();
+      aborted_at = Clock::now().time_since_epoch().count();
+      c.comm->abort(reason);
+      return;
+    }
+    try {
+      c.comm->all_reduce_sum(i, bufs[i]);
+    } catch (...) {
+      returned[i] = Clock::now();
+      throw;
+    }
+  });
+  REQUIRE(errors[n] == nullptr);
+  const Clock::time_point t0{Clock::duration(aborted_at.load())};
+  AbortRun run{std::vector<std::exception_ptr>(errors.begin(), errors.begin() + n), {}};
+  for (int p = 0; p < n; ++p) run.after_abort.push_back(returned[p] - t0);
+  return run;
+}
+
 // The device-free gate is free again: no launch is owed (Note [Device frees and NCCL launches]).
 bool free_gate_idle() {
   std::atomic<bool> got{false};
@@ -197,31 +230,15 @@ TEST_CASE("abort() from another thread reaches ranks blocked inside their first 
   // connect), where only ncclCommAbort releases them.
   Clique c = make_clique(2);
   c.world->set_absent_peers(1);
-  auto bufs = buffers(2, 16);
-  std::atomic<Clock::rep> aborted_at{0};
-  std::vector<Clock::time_point> returned(2);
-  auto errors = run_bounded(3, [&](int i) {
-    if (i == 2) {
-      while (c.world->blocked_in_first_launch() < 2) std::this_thread::sleep_for(1ms);
-      std::this_thread::sleep_for(50ms);
-      aborted_at = Clock::now().time_since_epoch().count();
-      c.comm->abort("tower 1 failed (test)");
-      return;
-    }
-    try {
-      c.comm->all_reduce_sum(i, bufs[i]);
-    } catch (...) {
-      returned[i] = Clock::now();
-      throw;
-    }
+  const AbortRun run = abort_during_all_reduce(c, 2, "tower 1 failed (test)", [&] {
+    while (c.world->blocked_in_first_launch() < 2) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(50ms);
   });
-  REQUIRE(errors[2] == nullptr);
-  const Clock::time_point t0{Clock::duration(aborted_at.load())};
   for (int p = 0; p < 2; ++p) {
     CAPTURE(p);
-    CHECK(threw<CollectiveAborted>(errors[p]));
-    CHECK_THAT(message_of(errors[p]), Catch::Contains("tower 1 failed (test)"));
-    CHECK(returned[p] - t0 < 2s);
+    CHECK(threw<CollectiveAborted>(run.errors[p]));
+    CHECK_THAT(message_of(run.errors[p]), Catch::Contains("tower 1 failed (test)"));
+    CHECK(run.after_abort[p] < 2s);
   }
   CHECK(c.world->calls_after_abort() == 0);
   CHECK(free_gate_idle());
@@ -233,27 +250,11 @@ TEST_CASE("abort() from another thread reaches ranks waiting for a collective th
   auto bufs = buffers(2, 16);
   require_no_errors(run_bounded(2, [&](int p) { c.comm->all_reduce_sum(p, bufs[p]); }));  // connected
   c.world->set_never_complete(true);
-  std::atomic<Clock::rep> aborted_at{0};
-  std::vector<Clock::time_point> returned(2);
-  auto errors = run_bounded(3, [&](int i) {
-    if (i == 2) {
-      std::this_thread::sleep_for(200ms);
-      aborted_at = Clock::now().time_since_epoch().count();
-      c.comm->abort("tower 0 failed (test)");
-      return;
-    }
-    try {
-      c.comm->all_reduce_sum(i, bufs[i]);
-    } catch (...) {
-      returned[i] = Clock::now();
-      throw;
-    }
-  });
-  const Clock::time_point t0{Clock::duration(aborted_at.load())};
+  const AbortRun run = abort_during_all_reduce(c, 2, "tower 0 failed (test)", [] { std::this_thread::sleep_for(200ms); });
   for (int p = 0; p < 2; ++p) {
     CAPTURE(p);
-    CHECK(threw<CollectiveAborted>(errors[p]));
-    CHECK(returned[p] - t0 < 2s);
+    CHECK(threw<CollectiveAborted>(run.errors[p]));
+    CHECK(run.after_abort[p] < 2s);
     CHECK(c.world->aborted(p));
   }
   CHECK(c.world->calls_after_abort() == 0);
