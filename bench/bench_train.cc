@@ -18,8 +18,9 @@
 // multiply-adds x 2 x 3 (the peer's convention), and the share of the step spent in reduction
 // that backward did not hide (Trainer::timings()). With GPU devices each step is also timed with
 // CUDA events recorded on every GPU's stream, after synchronising; the images/s then come from
-// the slowest GPU's event time. The check column says whether every loss was finite and the last
-// below the first.
+// the slowest GPU's event time. The check column says whether every loss was finite and the mean
+// of the last quarter of the losses below that of the first quarter (one loss against one is
+// noise where a short run barely learns, as tfcnn's 120 steps on the synthetic set: 2.297 to 2.254).
 //
 // Under mpirun (mpirun -np 2 towerflow_bench_train --threads 1 ...) the towers are those of every
 // process (--devices per process), each process gives its towers' rows of the global batch, and
@@ -33,6 +34,7 @@
 #include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -246,7 +248,10 @@ int main(int argc, char** argv) {
     const double timed_ms = gpu_ms.empty() ? med : median(gpu_ms);
     const double img_s = batch / (timed_ms / 1e3);
     const double gflops = img_s * static_cast<double>(macs) * 2 * 3 / 1e9;
-    bool ok = losses.back() < losses.front();
+    const std::size_t quarter = std::max<std::size_t>(1, losses.size() / 4);
+    const double first_mean = std::accumulate(losses.begin(), losses.begin() + quarter, 0.0) / quarter;
+    const double last_mean = std::accumulate(losses.end() - quarter, losses.end(), 0.0) / quarter;
+    bool ok = last_mean < first_mean;
     for (float l : losses) ok = ok && std::isfinite(l);
     std::size_t new_regions = 0, pool_bytes = 0, peak_bytes = 0;
     for (std::size_t i = 0; i < devices.size(); ++i) {

@@ -9,16 +9,16 @@ namespace towerflow::gpu::detail {
 
 namespace {
 
-// The logical device of the context active on this thread (set by DeviceScope). A pointer, not a
-// copy: the scope that set it outlives every use.
-thread_local const Device* t_device = nullptr;
-thread_local int t_ordinal = -1;
+// The logical device of the context active on this thread (set by DeviceScope), held by value: a
+// scope may be given a temporary (DeviceScope(Device::gpu(3), 0)) that dies before the scope does.
+thread_local Device t_device{};
+thread_local int t_ordinal = -1;  // -1: no scope is active
 
 }  // namespace
 
 DeviceScope::DeviceScope(const Device& device, int ordinal)
     : previous_device_(t_device), previous_ordinal_(t_ordinal) {
-  t_device = &device;
+  t_device = device;
   t_ordinal = ordinal;
   // Every entry point goes through here, so no thread ever runs a kernel on the wrong GPU: tower
   // threads, loader threads and the caller's thread all get the right device set on first use.
@@ -38,7 +38,7 @@ DeviceScope::~DeviceScope() {
 }
 
 std::string current_device_label() {
-  if (t_device != nullptr) return str(*t_device, " (CUDA ordinal ", t_ordinal, ")");
+  if (t_ordinal >= 0) return str(t_device, " (CUDA ordinal ", t_ordinal, ")");
   int ordinal = -1;
   if (cudaGetDevice(&ordinal) == cudaSuccess) return str("CUDA ordinal ", ordinal);
   cudaGetLastError();  // the failed query must not leave an error behind for the next call

@@ -41,7 +41,7 @@ class DeviceScope {
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
-  const Device* previous_device_;
+  Device previous_device_;
   int previous_ordinal_;
 };
 

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <new>
+
 #include "core/cuda/module_loading.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -18,28 +20,41 @@ namespace {
 
 // Makes `ordinal` the calling thread's current device for one scope and restores the previous
 // one afterwards: allocators are called from tower threads that have their own current device.
+// The throwing form is for alloc(); free() runs in destructors, also while the process exits and
+// the CUDA runtime is unloading, and uses the non-throwing form (ok() says whether it held).
 class DeviceScope {
  public:
   explicit DeviceScope(int ordinal) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != ordinal) {
-      const cudaError_t err = cudaSetDevice(ordinal);
-      if (err != cudaSuccess) {
-        cudaGetLastError();
-        raise<DeviceError>("cudaSetDevice(", ordinal, ") failed: ", cudaGetErrorString(err));
-      }
-    } else {
-      previous_ = -1;  // nothing to restore
-    }
+    if (const cudaError_t err = enter(ordinal); err != cudaSuccess)
+      raise<DeviceError>("cudaSetDevice(", ordinal, ") failed: ", cudaGetErrorString(err));
   }
+  DeviceScope(int ordinal, std::nothrow_t) : status_(enter(ordinal)) {}
   ~DeviceScope() {
     if (previous_ >= 0) cudaSetDevice(previous_);
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
+  bool ok() const { return status_ == cudaSuccess; }
+  cudaError_t status() const { return status_; }
+
  private:
+  cudaError_t enter(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ == ordinal) {
+      previous_ = -1;  // nothing to restore
+      return cudaSuccess;
+    }
+    const cudaError_t err = cudaSetDevice(ordinal);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      previous_ = -1;
+    }
+    return err;
+  }
+
   int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
 };
 
 class CudaSubAllocator final : public SubAllocator {
@@ -58,12 +73,20 @@ class CudaSubAllocator final : public SubAllocator {
   }
   void free(void* ptr, std::size_t bytes) override {
     if (ptr == nullptr) return;
-    DeviceScope scope(ordinal_);
+    DeviceScope scope(ordinal_, std::nothrow);
+    if (!scope.ok()) {
+      // At exit, after the runtime has begun to unload, the driver reclaims the memory itself.
+      if (scope.status() != cudaErrorCudartUnloading)
+        log_warning(str("cannot free a ", bytes, "-byte region on CUDA device ", ordinal_, ": cudaSetDevice failed: ",
+                        cudaGetErrorString(scope.status())));
+      return;
+    }
     // Never while a round of NCCL launches is half done: see device_free_lock.h.
     std::lock_guard lock(device_free_lock());
     const cudaError_t err = cudaFree(ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
+      if (err == cudaErrorCudartUnloading) return;  // the process is exiting: see above
       // Called from destructors and release paths: report rather than throw.
       log_warning(str("cudaFree of a ", bytes, "-byte region on CUDA device ", ordinal_,
                       " failed: ", cudaGetErrorString(err)));

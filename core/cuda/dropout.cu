@@ -8,22 +8,25 @@ namespace towerflow::gpu {
 
 namespace {
 
-__global__ void dropout_forward_kernel(std::int64_t n, float p, float keep_prob,
+// keep_scale is 1/(1-p) rounded to float once, on the host, and multiplied in: the CPU's
+// arithmetic (and PyTorch's), so kept values match it bit for bit (x / (1-p) differs in the last
+// bit for about 7% of elements).
+__global__ void dropout_forward_kernel(std::int64_t n, float p, float keep_scale,
                                        std::uint64_t seed, std::uint64_t offset, const float* x,
                                        float* y, std::uint8_t* mask) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(blockDim.x) * gridDim.x) {
     const bool keep = detail::dropout_keep(seed, offset + static_cast<std::uint64_t>(i), p);
     mask[i] = keep ? 1 : 0;
-    y[i] = keep ? x[i] / keep_prob : 0.0f;
+    y[i] = keep ? x[i] * keep_scale : 0.0f;
   }
 }
 
-__global__ void dropout_backward_kernel(std::int64_t n, float keep_prob, const std::uint8_t* mask,
+__global__ void dropout_backward_kernel(std::int64_t n, float keep_scale, const std::uint8_t* mask,
                                         const float* dy, float* dx) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
-    dx[i] = mask[i] ? dy[i] / keep_prob : 0.0f;
+    dx[i] = mask[i] ? dy[i] * keep_scale : 0.0f;
 }
 
 void check_p(float p, std::int64_t n, const char* what) {
@@ -40,7 +43,7 @@ void dropout_forward(const GpuContext& ctx, std::int64_t n, float p, std::uint64
   if (n == 0) return;
   auto scope = ctx.impl().scope();
   const Launch l = launch_for(n);
-  dropout_forward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, p, 1.0f - p,
+  dropout_forward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, p, 1.0f / (1.0f - p),
                                                                      seed, offset, x, y, mask);
   TW_CUDA_CHECK_LAUNCH("dropout_forward_kernel");
 }
@@ -51,7 +54,7 @@ void dropout_backward(const GpuContext& ctx, std::int64_t n, float p, const std:
   if (n == 0) return;
   auto scope = ctx.impl().scope();
   const Launch l = launch_for(n);
-  dropout_backward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, 1.0f - p, mask,
+  dropout_backward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, 1.0f / (1.0f - p), mask,
                                                                       dy, dx);
   TW_CUDA_CHECK_LAUNCH("dropout_backward_kernel");
 }

@@ -27,9 +27,12 @@ struct Registry {
   std::set<Device> logged_fallbacks;
 };
 
+// Never destroyed, like the backend table (core/tensor/backend.cc) whose GPU contexts hold memory
+// from these allocators: destroying them at exit would free regions under live contexts, after
+// the CUDA runtime may already have unloaded. The operating system reclaims both.
 Registry& registry() {
-  static Registry r;
-  return r;
+  static auto* r = new Registry;
+  return *r;
 }
 
 void ensure_initialised() {

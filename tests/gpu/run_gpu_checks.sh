@@ -20,7 +20,8 @@
 #            CPU tower, with the tolerance taken from that CPU run and a second one that differs
 #            only in summation order (tests/gpu/compare_loss_curves.py); with 2 GPUs, 2 GPU towers
 #            with each reduction too, and 2 processes x 1 GPU under mpirun where the build has MPI
-#   bench    ResNet-20 and tfcnn training on /gpu:0 in fp32, bf16 and fp16, towerflow
+#   bench    a traced ResNet-20 run on /gpu:0 (where a step's time goes, op by op), then ResNet-20
+#            and tfcnn training on /gpu:0 in fp32, bf16 and fp16, towerflow
 #            (towerflow_bench_train) and PyTorch (bench/peers/torch_cifar_bench.py --device cuda,
 #            channels-last, autocast) alternating, and their ratios
 #
@@ -28,8 +29,10 @@
 # multiplies them on a slower machine); GPU binaries run one at a time with
 # TOWERFLOW_FORCE_GPU_ALLOW_GROWTH=true. A step is passed, FAILED, skipped (exit 77, or a part
 # that needs what is missing) or "no GPU"; once the parts have used --budget seconds (900) in all,
-# the remaining steps are skipped as over budget. Parts can run in separate invocations: their
-# results accumulate in BUILD/checks/, and every invocation writes the report so far to --out DIR
+# the remaining steps are skipped as over budget, and a step still running when the budget ends
+# is stopped and recorded as skipped, not as a timeout: a slot's end never loses the report.
+# Parts can run in separate invocations: their results accumulate in BUILD/checks/, and every
+# invocation writes the report so far to --out DIR
 # (default BUILD/report): gpu_report.md (every step with its result and time, the parity errors,
 # the loss-curve comparisons, the benchmark figures), gpu_steps.jsonl (one JSON line per step) and
 # gpu_logs.tar.xz (every log). Exit status: 0 when no step failed, 1 otherwise.
@@ -45,7 +48,7 @@ while [ $# -gt 0 ]; do
     --build) build=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
-    -h | --help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "run_gpu_checks: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -99,16 +102,23 @@ step() {
     record "$part" "$name" "skipped" 0 "$log" "$(basename "$1") is not built: run the build part first"
     return 1
   fi
-  local t0 rc
+  local t0 rc left capped=0
   t0=$(date +%s)
   limit=$(( limit * ${TW_GPU_CHECK_TIMEOUT_SCALE:-1} ))
+  # No step runs past the budget: a slot's end stops it, and it is told apart from a hang.
+  left=$(( budget - $(used) ))
+  [ "$limit" -gt "$left" ] && { limit=$left; capped=1; }
   timeout --kill-after=15 "$limit" "$@" > "$log" 2>&1
   rc=$?
   local dt=$(( $(date +%s) - t0 ))
   case $rc in
     0) record "$part" "$name" "passed" "$dt" "$log" ;;
     77) record "$part" "$name" "skipped" "$dt" "$log" "$(grep -m1 -i 'skip' "$log" | cut -c1-200)" ;;
-    124 | 137) record "$part" "$name" "timeout" "$dt" "$log" "killed after ${limit} s" ;;
+    124 | 137) if [ $capped = 1 ]; then
+                 record "$part" "$name" "skipped" "$dt" "$log" "stopped after ${limit} s, at the end of the ${budget}-second budget"
+               else
+                 record "$part" "$name" "timeout" "$dt" "$log" "killed after ${limit} s"
+               fi ;;
     *) record "$part" "$name" "FAILED" "$dt" "$log" "exit $rc: $(tail -n 3 "$log" | tr '\n' ' ' | cut -c1-300)" ;;
   esac
   return $rc
@@ -231,7 +241,7 @@ part_build() {
     cfg+=(-DTOWERFLOW_MPI=AUTO)  # the machine's Open MPI, where it has one: the 2-process run
   else
     local lib=$bundle/usr/lib/x86_64-linux-gnu
-    cfg+=(-DTOWERFLOW_MPI=OFF"-DCMAKE_PREFIX_PATH=$bundle/usr" "-DProtobuf_INCLUDE_DIR=$bundle/usr/include"
+    cfg+=(-DTOWERFLOW_MPI=OFF "-DCMAKE_PREFIX_PATH=$bundle/usr" "-DProtobuf_INCLUDE_DIR=$bundle/usr/include"
           "-DProtobuf_LIBRARY=$lib/libprotobuf.so" "-DProtobuf_PROTOC_EXECUTABLE=$bundle/usr/bin/protoc"
           "-DBoost_DIR=$(ls -d "$lib"/cmake/Boost-* | head -1)" -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON
           # Named, not searched: a node that is not Debian-like does not look in lib/x86_64-linux-gnu.
@@ -324,6 +334,11 @@ part_bench() {
   needs_gpu bench "training benchmarks on /gpu:0" || return
   local have_torch=0 round model precision flag
   python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2> /dev/null && have_torch=1
+  # Where a step's time goes, op by op, with the GPU's own timings (core/trace.h): first, as the
+  # figure a slow GPU path is diagnosed from.
+  step bench "towerflow resnet20 fp32, traced (where the step's time goes)" 120 "$state/logs/bench_trace_resnet20.log" \
+    "$(bin towerflow_bench_train)" --model resnet20 --batch 128 --devices /gpu:0 --steps 20 --warmup 10 \
+    --trace "$state/logs/trace_resnet20_gpu.json"
   for round in 1 2; do  # alternating, so that both see the same state of the machine
     for model in resnet20 tfcnn; do
       for precision in fp32 bf16 fp16; do
@@ -368,6 +383,15 @@ def grep(path, pattern):
         return []
 section("Parity: max error per op and dtype", grep(os.path.join(state, "logs", "parity.log"), r"^\[cuda\]|test cases|assertions|SKIPPED"))
 section("GPU towers vs CPU towers", grep(os.path.join(state, "logs", "trainer_gpu.log"), r"^\[gpu-trainer\]|test cases"))
+def after(path, marker):
+    try:
+        lines = [l.rstrip() for l in open(path, errors="replace")]
+    except OSError:
+        return []
+    starts = [i for i, l in enumerate(lines) if marker in l]
+    return lines[starts[0]:] if starts else []
+section("Where a ResNet-20 step's time goes on /gpu:0 (towerflow_bench_train --trace, 20 steps)",
+        after(os.path.join(state, "logs", "bench_trace_resnet20.log"), "trace of the"))
 curves = []
 for f in sorted(glob.glob(os.path.join(state, "logs", "compare_*.log"))):
     verdict = [l for l in grep(f, r"^(PASSED|FAILED)")]
