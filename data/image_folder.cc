@@ -149,7 +149,9 @@ std::int32_t ImageFolder::read(std::int64_t i, std::span<std::uint8_t> out) cons
 
 std::string ImageFolder::describe() const {
   return str("image folder ", root_.string(), " (", files_.size(), " images, ", class_names_.size(), " classes, ",
-             shape_.h, "x", shape_.w, skipped_.empty() ? "" : str(", ", skipped_.size(), " skipped"), ")");
+             shape_.h, "x", shape_.w,
+             options_.wrong_size == SizePolicy::Resize ? str(": images of another size resized bilinearly to ", shape_.h, "x", shape_.w) : "",
+             skipped_.empty() ? "" : str(", ", skipped_.size(), " skipped"), ")");
 }
 
 }  // namespace towerflow::data

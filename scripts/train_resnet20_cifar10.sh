@@ -9,13 +9,16 @@
 # (default 140, the run the README reports) sets the schedule's length; raising it on a resumed
 # run stretches the cosine.
 set -euo pipefail
+# DATA_DIR and TRAIN_DIR are the caller's paths: relative ones are taken from where it was started.
+here=$PWD
+from_caller() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
   sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
-data_dir=$1
-train_dir=${2:-train_dir_resnet20}
+data_dir=$(from_caller "$1")
+train_dir=$(from_caller "${2:-train_dir_resnet20}")
 shift $(( $# >= 2 ? 2 : 1 ))
 resume=()
 ls -d "$train_dir"/ckpt-* > /dev/null 2>&1 && resume=(--resume)

@@ -132,6 +132,86 @@ CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, op
   return info;
 }
 
+// Note [Resume from the newest intact checkpoint]: a checkpoint directory is written atomically,
+// but its bytes can still change afterwards (a failing disk, a bad copy). Rank 0 reads each
+// checkpoint, newest first, completely (checksums included) and resumes from the first intact
+// one, saying which it passed over and why; when every one is damaged it raises rather than
+// start a new run over them. The chosen one is read again by load_checkpoint on every rank: one
+// more read of one checkpoint at start-up, for a choice that never lands on a damaged file.
+std::optional<io::CheckpointInfo> newest_intact_checkpoint(const fs::path& train_dir,
+                                                           std::vector<std::string>* passed_over) {
+  std::error_code ec;
+  if (!fs::is_directory(train_dir, ec)) return std::nullopt;
+  const io::CheckpointDir dir(train_dir);
+  const auto all = dir.list();
+  std::vector<std::string> damaged;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->path);
+    } catch (const DataError& e) {
+      damaged.push_back(e.what());
+      continue;
+    } catch (const NotFound& e) {
+      damaged.push_back(e.what());
+      continue;
+    }
+    if (passed_over != nullptr) {
+      *passed_over = damaged;
+      return *it;
+    }
+    for (const auto& why : damaged)
+      log_warning(str("resume: passing over a damaged checkpoint: ", why));
+    if (!damaged.empty())
+      log_warning(str("resume: resuming from ", it->path.string(), " (step ", it->step, "), the newest intact checkpoint; ",
+                      damaged.size(), damaged.size() == 1 ? " newer one is" : " newer ones are",
+                      " damaged and will be replaced as the run passes their steps"));
+    return *it;
+  }
+  if (!damaged.empty()) {
+    std::string list;
+    for (const auto& why : damaged) list += "\n  " + why;
+    raise<DataError>("resume: every checkpoint in ", dir.path().string(), " is damaged, nothing to resume from:", list,
+                     "\nrestore a checkpoint from a copy, or start a new run there (start_over: move the damaged "
+                     "ones aside or delete them)");
+  }
+  return std::nullopt;
+}
+
+io::CheckpointInfo find_checkpoint(const fs::path& train_dir, const std::string& which) {
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(train_dir, ec);
+  const std::vector<io::CheckpointInfo> all = is_dir ? io::CheckpointDir(train_dir).list() : std::vector<io::CheckpointInfo>{};
+  auto listed = [&] {
+    if (all.empty()) return str(train_dir.string(), is_dir ? " holds no checkpoint" : " does not exist");
+    std::string names;
+    const std::size_t first = all.size() > 8 ? all.size() - 8 : 0;
+    for (std::size_t i = first; i < all.size(); ++i)
+      names += (names.empty() ? "" : ", ") + all[i].path.filename().string();
+    return str(train_dir.string(), " holds ", first > 0 ? str("(the newest ", all.size() - first, " of ", all.size(), ") ") : "",
+               names);
+  };
+  // A path to a directory: it must be one of train_dir's checkpoints.
+  const fs::path asked(which);
+  if (asked.has_parent_path() && fs::is_directory(asked, ec)) {
+    for (const auto& c : all)
+      if (fs::equivalent(c.path, asked, ec)) return c;
+    raise<InvalidArgument>("checkpoint ", which, " is not one of ", train_dir.string(),
+                           "'s; a run continues in its own train_dir: copy the checkpoint there, or start a new "
+                           "run from its weights (init_from)");
+  }
+  // A name or a step: ckpt-0000000200, ckpt-200 or 200.
+  std::string_view s = which;
+  if (s.starts_with("ckpt-")) s.remove_prefix(5);
+  std::int64_t step = -1;
+  auto [end, errc] = std::from_chars(s.data(), s.data() + s.size(), step);
+  if (errc != std::errc() || end != s.data() + s.size() || step < 0)
+    raise<InvalidArgument>("checkpoint \"", which, "\" names no step; write its name (ckpt-200 or ",
+                           io::CheckpointDir::name_for_step(200), "), its step (200) or its path");
+  for (const auto& c : all)
+    if (c.step == step) return c;
+  raise<NotFound>("no checkpoint of step ", step, " (\"", which, "\"): ", listed());
+}
+
 fs::path resolve_model_file(const fs::path& path) {
   std::error_code ec;
   if (fs::is_regular_file(path, ec)) return path;

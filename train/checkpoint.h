@@ -23,7 +23,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "core/nn/module.h"
 #include "io/checkpoint_dir.h"
@@ -68,6 +70,20 @@ VerifiedCheckpoint verify_checkpoint(const std::filesystem::path& checkpoint);
 // Loads a checkpoint into model and optimizer, all or nothing (see above).
 CheckpointInfo load_checkpoint(const std::filesystem::path& checkpoint, nn::Module& model,
                                optim::Optimizer& optimizer);
+
+// The checkpoint a resumed run starts from by default: the newest intact one in train_dir, each
+// read whole, checksums included, newest first (Note [Resume from the newest intact checkpoint]
+// in checkpoint.cc); the ones passed over are named in a warning each, or, where `passed_over` is
+// given, put there instead. nullopt when train_dir holds no checkpoint (or does not exist);
+// DataError listing them when every one is damaged.
+std::optional<io::CheckpointInfo> newest_intact_checkpoint(const std::filesystem::path& train_dir,
+                                                           std::vector<std::string>* passed_over = nullptr);
+
+// One checkpoint of train_dir, named as a user names it: its directory name (ckpt-0000000200),
+// the short form ckpt-200, the step (200), or a path to that directory. NotFound naming what was
+// asked for and the checkpoints there; InvalidArgument for a path to a directory outside train_dir
+// (a run continues in its own train_dir: copy the checkpoint there, or start from its weights).
+io::CheckpointInfo find_checkpoint(const std::filesystem::path& train_dir, const std::string& which);
 
 // For evaluation: resolves `path` (a checkpoint directory, a train_dir holding checkpoints (the
 // latest), or a .safetensors file) to the model file, loads it into model, and returns the

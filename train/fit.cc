@@ -121,42 +121,6 @@ EarlierRun earlier_run(const io::CheckpointDir& dir, const std::vector<Hook*>& h
   return e;
 }
 
-// Note [Resume from the newest intact checkpoint]: a checkpoint directory is written atomically,
-// but its bytes can still change afterwards (a failing disk, a bad copy). Rank 0 reads each
-// checkpoint, newest first, completely (checksums included) and resumes from the first intact
-// one, saying which it passed over and why; when every one is damaged it raises rather than
-// start a new run over them. The chosen one is read again by load_checkpoint on every rank: one
-// more read of one checkpoint at start-up, for a choice that never lands on a damaged file.
-std::optional<io::CheckpointInfo> newest_intact(const io::CheckpointDir& dir) {
-  const auto all = dir.list();
-  std::vector<std::string> damaged;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    try {
-      verify_checkpoint(it->path);
-    } catch (const DataError& e) {
-      damaged.push_back(e.what());
-      continue;
-    } catch (const NotFound& e) {
-      damaged.push_back(e.what());
-      continue;
-    }
-    for (const auto& why : damaged)
-      log_warning(str("resume: passing over a damaged checkpoint: ", why));
-    if (!damaged.empty())
-      log_warning(str("resume: resuming from ", it->path.string(), " (step ", it->step, "), the newest intact checkpoint; ",
-                      damaged.size(), damaged.size() == 1 ? " newer one is" : " newer ones are",
-                      " damaged and will be replaced as the run passes their steps"));
-    return *it;
-  }
-  if (!damaged.empty()) {
-    std::string list;
-    for (const auto& why : damaged) list += "\n  " + why;
-    raise<DataError>("resume: every checkpoint in ", dir.path().string(), " is damaged, nothing to resume from:", list,
-                     "\nrestore a checkpoint from a copy, or start a new run there (start_over: move the damaged "
-                     "ones aside or delete them)");
-  }
-  return std::nullopt;
-}
 
 // The loader's next batch; the wait for it is a span of the trace.
 const data::Batch* wait_for_batch(data::Loader& loader) {
@@ -250,6 +214,9 @@ class Loop {
     for (Hook* h : hooks_) f(*h);
   }
   void start_new_run(int& removed, fs::path& moved_aside);
+  fs::path move_aside(const std::vector<io::CheckpointInfo>& checkpoints, const std::vector<fs::path>& files,
+                      const std::string& what);
+  void move_newer_aside(const io::CheckpointInfo& from);
   void save(const TrainingPosition& p, bool final = false);
   void prune();
   void evaluate_now(std::int64_t step);
@@ -308,27 +275,47 @@ void Loop::start_new_run(int& removed, fs::path& moved_aside) {
                               "; nothing was changed. Resume that run, start over (moving its files aside or "
                               "deleting them), or use another train_dir"),
                           o_.train_dir, found);
-    case StartOver::MoveAside: {
-      moved_aside = o_.train_dir / ("earlier-" + utc_text(std::time(nullptr), "%Y%m%dT%H%M%SZ"));
-      for (int n = 2; fs::exists(moved_aside); ++n) moved_aside.replace_filename(str(moved_aside.filename().string(), "-", n));
-      try {
-        fs::create_directories(moved_aside);
-        for (const auto& c : earlier.checkpoints) fs::rename(c.path, moved_aside / c.path.filename());
-        for (const auto& f : earlier.files) fs::rename(f, moved_aside / f.filename());
-      } catch (const fs::filesystem_error& e) {
-        raise<DataError>("could not move the earlier run's files in ", o_.train_dir.string(), " to ",
-                         moved_aside.string(), ": ", e.code().message(), " (", e.path1().string(),
-                         "); what was moved is there, the rest where it was");
-      }
+    case StartOver::MoveAside:
+      moved_aside = move_aside(earlier.checkpoints, earlier.files, "the earlier run's files");
       log_info(str("a new run in ", o_.train_dir.string(), ": the earlier run's ", found, " moved to ", moved_aside.string()));
       return;
-    }
     case StartOver::Delete:
       removed = dir_->remove(earlier.checkpoints);
       for (const auto& f : earlier.files) removed += fs::remove(f) ? 1 : 0;
       log_info(str("a new run in ", o_.train_dir.string(), ": deleted the earlier run's ", found));
       return;
   }
+}
+
+// Moves checkpoints and files of train_dir into a new train_dir/earlier-<UTC time>/ and returns it.
+fs::path Loop::move_aside(const std::vector<io::CheckpointInfo>& checkpoints, const std::vector<fs::path>& files,
+                          const std::string& what) {
+  fs::path to = o_.train_dir / ("earlier-" + utc_text(std::time(nullptr), "%Y%m%dT%H%M%SZ"));
+  for (int n = 2; fs::exists(to); ++n) to.replace_filename(str(to.filename().string(), "-", n));
+  try {
+    fs::create_directories(to);
+    for (const auto& c : checkpoints) fs::rename(c.path, to / c.path.filename());
+    for (const auto& f : files) fs::rename(f, to / f.filename());
+  } catch (const fs::filesystem_error& e) {
+    raise<DataError>("could not move ", what, " in ", o_.train_dir.string(), " to ", to.string(), ": ",
+                     e.code().message(), " (", e.path1().string(), "); what was moved is there, the rest where it was");
+  }
+  return to;
+}
+
+// Resuming from an older checkpoint than the newest (resume_from): the newer ones are this run's
+// future as it once went, and are kept, moved aside, rather than replaced as the run reaches
+// their steps.
+void Loop::move_newer_aside(const io::CheckpointInfo& from) {
+  std::vector<io::CheckpointInfo> newer;
+  for (const auto& c : dir_->list())
+    if (c.step > from.step) newer.push_back(c);
+  if (newer.empty()) return;
+  const fs::path to = move_aside(newer, {}, "the newer checkpoints");
+  log_warning(str("resume from ", from.path.filename().string(), " (step ", from.step, "): the ", newer.size(),
+                  newer.size() == 1 ? " newer checkpoint (" : " newer checkpoints (", newer.front().path.filename().string(),
+                  newer.size() == 1 ? "" : str(" .. ", newer.back().path.filename().string()), ") moved to ", to.string(),
+                  ", so that this run writes its own"));
 }
 
 void Loop::save(const TrainingPosition& p, bool final) {
@@ -432,6 +419,9 @@ FitResult Loop::run() {
   int removed = 0;
   // Across processes, rank 0 alone looks after train_dir (it writes the checkpoints); every rank
   // loads the checkpoint rank 0 chose.
+  if (!o_.resume_from.empty() && !o_.resume)
+    raise<InvalidArgument>("resume_from ", o_.resume_from.string(), " is given but resume is not; set both to continue "
+                           "from that checkpoint");
   if (!o_.train_dir.empty()) {
     // One run per train_dir: taken before anything there is read or written (io/train_dir_lock.h).
     if (rank0_) {
@@ -440,8 +430,14 @@ FitResult Loop::run() {
     }
     if (o_.resume) {
       std::string chosen;
-      if (rank0_)
-        if (auto intact = newest_intact(*dir_)) chosen = intact->path.string();
+      if (rank0_ && !o_.resume_from.empty()) {
+        const io::CheckpointInfo c = find_checkpoint(o_.train_dir, o_.resume_from.string());
+        verify_checkpoint(c.path);  // the one asked for: damage is an error, not a reason to pick another
+        move_newer_aside(c);
+        chosen = c.path.string();
+      } else if (rank0_) {
+        if (auto intact = newest_intact_checkpoint(o_.train_dir)) chosen = intact->path.string();
+      }
       chosen = processes_.broadcast(chosen, 0);
       if (!chosen.empty()) {
         resumed = load_checkpoint(chosen, trainer_.model(), optimizer_);

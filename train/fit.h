@@ -35,7 +35,7 @@
 //   the same parameters, bit for bit, as one never interrupted. Newer damaged checkpoints are
 //   passed over with a warning naming each and why (and replaced as the run reaches their steps);
 //   when every checkpoint there is damaged, DataError listing them. No checkpoint there: a new
-//   run (logged).
+//   run (logged). resume_from names the checkpoint instead (FitOptions).
 // - An earlier run is never lost silently. A new run (no resume, or nothing to resume) in a
 //   train_dir that holds checkpoints or the hooks' files (Hook::files) of an earlier run raises
 //   TrainDirInUse before anything is touched, naming what is there, unless start_over says to
@@ -125,6 +125,10 @@ struct FitOptions {
   std::int64_t save_every = 0;     // steps between checkpoints (0: only at the end)
   int keep_checkpoints = 5;        // newest N kept (0: all)
   bool resume = false;
+  // With resume: this checkpoint of train_dir (find_checkpoint's forms: ckpt-200, 200, a path)
+  // instead of the newest intact one; read whole, and a damaged one is an error. Newer
+  // checkpoints there are moved into train_dir/earlier-<UTC time>/ first (logged), not replaced.
+  std::filesystem::path resume_from = {};
   StartOver start_over = StartOver::Refuse;  // a new run where an earlier one left its files
   CheckpointErrors checkpoint_errors = CheckpointErrors::Stop;
   io::Metadata metadata = {};      // added to every checkpoint's train_state metadata

@@ -99,6 +99,13 @@ std::string describe_augment(const data::Augment& a) {
   return out.empty() ? "none" : out;
 }
 
+std::string describe_normalisation(const data::Augment& a) {
+  auto triple = [](const std::array<float, 3>& v) { return str("(", v[0], ", ", v[1], ", ", v[2], ")"); };
+  const bool cifar10 = a.mean == data::kCifar10Mean && a.std == data::kCifar10Std;
+  return str("(x/255 - mean) / std per channel, mean ", triple(a.mean), ", std ", triple(a.std),
+             cifar10 ? " (CIFAR-10's)" : "");
+}
+
 Fields start_fields(const StartInfo& s) {
   const FitOptions& o = s.options;
   const auto& devices = s.trainer.devices();
@@ -106,6 +113,7 @@ Fields start_fields(const StartInfo& s) {
            {"train data", s.train_set.describe()}};
   if (s.test_set) f.emplace_back("test data", s.test_set->describe());
   f.emplace_back("augmentation", describe_augment(o.augment));
+  f.emplace_back("normalisation", describe_normalisation(o.augment));
   f.emplace_back("towers", s.trainer.describe());
   for (const auto& d : devices) f.emplace_back("device " + d.str(), device_info(d).description);
   if (std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); }))

@@ -68,6 +68,8 @@ struct ReporterOptions {
 Fields start_fields(const StartInfo& start);
 // "random crops of the image padded by 4, horizontal flips, cutout 12x12", or "none".
 std::string describe_augment(const data::Augment& a);
+// "(x/255 - mean) / std per channel, mean (0.4914, 0.4822, 0.4465), std (...) (CIFAR-10's)".
+std::string describe_normalisation(const data::Augment& a);
 
 class Reporter : public Hook {
  public:

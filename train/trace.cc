@@ -1,12 +1,18 @@
 #include "train/trace.h"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
+#include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "core/trace.h"
 
 namespace towerflow::train {
+namespace fs = std::filesystem;
 
 void parse_trace_steps(std::string_view spec, TraceOptions& o) {
   auto number = [&](std::string_view s, std::int64_t& out) {
@@ -34,6 +40,19 @@ Trace::~Trace() {
 }
 
 void Trace::on_start(const StartInfo& start) {
+  // A trace that cannot be written, or steps the run never makes, are said now, not after training.
+  std::error_code ec;
+  const fs::path folder = options_.path.has_parent_path() ? options_.path.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, ec))
+    raise<DataError>("cannot write the trace ", options_.path.string(), ": its folder ", folder.string(),
+                     " does not exist; create it or choose another path");
+  if (::access(folder.c_str(), W_OK) != 0 || (fs::exists(options_.path, ec) && ::access(options_.path.c_str(), W_OK) != 0))
+    raise<DataError>("cannot write the trace ", options_.path.string(), ": ", std::strerror(errno),
+                     "; choose a path this process may write");
+  if (options_.first_step > start.plan.total_steps || options_.last_step <= start.position.step)
+    log_warning(str("trace steps ", options_.first_step, ":", options_.last_step, " are outside the steps this run makes (",
+                    start.position.step + 1, "..", start.plan.total_steps,
+                    "): nothing will be traced; choose steps in that range"));
   trace::set_thread_name("training loop");
   const std::int64_t next = start.position.step + 1;
   if (next >= options_.first_step && next <= options_.last_step) {

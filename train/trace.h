@@ -12,6 +12,8 @@
 // backward, each layer and op within them, the gradient reduction, per bucket under bucketed
 // reduction, waits for the other towers), the loader's threads (each batch they make).
 // Steps count as fit() counts them (1 is the first); steps outside first..last cost nothing.
+// At the run's start, DataError when the trace's folder does not exist or the file cannot be
+// written (before any step), and a warning when first..last lies outside the steps the run makes.
 
 #include <cstdint>
 #include <filesystem>

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   if (auto code = cf::parse_command_line(app, argc, argv)) return *code;
   return cf::run_main(cli, [](const cf::Resolved& r, cf::Reporter& reporter) {
     towerflow::train::StopOnSignal signals;  // Ctrl-C / SIGTERM: finish the step, checkpoint, exit 128 + N
-    cf::FitResult result = cf::run_training(r.train, r.process, reporter, {&signals});
+    cf::FitResult result = cf::run_training(r.train, r.process, reporter, {&signals}, r.given);
     if (!signals.received()) return 0;
     reporter.message(towerflow::LogLevel::Warning,
                      towerflow::str("stopped by ", result.stop_reason, " after step ", result.steps, "; the checkpoint is ",

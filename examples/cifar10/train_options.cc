@@ -66,7 +66,10 @@ const std::vector<Field>& fields() {
       {"train_dir", &TrainOptions::train_dir, "checkpoints and metrics.jsonl go here", 0, 0, "Checkpoints"},
       {"save_every", &TrainOptions::save_every, "steps between checkpoints (0: only at the end)", 0, 1e15, "Checkpoints"},
       {"keep_checkpoints", &TrainOptions::keep_checkpoints, "keep the newest N checkpoints (0: all)", 0, 1 << 24, "Checkpoints"},
-      {"resume", &TrainOptions::resume, "continue from the latest checkpoint in --train_dir", 0, 0, "Checkpoints"},
+      {"resume", &TrainOptions::resume, "continue the run in --train_dir from its newest intact checkpoint, with the options it recorded (flags given now override them, and the start-up block lists each)", 0, 0, "Checkpoints"},
+      {"resume_from", &TrainOptions::resume_from, "continue from this checkpoint of --train_dir instead (ckpt-200, 200 or its path; implies --resume); the newer ones are moved into train_dir/earlier-<time>/", 0, 0, "Checkpoints"},
+      {"resume_new_data", &TrainOptions::resume_new_data, "with --resume: continue on another data set than the one the run trained on (refused otherwise)", 0, 0, "Checkpoints"},
+      {"init_from", &TrainOptions::init_from, "start a new run from these weights (fine-tuning): a train_dir (its newest checkpoint), a ckpt-<step> directory or a safetensors state_dict with PyTorch's names; the optimizer and the step start afresh", 0, 0, "Checkpoints"},
       {"start_over", &TrainOptions::start_over, "a new run in a --train_dir holding an earlier run's files: no (refuse), move (them into train_dir/earlier-<time>/) | delete", 0, 0, "Checkpoints", "no|move|delete"},
       {"on_checkpoint_error", &TrainOptions::on_checkpoint_error, "a checkpoint that cannot be written (a full disk): stop | continue (log it and train on)", 0, 0, "Checkpoints", "stop|continue"},
       {"seed", &TrainOptions::seed, "seeds initialisation, shuffling and augmentation", 0, 1.9e19},
@@ -363,6 +366,48 @@ Resolved TrainCommandLine::resolve() const {
     given.insert(name);
   }
   return {c.train, c.process.merged_with(process_flags_), given};
+}
+
+bool is_invocation_option(std::string_view name) {
+  static const std::set<std::string, std::less<>> kInvocation = {
+      "resume", "resume_from", "resume_new_data", "init_from", "train_dir", "start_over",
+      "progress", "json", "trace", "trace_steps"};
+  return kInvocation.count(name) > 0;
+}
+
+std::vector<OptionChange> take_recorded_options(TrainOptions& opts, std::string_view recorded,
+                                                const std::set<std::string>& keep, std::string_view source) {
+  const nlohmann::json then = nlohmann::json::parse(recorded, nullptr, false);
+  if (then.is_discarded() || !then.is_object())
+    raise<DataError>(source, ": the recorded options are not a JSON object; the checkpoint's metadata is damaged");
+  auto text = [](const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); };
+  // Exact: a double compares as a double (0.05 and 0.0500001 differ), as JSON holds it.
+  auto json_of = [](const TrainOptions& o, const Field& f) {
+    return std::visit([&](auto member) { return nlohmann::json(o.*member); }, f.member);
+  };
+  std::vector<OptionChange> changed;
+  for (const auto& f : fields()) {
+    if (is_invocation_option(f.name) || !then.contains(f.name)) continue;
+    const std::string was = text(then[f.name]);
+    if (keep.count(f.name)) {
+      TrainOptions recorded_value = opts;
+      bool differs = true;  // a value this version refuses differs from any it accepts
+      try {
+        set_train_option(recorded_value, f.name, was);
+        differs = json_of(recorded_value, f) != json_of(opts, f);
+      } catch (const InvalidArgument&) {
+      }
+      if (differs) changed.push_back({f.name, was, text(json_of(opts, f))});
+      continue;
+    }
+    try {
+      set_train_option(opts, f.name, was);
+    } catch (const InvalidArgument& e) {
+      raise<DataError>(source, ": the run's recorded option ", f.name, " = ", was, " is not accepted: ", e.what(),
+                       "; give --", f.name, " to choose a value");
+    }
+  }
+  return changed;
 }
 
 std::string to_json(const TrainOptions& opts) {

@@ -72,6 +72,9 @@ struct TrainOptions {
   std::int64_t save_every = 100;       // steps between checkpoints (0: only at the end)
   int keep_checkpoints = 5;            // newest N kept (0: all)
   bool resume = false;
+  std::string resume_from = {};        // with resume: this checkpoint (ckpt-200, 200, a path), not the newest
+  bool resume_new_data = false;        // with resume: another data set than the run's is allowed
+  std::string init_from = {};          // a new run from these weights (a checkpoint or a state_dict file)
   std::string start_over = "no";       // no | move | delete: a new run where an earlier one left files
   std::string on_checkpoint_error = "stop";  // stop | continue
   std::uint64_t seed = 1;
@@ -133,5 +136,20 @@ class TrainCommandLine {
 
 // The JSON form of the options (stored in checkpoints, printed at start-up).
 std::string to_json(const TrainOptions& opts);
+
+// --resume: the options of the run it continues. Every option the run recorded (its to_json form,
+// `recorded`) replaces the one in `opts`, except the options named in `keep` (those a flag or the
+// config file set) and those of one invocation rather than of the run (is_invocation_option).
+// Returns each kept option whose value differs from the recorded one. A recorded name this
+// program does not know is skipped; DataError for recorded JSON that does not parse, or a value
+// that no longer does (naming the option and the checkpoint `source`).
+struct OptionChange {
+  std::string name, recorded, now;  // values as text
+};
+std::vector<OptionChange> take_recorded_options(TrainOptions& opts, std::string_view recorded,
+                                                const std::set<std::string>& keep, std::string_view source);
+// resume, resume_from, resume_new_data, init_from, train_dir, start_over, progress, json, trace,
+// trace_steps: how this invocation starts and shows itself, never taken from a checkpoint.
+bool is_invocation_option(std::string_view name);
 
 }  // namespace towerflow::cifar10

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <set>
 #include <thread>
 #include <variant>
@@ -22,6 +23,7 @@
 #include "models/models.h"
 #include "optim/optim.h"
 #include "tower/tower.h"
+#include "train/checkpoint.h"
 
 namespace towerflow::cifar10 {
 namespace fs = std::filesystem;
@@ -82,35 +84,165 @@ tower::TrainerOptions trainer_options(const TrainOptions& o) {
   throw OutOfMemory(os.str());
 }
 
-void warn_on_changed_options(const io::Metadata& meta, const TrainOptions& now) {
-  auto it = meta.find("options");
-  if (it == meta.end()) return;
-  nlohmann::json then = nlohmann::json::parse(it->second, nullptr, false);
-  if (then.is_discarded()) return;
-  nlohmann::json cur = nlohmann::json::parse(to_json(now));
-  for (const char* key : {"model", "batch_size", "seed", "epochs", "max_steps", "lr", "schedule", "optimizer",
-                          "momentum", "weight_decay", "warmup_epochs", "split", "batch_norm", "dataset", "data_dir",
-                          "cutout", "label_smoothing", "precision"}) {
-    if (then.contains(key) && then[key] != cur[key])
-      log_warning(str("--resume: ", key, " was ", then[key].dump(), " in the interrupted run and is ", cur[key].dump(),
-                      " now; the run continues with the new value and will not reproduce the uninterrupted one"));
-  }
+// What a run trained on, as recorded in its checkpoints ("data") and compared on --resume: the
+// kind of data set, its training images and classes. A data_dir that moved keeps it.
+std::string data_identity(const TrainOptions& o, const data::Dataset& train_set) {
+  return str(data::to_string(dataset_kind(o)), ", ", train_set.size(), " training images, ", train_set.num_classes(),
+             " classes");
 }
 
-// A batch that does not split over the towers, in the command line's words.
+// --resume as the command line means it: the options of the run being continued (see training.h).
+struct Resumption {
+  std::string checkpoint;   // empty: nothing to resume here (fit starts a new run and says so)
+  io::Metadata metadata;    // the checkpoint's
+  std::vector<OptionChange> changed;
+};
+
+Resumption resume_options(TrainOptions& o, const std::set<std::string>& given) {
+  Resumption r;
+  if (!o.resume) return r;
+  collectives::ProcessGroup& world = collectives::world();
+  // Rank 0 chooses, as fit() will (it alone may see train_dir), and every rank takes its options.
+  std::string chosen, recorded;
+  if (world.rank() == 0) {
+    if (!o.resume_from.empty()) {
+      try {
+        chosen = train::find_checkpoint(o.train_dir, o.resume_from).path.string();
+      } catch (const NotFound& e) {
+        raise<NotFound>("--resume_from: ", e.what());
+      } catch (const InvalidArgument& e) {
+        raise<InvalidArgument>("--resume_from: ", e.what());
+      }
+    } else {
+      std::vector<std::string> passed_over;  // fit() names them when it chooses the same one
+      if (auto c = train::newest_intact_checkpoint(o.train_dir, &passed_over)) chosen = c->path.string();
+    }
+    if (!chosen.empty()) {
+      io::Metadata meta = train::read_checkpoint_info(chosen).metadata;
+      if (auto it = meta.find("options"); it != meta.end()) recorded = it->second;
+    }
+  }
+  chosen = world.broadcast(chosen, 0);
+  recorded = world.broadcast(recorded, 0);
+  if (chosen.empty()) return r;
+  r.checkpoint = chosen;
+  r.metadata = train::read_checkpoint_info(chosen).metadata;
+  if (recorded.empty()) {
+    log_warning(str("--resume: ", chosen, " records no options (it was not written by cifar10_train); the run goes on "
+                    "with the options given now"));
+    return r;
+  }
+  const std::string recorded_model = [&] {
+    const nlohmann::json then = nlohmann::json::parse(recorded, nullptr, false);
+    return then.is_object() && then.contains("model") && then["model"].is_string() ? then["model"].get<std::string>()
+                                                                                 : std::string();
+  }();
+  if (!recorded_model.empty() && given.count("model") && recorded_model != o.model)
+    raise<InvalidArgument>("--resume: the run in --train_dir ", o.train_dir, " (", fs::path(chosen).filename().string(),
+                           ") trains ", recorded_model, ", and --model ", o.model,
+                           " cannot continue it: a checkpoint holds the weights of its own model. Leave --model out "
+                           "to continue the run; to train ", o.model, ", start a new run (another --train_dir, or "
+                           "--start_over move)");
+  r.changed = take_recorded_options(o, recorded, given, chosen);
+  return r;
+}
+
+// A resumed run must go on with the data it trained on, unless --resume_new_data says otherwise.
+void check_resumed_data(const Resumption& r, const TrainOptions& o, const data::Dataset& train_set) {
+  if (r.checkpoint.empty() || o.resume_new_data) return;
+  const std::string now = data_identity(o, train_set);
+  std::string then;
+  if (auto it = r.metadata.find("data"); it != r.metadata.end()) {
+    then = it->second;
+  } else {  // written before "data" was recorded: the data options themselves
+    for (const auto& c : r.changed)
+      if (c.name == "data_dir" || c.name == "dataset" || c.name == "builtin_train_size")
+        then += str(then.empty() ? "" : ", ", c.name, " ", c.recorded.empty() ? "\"\"" : c.recorded);
+    if (then.empty()) return;
+  }
+  if (then == now) return;
+  raise<InvalidArgument>("--resume: the run in --train_dir ", o.train_dir, " trained on ", then, "; the data given now is ",
+                         now, " (", train_set.describe(), "). Leave the data flags out to continue on the run's data, "
+                         "give --resume_new_data to continue this run on the new data, or start a new run from its "
+                         "weights with --init_from ", o.train_dir, " and another --train_dir");
+}
+
+std::string describe_changes(const std::vector<OptionChange>& changed) {
+  std::string out;
+  for (const auto& c : changed)
+    out += str(out.empty() ? "" : ", ", c.name, " ", c.now.empty() ? "\"\"" : c.now, " (the run's: ",
+               c.recorded.empty() ? "\"\"" : c.recorded, ")");
+  return out;
+}
+
+// A batch that does not split over the towers, in the command line's words; with
+// --accumulation_steps, each micro-batch (the batch cut into k parts that differ by at most a row,
+// as the trainer cuts it) must split too.
 void check_split(const TrainOptions& o, int batch, const std::vector<Device>& devices, const tower::TrainerOptions& t) {
   if (t.remainder == tower::Remainder::Spread) return;
-  try {
-    tower::split_batch(batch, devices, t.split, t.remainder);
-  } catch (const InvalidArgument&) {
-    const bool per_tower = std::holds_alternative<tower::PerTowerBatch>(t.split);
+  const bool per_tower = std::holds_alternative<tower::PerTowerBatch>(t.split);
+  const std::string how = std::holds_alternative<tower::EvenSplit>(t.split) ? "evenly" : "in the proportions --split " + o.split;
+  auto splits = [&](int rows) {
+    try {
+      tower::split_batch(rows, devices, t.split, t.remainder);
+      return true;
+    } catch (const InvalidArgument&) {
+      return false;
+    }
+  };
+  const int k = t.accumulation_steps;
+  auto micro_batches = [&](int b, int parts) {
+    return tower::split_batch(b, std::vector<Device>(static_cast<std::size_t>(parts), Device::cpu(0)), tower::EvenSplit{},
+                              tower::Remainder::Spread);
+  };
+  if (k <= 1 || batch < k) {
+    if (splits(batch)) return;
+    // Any per-tower batch splits: the library's words say what else is wrong.
+    if (per_tower) tower::split_batch(batch, devices, t.split, t.remainder);
     auto [below, above] = tower::nearest_exact_batches(batch, devices.size(), t.split);
-    if (per_tower) throw;  // any per-tower batch splits; the error is about something else
     const std::string nearest = below && above ? str(below, " or ", above) : str(below ? below : above);
-    raise<InvalidArgument>("--batch_size ", o.batch_size, " cannot be split ",
-                           std::holds_alternative<tower::EvenSplit>(t.split) ? "evenly" : "in the proportions --split " + o.split,
-                           " over ", devices.size(), " towers (", join(devices), "); use --batch_size ", nearest,
+    raise<InvalidArgument>("--batch_size ", o.batch_size, " cannot be split ", how, " over ", devices.size(), " towers (",
+                           join(devices), "); use --batch_size ", nearest,
                            ", or --split_remainder spread (the towers' shares then differ by a row)");
+  }
+  const std::vector<int> micro = micro_batches(batch, k);
+  for (int m : micro) {
+    if (splits(m)) continue;
+    // Batches near this one whose k micro-batches all split, and accumulation steps near k that do.
+    auto all_split = [&](int b, int parts) {
+      if (b < parts) return false;
+      for (int r : micro_batches(b, parts))
+        if (!splits(r)) return false;
+      return true;
+    };
+    const int reach = 64 * k * static_cast<int>(devices.size());  // how far to look
+    std::vector<int> batches;
+    for (int d = 1; d <= std::min(batch, reach) && batches.size() < 2; ++d) {
+      if (all_split(batch - d, k)) batches.push_back(batch - d);
+      if (all_split(batch + d, k) && batches.size() < 2) batches.push_back(batch + d);
+    }
+    int steps = 0;
+    for (int d = 1; d <= 4 * k && steps == 0; ++d) {
+      if (k - d >= 1 && all_split(batch, k - d)) steps = k - d;
+      else if (k + d <= batch && all_split(batch, k + d)) steps = k + d;
+    }
+    std::string sizes;
+    std::vector<int> seen;
+    for (int r : micro)
+      if (std::find(seen.begin(), seen.end(), r) == seen.end()) {
+        sizes += str(seen.empty() ? "" : " and ", r);
+        seen.push_back(r);
+      }
+    std::string fixes;
+    if (!batches.empty()) {
+      fixes += "--batch_size ";
+      for (std::size_t i = 0; i < batches.size(); ++i) fixes += str(i ? " or " : "", batches[i]);
+    }
+    if (steps > 0) fixes += str(fixes.empty() ? "" : ", ", "--accumulation_steps ", steps);
+    raise<InvalidArgument>("--batch_size ", o.batch_size, " with --accumulation_steps ", k, " gives micro-batches of ", sizes,
+                           " rows, and one of ", m, " rows cannot be split ", how, " over ", devices.size(), " towers (",
+                           join(devices), "); use ", fixes.empty() ? std::string() : fixes + ", or ",
+                           "--split_remainder spread (the towers' shares then differ by a row)");
   }
 }
 
@@ -157,11 +289,28 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
       raise<InvalidArgument>("--devices \"", o.devices, "\" names no device",
                              world.size() > 1 ? str(" of task ", world.rank(), " (this process, rank ", world.rank(), ")") : "",
                              "; write e.g. /cpu:0,/cpu:1 or all");
-    // Naming /cpu:3 asks for four logical CPU devices unless the options already say how many.
-    int max_cpu = -1;
+    // Naming /cpu:3 asks for four logical CPU devices unless the options already say how many:
+    // never more than the host has threads, and never without saying so when some go unused
+    // (each device gets an equal share of the threads, used or not).
+    int max_cpu = -1, named_cpus = 0;
     for (const auto& d : listed)
-      if (d.is_cpu()) max_cpu = std::max(max_cpu, d.index);
-    if (max_cpu >= 1 && !cpu_configured) process.device_count["CPU"] = max_cpu + 1;
+      if (d.is_cpu()) max_cpu = std::max(max_cpu, d.index), ++named_cpus;
+    if (max_cpu >= 1 && !cpu_configured) {
+      const int threads = static_cast<int>(std::thread::hardware_concurrency());
+      const Device& highest = Device::cpu(max_cpu);
+      if (threads > 0 && max_cpu + 1 > threads)
+        raise<InvalidArgument>("--devices names ", highest, ", which needs ", max_cpu + 1,
+                               " logical CPU devices, and this host has ", threads, " hardware thread",
+                               threads == 1 ? "" : "s", "; name /cpu:0..", Device::cpu(std::max(0, threads - 1)),
+                               ", or make that many devices on purpose with --device_count CPU=", max_cpu + 1,
+                               " (they then share the threads)");
+      if (named_cpus < max_cpu + 1)
+        log_warning(str("--devices names ", highest, ", so ", max_cpu + 1, " logical CPU devices are made (device_count "
+                        "CPU=", max_cpu + 1, "), each with an equal share of the host's ", threads,
+                        " threads, and only the ", named_cpus, " named train; name /cpu:0..", highest,
+                        " to use them all, or set --device_count"));
+      process.device_count["CPU"] = max_cpu + 1;
+    }
   } else if (!has_gpu && !cpu_configured && o.num_gpus <= 0) {
     // Two CPU towers by default: on a machine without a GPU, "every visible device" would be one
     // CPU device and no towers at all; two logical CPU devices, each with half of the host's
@@ -203,18 +352,32 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
   return gpus.empty() ? cpus : gpus;
 }
 
-FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& reporter,
-                       const std::vector<train::Hook*>& extra) {
+FitResult run_training(const TrainOptions& options, ProcessOptions process, Reporter& reporter,
+                       const std::vector<train::Hook*>& extra, const std::optional<std::set<std::string>>& given) {
   collectives::ProcessGroup& world = collectives::world();
   // Every rank runs with the same flags (a rank with others would train another model, or
   // wait in collectives that the others never make).
-  collectives::check_same_on_every_rank(world, "the options", to_json(o),
+  collectives::check_same_on_every_rank(world, "the options", to_json(options),
                                         "start every rank with the same flags and config file");
+  TrainOptions o = options;
+  if (!o.resume_from.empty()) o.resume = true;
+  if (!o.init_from.empty() && o.resume)
+    raise<InvalidArgument>("--init_from starts a new run from a checkpoint's weights and --resume", o.resume_from.empty() ? "" : "_from",
+                           " continues a run; give one of them");
+  // --resume continues the run with the options it recorded, those given now excepted (without
+  // `given`, every option is as given: none is taken, and those that differ are still listed).
+  std::set<std::string> every_option;
+  if (!given)
+    for (const OptionDoc& d : describe_train_options(o)) every_option.insert(d.name);
+  const Resumption resumption = resume_options(o, given ? *given : every_option);
+  if (!resumption.changed.empty())
+    log_warning(str("--resume: the run continues with options changed from its own: ", describe_changes(resumption.changed)));
   std::vector<Device> devices = choose_devices(o, process);
   collectives::check_same_on_every_rank(world, "the number of devices per process", std::to_string(devices.size()),
                                         "give every process the same number of devices (--devices, --num_gpus)");
   auto train_set = open(o, data::Split::Train);
   auto test_set = open(o, data::Split::Test);
+  check_resumed_data(resumption, o, *train_set);
   tower::TrainerOptions topts = trainer_options(o);
   topts.processes = &world;
   // The towers of every process.
@@ -251,6 +414,7 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   fopts.save_every = o.save_every;
   fopts.keep_checkpoints = o.keep_checkpoints;
   fopts.resume = o.resume;
+  fopts.resume_from = o.resume_from;
   fopts.start_over = o.start_over == "move"     ? train::StartOver::MoveAside
                      : o.start_over == "delete" ? train::StartOver::Delete
                                                 : train::StartOver::Refuse;
@@ -259,6 +423,7 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   fopts.metadata = {{"model", o.model},
                     {"num_classes", std::to_string(train_set->num_classes())},
                     {"options", to_json(o)},
+                    {"data", data_identity(o, *train_set)},
                     {"producer", "towerflow cifar10_train"}};
 
   std::unique_ptr<tower::Trainer> trainer;
@@ -276,20 +441,30 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
   } catch (const OutOfMemory& e) {
     raise_out_of_memory(e, devices, o, false);
   }
+  // --init_from: a new run from a checkpoint's (or a state_dict's) weights.
+  fs::path initial_weights;
+  if (!o.init_from.empty()) {
+    try {
+      initial_weights = train::resolve_model_file(o.init_from);
+      // Every tensor of the model must be there, shaped alike; the file's others (PyTorch's
+      // num_batches_tracked) are not the model's and are left out.
+      io::load_module(trainer->model(), initial_weights, {.strict = false, .destination = "the model " + o.model});
+    } catch (const NotFound& e) {
+      raise<NotFound>("--init_from: ", e.what());
+    } catch (const DataError& e) {
+      raise<DataError>("--init_from ", o.init_from, ": ", e.what());
+    }
+    trainer->broadcast_from_replica0();
+  }
 
-  // The command line's hooks: a resumed run's changed flags, the start-up block and progress,
-  // metrics.jsonl.
-  train::LambdaHook resume_check;
-  resume_check.start = [&](const train::StartInfo& s) {
-    if (s.resumed) warn_on_changed_options(s.resumed->metadata, o);
-  };
+  // The command line's hooks: the start-up block and progress, metrics.jsonl.
   train::MetricsFile metrics(fs::path(o.train_dir) / "metrics.jsonl");
   train::TensorBoard tensorboard(o.logdir.empty() ? fs::path(o.train_dir) : fs::path(o.logdir),
                                  {.histogram_every = o.histogram_every});
   // Across processes, rank 0 alone reports and writes files.
   std::vector<train::Hook*> hooks;
   const bool rank0 = world.rank() == 0;
-  if (rank0) hooks = {&resume_check, &reporter, &metrics};
+  if (rank0) hooks = {&reporter, &metrics};
   if (rank0 && o.tensorboard) hooks.push_back(&tensorboard);
   std::unique_ptr<train::Trace> timeline;
   if (rank0 && !o.trace.empty()) {
@@ -303,9 +478,15 @@ FitResult run_training(const TrainOptions& o, ProcessOptions process, Reporter& 
     hooks.push_back(timeline.get());
   }
   hooks.insert(hooks.end(), extra.begin(), extra.end());
-  reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo&, train::Fields& f) {
+  reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo& s, train::Fields& f) {
     train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",
                                      train_set->num_classes(), " classes)"));
+    if (!initial_weights.empty()) train::set_field(f, "initial weights", initial_weights.string(), "model");
+    if (s.resumed && !resumption.checkpoint.empty())
+      train::set_field(f, "resumed options",
+                       resumption.changed.empty() ? std::string("as the run recorded them")
+                                                  : "as the run recorded them, except " + describe_changes(resumption.changed),
+                       "resumed");
     train::set_field(f, "optimizer", optimizer_description(o));
     if (world.size() > 1)
       train::set_field(f, "processes", str(world.name(), "; ", towers.size(), " towers (", devices.size(),

@@ -18,6 +18,7 @@
 // OutOfMemory whose message adds every device's allocator statistics and the flags that would help.
 
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,8 +34,17 @@ using train::FitResult;
 using train::Reporter;
 using train::ReporterOptions;
 
+// `given`: the training options the command line set (flags or the config file). With it, --resume
+// continues the run with the options its checkpoint recorded, except those given and those of one
+// invocation (is_invocation_option); the start-up block ("resumed options") lists each given value
+// that differs from the run's. A different --model is refused (a checkpoint holds its own model's
+// weights), and different data (kind, images, classes) unless --resume_new_data. Without `given`,
+// every option counts as given: they are used as they are, and those that differ from the run's
+// are listed all the same. --resume_from implies --resume; --init_from loads a
+// checkpoint's or a state_dict's weights into a new run and cannot be combined with --resume.
 FitResult run_training(const TrainOptions& options, ProcessOptions process, Reporter& reporter,
-                       const std::vector<train::Hook*>& extra = {});
+                       const std::vector<train::Hook*>& extra = {},
+                       const std::optional<std::set<std::string>>& given = std::nullopt);
 
 struct EvalOptions {
   std::string checkpoint = "train_dir";  // a train_dir (latest checkpoint), a ckpt-<step> dir or a file

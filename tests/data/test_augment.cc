@@ -70,7 +70,7 @@ TEST_CASE("Augmentation matches a pad-crop-flip-normalise-cutout reference for m
   CHECK(worst < 1e-5f);
 }
 
-TEST_CASE("Crop offsets stay within the padding and cover it uniformly; flips are fair", "[data][augment]") {
+TEST_CASE("Crop offsets stay within the padding and cover it uniformly, flips are fair", "[data][augment]") {
   const Augmenter aug(cifar_augment(), kShape);
   std::map<int, int> dy_count, dx_count;
   int flips = 0;

@@ -228,6 +228,7 @@ TEST_CASE("Image folder: images of another size are resized or rejected by optio
   std::vector<std::uint8_t> img(192);
   resized.read(2, img);  // moth/big.png sorts before moth/m.jpeg
   CHECK(img == resize_bilinear(big, 8, 8).pixels);
+  CHECK(resized.describe().find("8x8: images of another size resized bilinearly to 8x8") != std::string::npos);
 
   require_throws_mentioning<DataError>(
       [&] { ImageFolder(tmp.path(), {.height = 8, .width = 8, .wrong_size = SizePolicy::Reject}); },
@@ -241,6 +242,7 @@ TEST_CASE("Image folder: images of another size are resized or rejected by optio
   CHECK(skipped.size() == 5);
   REQUIRE(skipped.skipped().size() == 1);
   CHECK(skipped.skipped()[0].path == tmp / "moth/big.png");
+  CHECK(skipped.describe().find("resized") == std::string::npos);
 
   // Upscaling to a requested size.
   ImageFolder up(tmp.path(), {.height = 12, .width = 10});

@@ -265,7 +265,7 @@ TEST_CASE("Batch buffers come from the given allocator, once, and are recycled",
   CHECK(frees == 4);
 }
 
-TEST_CASE("Keep-last splits the final batch over ranks; a rank may get no rows", "[data][loader]") {
+TEST_CASE("Keep-last splits the final batch over ranks, a rank may get no rows", "[data][loader]") {
   const Indexed data(13);
   std::vector<int> last_n;
   for (int rank = 0; rank < 4; ++rank) {

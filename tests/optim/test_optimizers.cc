@@ -81,7 +81,7 @@ TEST_CASE("optimizers match torch.optim step by step", "[optim]") {
   }
 }
 
-TEST_CASE("every copy gets the identical update; state saves and restores by name", "[optim]") {
+TEST_CASE("every copy gets the identical update, state saves and restores by name", "[optim]") {
   const auto& c = optim_reference()["optimizers"][3];  // sgd_nesterov
   REQUIRE(c["name"] == "sgd_nesterov");
   const auto init = c["init"].get<std::vector<float>>();

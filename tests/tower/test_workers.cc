@@ -56,7 +56,7 @@ TEST_CASE("the first exception is rethrown after every worker stopped", "[tower]
   CHECK(ok == 3);
 }
 
-TEST_CASE("a failing worker releases the others from a collective; its error wins", "[tower][workers]") {
+TEST_CASE("a failing worker releases the others from a collective, its error wins", "[tower][workers]") {
   const std::vector<Device> devs = {Device::cpu(0), Device::cpu(1), Device::cpu(2)};
   DeviceWorkers w(devs);
   collectives::LocalCommunicator comm(devs);

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -199,4 +200,28 @@ TEST_CASE("a checkpoint written before checksums loads, with one note that it ca
   CHECK(flat_params(*target.model) == saved.params);
   REQUIRE(notes.size() == 1);
   CHECK_THAT(notes[0], Catch::Contains(ckpt.string()) && Catch::Contains("carries no tensor checksums"));
+}
+
+TEST_CASE("find_checkpoint takes a checkpoint's name, short name, step or path, and names what is there otherwise",
+          "[train][checkpoint][resume]") {
+  TempDir dir, other;
+  TfcnnSgd s(3);
+  tw::io::CheckpointDir ckpts(dir.path);
+  for (std::int64_t step : {20, 200}) save_checkpoint(ckpts, *s.model, s.sgd, {.step = step}, {}, 0);
+  const fs::path c200 = dir.path / "ckpt-0000000200";
+  for (const std::string& which : std::vector<std::string>{"ckpt-0000000200", "ckpt-200", "200", c200.string()}) {
+    INFO(which);
+    CHECK(find_checkpoint(dir.path, which).path == c200);
+  }
+  CHECK(find_checkpoint(dir.path, "20").step == 20);
+  CHECK_THROWS_AS(find_checkpoint(dir.path, "ckpt-2"), tw::NotFound);
+  CHECK_THROWS_WITH(find_checkpoint(dir.path, "ckpt-2"),
+                    Catch::Contains("no checkpoint of step 2") && Catch::Contains("ckpt-0000000020, ckpt-0000000200"));
+  CHECK_THROWS_WITH(find_checkpoint(dir.path, "newest"), Catch::Contains("\"newest\" names no step"));
+  // Another train_dir's checkpoint is not this run's.
+  tw::io::CheckpointDir elsewhere(other.path);
+  save_checkpoint(elsewhere, *s.model, s.sgd, {.step = 5}, {}, 0);
+  CHECK_THROWS_WITH(find_checkpoint(dir.path, (other.path / "ckpt-0000000005").string()),
+                    Catch::Contains("is not one of") && Catch::Contains("copy the checkpoint there"));
+  CHECK_THROWS_WITH(find_checkpoint(other.path / "missing", "5"), Catch::Contains("does not exist"));
 }

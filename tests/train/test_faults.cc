@@ -99,7 +99,7 @@ TEST_CASE("a checkpoint writer killed at random points never leaves a partial ch
   CHECK_FALSE(ckpts.list().empty());
 }
 
-TEST_CASE("a full disk while saving: a clear error, the earlier checkpoints intact; or training goes on", "[train][faults][disk]") {
+TEST_CASE("a full disk while saving: a clear error, the earlier checkpoints intact, or training goes on", "[train][faults][disk]") {
   fresh_devices();
   TempDir dir;
   FitOptions o = tiny(dir.path);

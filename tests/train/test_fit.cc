@@ -59,7 +59,7 @@ TEST_CASE("fit trains a model of the program's own on two towers, calling every 
   CHECK(lines[5]["examples"] == 64);
 }
 
-TEST_CASE("the schedule factory gets the run's plan; plan() refuses a batch larger than the data", "[train][fit]") {
+TEST_CASE("the schedule factory gets the run's plan, plan() refuses a batch larger than the data", "[train][fit]") {
   fresh_devices();
   TempDir dir;
   {

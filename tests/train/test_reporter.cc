@@ -55,7 +55,7 @@ TEST_CASE("json mode prints one object per line with the documented keys", "[tra
   CHECK(j[4]["test_acc"] == 0.5);
 }
 
-TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", "[train][reporter]") {
+TEST_CASE("plain mode prints whole lines, live mode redraws one line in place", "[train][reporter]") {
   SECTION("plain") {
     Captured out;
     {
@@ -91,7 +91,7 @@ TEST_CASE("plain mode prints whole lines; live mode redraws one line in place", 
   }
 }
 
-TEST_CASE("progress: auto is live on a terminal outside a launcher, plain elsewhere; names parse", "[train][reporter]") {
+TEST_CASE("progress: auto is live on a terminal outside a launcher, plain elsewhere, names parse", "[train][reporter]") {
   for (Progress p : {Progress::Auto, Progress::Plain, Progress::Live, Progress::Json})
     CHECK(parse_progress(to_string(p)) == p);
   CHECK_THROWS_WITH(parse_progress("nonsense"), Catch::Contains("\"nonsense\"") &&
@@ -182,4 +182,14 @@ TEST_CASE("json mode writes names and paths that are not UTF-8 with U+FFFD inste
   REQUIRE(lines.size() == 2);
   CHECK(nlohmann::json::parse(lines[0])["train data"] == "image folder /data/caf\xef\xbf\xbd (10 classes)");
   CHECK(nlohmann::json::parse(lines[1])["message"] == "class folder 'r\xef\xbf\xbdsum\xef\xbf\xbd' has no image");
+}
+
+TEST_CASE("the start-up block says how images are normalised, naming CIFAR-10's statistics", "[train][reporter]") {
+  const tw::data::Augment cifar = tw::data::cifar_augment();
+  CHECK(describe_normalisation(cifar) ==
+        "(x/255 - mean) / std per channel, mean (0.4914, 0.4822, 0.4465), std (0.247, 0.2435, 0.2616) (CIFAR-10's)");
+  tw::data::Augment imagenet;
+  imagenet.mean = {0.485f, 0.456f, 0.406f};
+  imagenet.std = {0.229f, 0.224f, 0.225f};
+  CHECK(describe_normalisation(imagenet) == "(x/255 - mean) / std per channel, mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225)");
 }

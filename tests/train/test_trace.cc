@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "core/queue_event.h"
 #include "core/trace.h"
 #include "io/atomic_file.h"
@@ -142,6 +143,32 @@ TEST_CASE("trace steps parse as A:B or A, and anything else names the value and 
   for (const char* bad : {"", "0:3", "5:4", "a:b", "3:", "1:2:3"})
     CHECK_THROWS_WITH(parse_trace_steps(bad, o), Catch::Contains(std::string("\"") + bad + "\"") && Catch::Contains("e.g. 101:110"));
   CHECK_THROWS_AS(Trace({.first_step = 3, .last_step = 2}), tw::InvalidArgument);
+}
+
+TEST_CASE("a trace that cannot be written fails at the start, and steps past the run are said", "[train][trace]") {
+  fresh_devices();
+  TempDir dir;
+  {
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    Trace bad_folder({.path = dir.path / "no" / "such" / "trace.json", .first_step = 3, .last_step = 4});
+    std::int64_t steps = 0;
+    LambdaHook count;
+    count.step = [&](const StepInfo&) { ++steps; };
+    CHECK_THROWS_WITH(fit(s.trainer, s.sgd, s.train, nullptr, tiny({}), {&bad_folder, &count}),
+                      Catch::Contains("cannot write the trace") && Catch::Contains("does not exist"));
+    CHECK(steps == 0);  // before any training
+  }
+  {
+    Setup s(tw::models::factory("tfcnn", {.seed = 1}));
+    Trace late({.path = dir.path / "late.json", .first_step = 50, .last_step = 60});
+    std::string logged;
+    auto previous = tw::set_log_sink([&](tw::LogLevel, std::string_view m) { logged += std::string(m) + "\n"; });
+    FitResult r = fit(s.trainer, s.sgd, s.train, nullptr, tiny({}), {&late});
+    tw::set_log_sink(previous);
+    CHECK(r.steps == 8);
+    CHECK_FALSE(late.written());
+    CHECK_THAT(logged, Catch::Contains("trace steps 50:60 are outside the steps this run makes (1..8)"));
+  }
 }
 
 namespace {

@@ -121,7 +121,7 @@ TEST_CASE("max pool takes the first of equal maxima and propagates NaN", "[cpu][
   CHECK(arg[1] == 2);
 }
 
-TEST_CASE("average pool matches the reference; backward matches finite differences", "[cpu][pool]") {
+TEST_CASE("average pool matches the reference, backward matches finite differences", "[cpu][pool]") {
   CpuContext ctx(2);
   std::uint32_t seed = 50;
   for (const auto& s : kShapes) {

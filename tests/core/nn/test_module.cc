@@ -113,7 +113,7 @@ TEST_CASE("module: flat buffers hold every parameter and gradient as views", "[n
   for (float v : net.flat_gradients().to_host()) CHECK(v == 0.0f);
 }
 
-TEST_CASE("module: copy_state_from another device; mismatches are named", "[nn]") {
+TEST_CASE("module: copy_state_from another device, mismatches are named", "[nn]") {
   init_devices();
   InitRng r1(3), r2(4);
   TinyNet a(Device::cpu(0), r1), b(Device::cpu(1), r2);

@@ -177,7 +177,7 @@ TEST_CASE("memory option errors", "[platform][logical]") {
   CHECK_THAT(message_of(cpu_sum, *p), Contains("the memory limits on the host add up to more than its 64.0 GiB"));
 }
 
-TEST_CASE("growth must agree between GPUs; counts must agree", "[platform][logical]") {
+TEST_CASE("growth must agree between GPUs, counts must agree", "[platform][logical]") {
   auto p = machine(2, 16);
   auto msg = message_of({.allow_growth = false, .memory_growth = {{1, true}}}, *p);
   CHECK_THAT(msg, Contains("Memory growth cannot differ between GPU devices: GPU 0 has false, GPU 1 has true"));

@@ -231,7 +231,7 @@ TEST_CASE("dropout: inverted scaling, a mask that is a pure function of seed and
 }
 
 TEST_CASE("placement: a missing kernel is an error without soft placement, a logged CPU "
-          "fallback with it; log_device_placement names every op once", "[placement]") {
+          "fallback with it, log_device_placement names every op once", "[placement]") {
   const Device gpu = Device::gpu(0);
   // A stand-in for a device whose backend lacks conv2d: host memory behind a GPU's name.
   auto fake_allocator = make_bfc_allocator(make_host_sub_allocator(),

@@ -128,7 +128,7 @@ TEST_CASE("SIGKILL mid-run leaves only whole checkpoints, and --resume finishes 
   }
 }
 
-TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 128+N; --resume finishes the same run", "[cifar10][signal]") {
+TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 128+N, --resume finishes the same run", "[cifar10][signal]") {
   TempDir full, stopped;
   REQUIRE(wait_exit(spawn_trainer(args_for(full.path / "run"), full.path / "log.txt")) == 0);
 
@@ -168,7 +168,7 @@ TEST_CASE("SIGINT and SIGTERM finish the step, write a checkpoint and exit 128+N
   }
 }
 
-TEST_CASE("bad flags exit with status 2 and CLI11's message; --help exits 0", "[cifar10][flags]") {
+TEST_CASE("bad flags exit with status 2 and CLI11's message, --help exits 0", "[cifar10][flags]") {
   TempDir dir;
   fs::path log = dir.path / "log.txt";
   CHECK(wait_exit(spawn_trainer({"--no_such_flag"}, log)) == 2);
@@ -178,4 +178,22 @@ TEST_CASE("bad flags exit with status 2 and CLI11's message; --help exits 0", "[
   CHECK(wait_exit(spawn_trainer({"--help"}, log)) == 0);
   const std::string text = tw::io::read_file(log);
   CHECK_THAT(text, Catch::Contains("--no_such_flag") && Catch::Contains("--epochs"));
+}
+
+TEST_CASE("a misspelled flag gets the nearest one, --batch-size is --batch_size, a switch's value needs '='",
+          "[cifar10][flags]") {
+  TempDir dir;
+  const fs::path typo = dir.path / "typo.txt", switch_log = dir.path / "switch.txt", dashed = dir.path / "dashed.txt";
+  CHECK(wait_exit(spawn_trainer({"--batchsize", "64"}, typo)) == 2);
+  CHECK_THAT(tw::io::read_file(typo), Catch::Contains("--batchsize: no such flag; did you mean --batch_size?"));
+  CHECK(wait_exit(spawn_trainer({"--resume", "false"}, switch_log)) == 2);
+  CHECK_THAT(tw::io::read_file(switch_log),
+             Catch::Contains("--resume is a switch and takes no value after a space; write --resume=false"));
+  CHECK(wait_exit(spawn_trainer({"--batch-size", "16", "--max-steps=1", "--builtin_train_size", "64",
+                                 "--builtin_test_size", "16", "--eval_every", "0", "--tensorboard=false",
+                                 "--train_dir", (dir.path / "run").string(), "--progress", "json"},
+                                dashed)) == 0);
+  const std::string run = tw::io::read_file(dashed);
+  CHECK_THAT(run, Catch::Contains("\"steps\":1"));
+  CHECK_THAT(run, Catch::Contains("\"batch\":\"16 global"));
 }

@@ -96,7 +96,7 @@ TEST_CASE("the batch_norm option is per_tower or sync, anything else names the f
   CHECK(o.batch_norm == "per_tower");  // failed sets change nothing
 }
 
-TEST_CASE("a config file sets training and device options; flags win over it", "[cifar10][options]") {
+TEST_CASE("a config file sets training and device options, flags win over it", "[cifar10][options]") {
   std::string path = temp_file("train.ini",
                                "# a run\n"
                                "batch_size = 64\n"
@@ -155,7 +155,7 @@ TEST_CASE("a flag given twice takes its last value", "[cifar10][options]") {
   CHECK_THROWS_AS(parse({"--batch_size", "128", "--batch_size", "-4"}), CLI::ValidationError);
 }
 
-TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
+TEST_CASE("cifar10_train --help lists every option with its default", "[cifar10][options]") {
   CLI::App app{"cifar10_train"};
   TrainCommandLine cli;
   cli.add_to(app);
@@ -172,7 +172,7 @@ TEST_CASE("--help lists every option with its default", "[cifar10][options]") {
   CHECK(help.find("per_tower|sync=per_tower") != std::string::npos);
 }
 
-TEST_CASE("--help groups the options by topic, each with its default", "[cifar10][options]") {
+TEST_CASE("cifar10_train --help groups the options by topic, each with its default", "[cifar10][options]") {
   CLI::App app{"cifar10_train"};
   TrainCommandLine cli;
   cli.add_to(app);
@@ -268,7 +268,7 @@ TEST_CASE("a config file is read as Python's configparser reads it", "[cifar10][
                     Catch::Contains("t.ini:2:") && Catch::Contains("continues to line 3"));
 }
 
-TEST_CASE("a misspelled section is refused, naming the nearest known one; declared foreign sections are skipped",
+TEST_CASE("a misspelled section is refused, naming the nearest known one, declared foreign sections are skipped",
           "[cifar10][options]") {
   // Before, [trian] was skipped with every key in it: the run trained with the defaults.
   CHECK_THROWS_WITH(parse_config("[gpu]\nallow_growth = true\n[trian]\nlr = 0.5\nepochs = 90\n", "t.ini"),

@@ -31,7 +31,7 @@ std::vector<std::string> args_for(const fs::path& train_dir, const std::string& 
 
 }  // namespace
 
-TEST_CASE("cifar10_train twice on one --train_dir: the second is refused naming the first; --resume takes over a killed one",
+TEST_CASE("cifar10_train twice on one --train_dir: the second is refused naming the first, --resume takes over a killed one",
           "[cifar10][lock]") {
   TempDir tmp;
   const fs::path run = tmp.path / "run";

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -159,6 +160,15 @@ TEST_CASE("device choice: two CPU towers by default, explicit lists, and errors"
   o.num_gpus = 2;
   p = two_cpus;
   CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains("--num_gpus 2") && Catch::Contains("0 GPUs"));
+  // A CPU device index past the host's threads would make that many devices sharing them: only on
+  // purpose (--device_count), never from a --devices list alone.
+  const unsigned threads = std::thread::hardware_concurrency();
+  o.num_gpus = -1;
+  o.devices = tw::str("/cpu:", threads);
+  p = {};
+  CHECK_THROWS_WITH(choose_devices(o, p), Catch::Contains(tw::str("needs ", threads + 1, " logical CPU devices")) &&
+                                              Catch::Contains(tw::str("--device_count CPU=", threads + 1)));
+  CHECK(p.device_count.count("CPU") == 0);  // nothing was set up
 }
 
 TEST_CASE("out of memory ends with every allocator's report and the flags that would help", "[cifar10][training][oom]") {
@@ -233,6 +243,15 @@ TEST_CASE("command-line errors name flags, not library internals", "[cifar10][tr
                       Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers") &&
                           Catch::Contains("use --batch_size 32 or 34, or --split_remainder spread") &&
                           !Catch::Contains("Remainder::"));
+  }
+  SECTION("micro-batches that do not split over the towers, with accumulation") {
+    o.batch_size = 30;  // 4 micro-batches of 8, 8, 7 and 7 rows: 7 does not split over 2 towers
+    o.accumulation_steps = 4;
+    CHECK_THROWS_WITH(run_training(o, {}, reporter),
+                      Catch::Contains("--batch_size 30 with --accumulation_steps 4 gives micro-batches of 8 and 7 rows") &&
+                          Catch::Contains("one of 7 rows cannot be split evenly over 2 towers") &&
+                          Catch::Contains("use --batch_size 32 or 24, --accumulation_steps 3") &&
+                          Catch::Contains("--split_remainder spread") && !Catch::Contains("Remainder::"));
   }
   SECTION("a warm-up as long as the run") {
     o.warmup_epochs = 2;
