@@ -62,12 +62,10 @@ install(EXPORT towerflowTargets
 
 # Headers keep their place in the tree, so installed code includes them as the library does.
 foreach(area core tower optim data models io train)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${area})
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${area}
-            DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow
-            FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp"
-            PATTERN "CMakeFiles" EXCLUDE)
-  endif()
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${area}
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow
+          FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp"
+          PATTERN "CMakeFiles" EXCLUDE)
 endforeach()
 
 foreach(program cifar10_train cifar10_eval towerflow_devices towerflow_ckpt)

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/trace.h"
+#include "core/version.h"
 #include "core/platform/registry.h"
 #include "data/data.h"
 #include "io/checkpoint_dir.h"
@@ -462,6 +463,8 @@ FitResult Loop::run() {
   metadata_ = o_.metadata;
   metadata_["run_id"] = run_id_;
   metadata_["seed"] = std::to_string(o_.seed);
+  metadata_["towerflow_version"] = version();
+  metadata_["towerflow_commit"] = commit();
   std::string devices;
   for (const auto& d : trainer_.devices()) devices += (devices.empty() ? "" : ", ") + d.str();
   metadata_["devices"] = devices;

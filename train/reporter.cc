@@ -13,6 +13,7 @@
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
+#include "core/version.h"
 #include "data/dataset.h"
 #include "optim/optimizer.h"
 #include "tower/trainer.h"
@@ -109,7 +110,8 @@ std::string describe_normalisation(const data::Augment& a) {
 Fields start_fields(const StartInfo& s) {
   const FitOptions& o = s.options;
   const auto& devices = s.trainer.devices();
-  Fields f{{"model", str(s.trainer.model().num_parameters(), " parameters, ", s.train_set.num_classes(), " classes")},
+  Fields f{{"version", str(version(), " (commit ", commit(), ")")},
+           {"model", str(s.trainer.model().num_parameters(), " parameters, ", s.train_set.num_classes(), " classes")},
            {"train data", s.train_set.describe()}};
   if (s.test_set) f.emplace_back("test data", s.test_set->describe());
   f.emplace_back("augmentation", describe_augment(o.augment));
@@ -256,11 +258,64 @@ void Reporter::set_start_block(std::string title, std::function<void(const Start
   options_.describe = std::move(describe);
 }
 
+// The start event's machine-readable part (JSON progress): the run's shape as numbers and lists,
+// and what its checkpoints record (FitOptions::metadata; a value that is JSON, such as
+// cifar10_train's options, as an object).
+namespace {
+ordered_json structured_start(const StartInfo& s) {
+  const FitOptions& o = s.options;
+  ordered_json run;
+  run["run_id"] = s.run_id;
+  std::vector<Device> towers;  // of every process
+  for (int r = 0; r < s.trainer.processes().size(); ++r)
+    towers.insert(towers.end(), s.trainer.devices().begin(), s.trainer.devices().end());
+  ordered_json names = ordered_json::array();
+  for (const auto& d : towers) names.push_back(d.str());
+  run["towers"] = names;
+  run["processes"] = s.trainer.processes().size();
+  run["global_batch"] = o.batch;
+  const auto& t = s.trainer.options();
+  try {
+    run["rows_per_tower"] = tower::split_batch(o.batch, towers, t.split, t.remainder);
+  } catch (const InvalidArgument&) {
+    run["rows_per_tower"] = nullptr;  // the first step says why
+  }
+  run["accumulation_steps"] = t.accumulation_steps;
+  run["total_steps"] = s.plan.total_steps;
+  run["steps_per_epoch"] = s.plan.steps_per_epoch;
+  run["epochs"] = s.plan.epochs;
+  run["start_step"] = s.position.step;
+  run["resumed_from"] = s.resumed ? ordered_json(s.resumed_from.string()) : ordered_json(nullptr);
+  run["parameters"] = s.trainer.model().num_parameters();
+  run["num_classes"] = s.train_set.num_classes();
+  run["train_examples"] = s.train_set.size();
+  run["test_examples"] = s.test_set ? ordered_json(s.test_set->size()) : ordered_json(nullptr);
+  ordered_json out;
+  out["towerflow"] = {{"version", version()}, {"commit", commit()}};
+  out["run"] = run;
+  ordered_json meta = ordered_json::object();
+  for (const auto& [k, v] : o.metadata) {
+    ordered_json parsed = ordered_json::parse(v, nullptr, false);
+    meta[k] = !parsed.is_discarded() && parsed.is_object() ? parsed : ordered_json(v);
+  }
+  out["metadata"] = meta;
+  return out;
+}
+}  // namespace
+
 void Reporter::on_start(const StartInfo& start) {
   devices_ = start.trainer.devices();
   Fields fields = start_fields(start);
   if (options_.describe) options_.describe(start, fields);
-  block("start", options_.title, fields);
+  if (progress_ != Progress::Json) return block("start", options_.title, fields);
+  // One JSON line: the block's fields as text, as in the other modes, and the structured part.
+  ordered_json j;
+  j["event"] = "start";
+  for (const auto& [k, v] : fields) j[k] = v;
+  const ordered_json facts = structured_start(start);
+  for (const auto& [k, v] : facts.items()) j[k] = v;
+  std::lock_guard lock(mu_);
+  write_locked(text_of(j));
 }
 
 void Reporter::on_end(const FitResult& r) {

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/platform/ini.h"
+#include "core/version.h"
 
 namespace towerflow::cifar10 {
 namespace {
@@ -60,6 +61,7 @@ const std::vector<Field>& fields() {
       {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6, "Optimizer"},
       {"label_smoothing", &TrainOptions::label_smoothing, "targets (1 - s) * onehot + s / classes in the training loss", 0, 0.999, "Optimizer"},
       {"epochs", &TrainOptions::epochs, "epochs to train", 1, 1 << 24},
+      {"dry_run", &TrainOptions::dry_run, "print what the run would use (model, data, towers and their rows, devices, length, checkpoints, each device's memory after one forward and backward) and stop: nothing is trained or written", 0, 0},
       {"max_steps", &TrainOptions::max_steps, "stop after this many steps (0: --epochs decides)", 0, 1e15},
       {"eval_every", &TrainOptions::eval_every, "evaluate on the test split every N epochs (0: only at the end)", 0, 1 << 24},
       {"log_every", &TrainOptions::log_every, "steps between progress lines", 1, 1 << 24, "Output"},
@@ -282,6 +284,7 @@ Config load_config(const std::string& path) {
 
 void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& only) {
   static const TrainOptions defaults{};
+  app.set_version_flag("--version", version_string(), "print towerflow's version and the commit it was built from");
   app.add_option("--config", config_, "INI file with any of these options ([train] and device sections); flags win")
       ->check(CLI::ExistingFile);
   // --help lists the options by topic, in this order (CLI11 shows groups in the order their first
@@ -370,7 +373,7 @@ Resolved TrainCommandLine::resolve() const {
 
 bool is_invocation_option(std::string_view name) {
   static const std::set<std::string, std::less<>> kInvocation = {
-      "resume", "resume_from", "resume_new_data", "init_from", "train_dir", "start_over",
+      "resume", "resume_from", "resume_new_data", "init_from", "dry_run", "train_dir", "start_over",
       "progress", "json", "trace", "trace_steps"};
   return kInvocation.count(name) > 0;
 }

@@ -75,6 +75,7 @@ struct TrainOptions {
   std::string resume_from = {};        // with resume: this checkpoint (ckpt-200, 200, a path), not the newest
   bool resume_new_data = false;        // with resume: another data set than the run's is allowed
   std::string init_from = {};          // a new run from these weights (a checkpoint or a state_dict file)
+  bool dry_run = false;                // say what the run would use, after one forward and backward, and stop
   std::string start_over = "no";       // no | move | delete: a new run where an earlier one left files
   std::string on_checkpoint_error = "stop";  // stop | continue
   std::uint64_t seed = 1;
@@ -148,8 +149,8 @@ struct OptionChange {
 };
 std::vector<OptionChange> take_recorded_options(TrainOptions& opts, std::string_view recorded,
                                                 const std::set<std::string>& keep, std::string_view source);
-// resume, resume_from, resume_new_data, init_from, train_dir, start_over, progress, json, trace,
-// trace_steps: how this invocation starts and shows itself, never taken from a checkpoint.
+// resume, resume_from, resume_new_data, init_from, dry_run, train_dir, start_over, progress, json,
+// trace, trace_steps: how this invocation starts and shows itself, never taken from a checkpoint.
 bool is_invocation_option(std::string_view name);
 
 }  // namespace towerflow::cifar10

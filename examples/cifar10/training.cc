@@ -14,6 +14,7 @@
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory/allocator.h"
 #include "core/platform/logical.h"
 #include "core/platform/platform.h"
 #include "core/platform/registry.h"
@@ -246,6 +247,42 @@ void check_split(const TrainOptions& o, int batch, const std::vector<Device>& de
   }
 }
 
+// --dry_run: the start-up block the run would print, and each device's memory after one forward
+// and backward of the first batch (no optimizer step, nothing written, no train_dir touched).
+FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
+                  const data::Dataset* test_set, const train::FitOptions& fopts, const Resumption& resumption,
+                  Reporter& reporter) {
+  collectives::ProcessGroup& world = collectives::world();
+  std::optional<train::CheckpointInfo> resumed;
+  train::TrainingPosition position;
+  if (!resumption.checkpoint.empty()) {
+    resumed = train::read_checkpoint_info(resumption.checkpoint);
+    position = resumed->position;
+  }
+  const train::StartInfo start{.trainer = trainer, .optimizer = optimizer, .train_set = train_set, .test_set = test_set,
+                               .options = fopts, .plan = train::plan(train_set, fopts), .position = position,
+                               .resumed = resumed, .resumed_from = resumption.checkpoint, .run_id = "(a dry run)"};
+  if (world.rank() == 0) reporter.on_start(start);
+  data::Loader loader(train_set, {.batch = fopts.batch, .augment = fopts.augment, .seed = fopts.seed,
+                                  .rank = world.rank(), .world_size = world.size(),
+                                  .shard = [&](int n) { return trainer.shard(n); }, .threads = 0});
+  loader.set_epoch(position.epoch, position.step_in_epoch);
+  loader.start();
+  const data::Batch* batch = loader.next();
+  TW_CHECK(batch != nullptr, "the loader gave no batch for the dry run");
+  trainer.forward_backward(*batch);
+  loader.stop();
+  train::Fields memory;
+  for (const Device& d : trainer.devices()) {
+    const AllocatorStats s = device_allocator(d).stats();
+    memory.emplace_back("memory " + d.str(), str("peak ", format_byte_size(s.peak_bytes_in_use), " after one forward and backward of ",
+                                                 fopts.batch, " rows (limit ", format_byte_size(s.bytes_limit),
+                                                 "); the optimizer's state adds to it at the first step"));
+  }
+  if (world.rank() == 0) reporter.block("dry_run", "dry run: nothing was trained or written", memory);
+  return {};
+}
+
 std::string optimizer_description(const TrainOptions& o) {
   std::string out = o.optimizer + ", lr " + str(o.lr);
   if (o.optimizer == "sgd" || o.optimizer == "nesterov") out += str(", momentum ", o.momentum);
@@ -457,6 +494,25 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
     trainer->broadcast_from_replica0();
   }
 
+  reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo& s, train::Fields& f) {
+    train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",
+                                     train_set->num_classes(), " classes)"));
+    if (!initial_weights.empty()) train::set_field(f, "initial weights", initial_weights.string(), "model");
+    if (s.resumed && !resumption.checkpoint.empty())
+      train::set_field(f, "resumed options",
+                       resumption.changed.empty() ? std::string("as the run recorded them")
+                                                  : "as the run recorded them, except " + describe_changes(resumption.changed),
+                       "resumed");
+    train::set_field(f, "optimizer", optimizer_description(o));
+    if (world.size() > 1)
+      train::set_field(f, "processes", str(world.name(), "; ", towers.size(), " towers (", devices.size(),
+                                           " per process)"), "devices");
+    if (o.label_smoothing > 0)
+      train::set_field(f, "loss", str("cross-entropy with label smoothing ", o.label_smoothing), "optimizer");
+  });
+
+  if (o.dry_run) return dry_run(*trainer, *optimizer, *train_set, test_set.get(), fopts, resumption, reporter);
+
   // The command line's hooks: the start-up block and progress, metrics.jsonl.
   train::MetricsFile metrics(fs::path(o.train_dir) / "metrics.jsonl");
   train::TensorBoard tensorboard(o.logdir.empty() ? fs::path(o.train_dir) : fs::path(o.logdir),
@@ -478,22 +534,6 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
     hooks.push_back(timeline.get());
   }
   hooks.insert(hooks.end(), extra.begin(), extra.end());
-  reporter.set_start_block("towerflow cifar10_train", [&](const train::StartInfo& s, train::Fields& f) {
-    train::set_field(f, "model", str(o.model, " (", trainer->model().num_parameters(), " parameters, ",
-                                     train_set->num_classes(), " classes)"));
-    if (!initial_weights.empty()) train::set_field(f, "initial weights", initial_weights.string(), "model");
-    if (s.resumed && !resumption.checkpoint.empty())
-      train::set_field(f, "resumed options",
-                       resumption.changed.empty() ? std::string("as the run recorded them")
-                                                  : "as the run recorded them, except " + describe_changes(resumption.changed),
-                       "resumed");
-    train::set_field(f, "optimizer", optimizer_description(o));
-    if (world.size() > 1)
-      train::set_field(f, "processes", str(world.name(), "; ", towers.size(), " towers (", devices.size(),
-                                           " per process)"), "devices");
-    if (o.label_smoothing > 0)
-      train::set_field(f, "loss", str("cross-entropy with label smoothing ", o.label_smoothing), "optimizer");
-  });
 
   try {
     return train::fit(*trainer, *optimizer, *train_set, test_set.get(), fopts, hooks);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/platform/platform.h"
 #include "core/platform/registry.h"
+#include "core/version.h"
 #include "examples/cifar10/training.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
@@ -324,4 +325,55 @@ TEST_CASE("an image folder with a corrupt file: the error names --skip_bad_files
   FitResult r = run_training(o, {}, reporter);
   CHECK(r.steps == 2);
   CHECK_THAT(out.text(), Catch::Contains("skipped 1 of 48"));
+}
+
+TEST_CASE("the JSON start event holds the run's facts as values, and checkpoints record the data and version",
+          "[cifar10][training][json]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.batch_size = 30;
+  o.split = "weights:2,1";
+  FitResult r = run_training(o, {}, reporter);
+  nlohmann::json start;
+  for (const auto& line : out.lines()) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("event", "") == "start") start = j;
+  }
+  REQUIRE(start.is_object());
+  const auto& run = start.at("run");
+  CHECK(run.at("towers") == nlohmann::json({"/cpu:0", "/cpu:1"}));
+  CHECK(run.at("rows_per_tower") == nlohmann::json({20, 10}));
+  CHECK(run.at("global_batch") == 30);
+  CHECK(run.at("total_steps") == r.steps);
+  CHECK(run.at("steps_per_epoch") == 4);  // 128 / 30
+  CHECK(run.at("start_step") == 0);
+  CHECK(run.at("resumed_from").is_null());
+  CHECK(run.at("train_examples") == 128);
+  CHECK(start.at("metadata").at("options").at("split") == "weights:2,1");  // an object, not text
+  CHECK(start.at("metadata").at("data") == "builtin, 128 training images, 10 classes");
+  CHECK(start.at("towerflow").at("version") == tw::version());
+  const auto meta = read_checkpoint_info(r.last_checkpoint).metadata;
+  CHECK(meta.at("towerflow_version") == tw::version());
+  CHECK(meta.at("towerflow_commit") == tw::commit());
+  CHECK(meta.at("data") == "builtin, 128 training images, 10 classes");
+}
+
+TEST_CASE("cifar10_train --dry_run says what the run would use, memory included, and trains and writes nothing",
+          "[cifar10][training][dry_run]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path / "never");
+  o.dry_run = true;
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 0);
+  CHECK_FALSE(fs::exists(dir.path / "never"));  // no train_dir, no lock, no checkpoint
+  const std::string text = out.text();
+  CHECK_THAT(text, Catch::Contains("\"event\":\"start\"") && Catch::Contains("\"rows_per_tower\":[16,16]"));
+  CHECK_THAT(text, Catch::Contains("\"event\":\"dry_run\"") && Catch::Contains("\"memory /cpu:0\":\"peak ") &&
+                       Catch::Contains("after one forward and backward of 32 rows"));
 }
