@@ -114,6 +114,9 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
                                "towers on one physical device)");
   }
   if (!factory) raise<InvalidArgument>("the tower trainer needs a model factory; got an empty one");
+  if (!(options_.clip_grad_norm >= 0) || !std::isfinite(options_.clip_grad_norm))
+    raise<InvalidArgument>("clip_grad_norm ", options_.clip_grad_norm,
+                           " is not a norm; use a positive number (the largest global L2 norm of the gradients) or 0 (off)");
   if (options_.accumulation_steps < 1)
     raise<InvalidArgument>("accumulation_steps ", options_.accumulation_steps,
                            " is invalid; use 1 (no accumulation) or more micro-batches per step");
@@ -153,7 +156,8 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
         str("'", n, " devices (", kinds, "), reduction ", to_string(options_.reduction), ", split ",
             to_string(options_.split), ", ", options_.accumulation_steps, " micro-batches, batch norm ",
             options_.batch_norm == BatchNormMode::Synchronised ? "sync" : "per_tower", ", label smoothing ",
-            options_.label_smoothing, ", precision ", to_string(options_.precision),
+            options_.label_smoothing, ", clip_grad_norm ", options_.clip_grad_norm, ", precision ",
+            to_string(options_.precision),
             options_.precision != Precision::Fp16
                 ? std::string()
                 : str(" (loss scale from ", options_.loss_scale.initial_scale, ", x",
@@ -348,6 +352,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   im.reducer->finish();
   const double reduction = im.reducer->exposed_seconds(ran.reduce_s, since(t0));
   const bool skipped = unscale_or_skip(loss_scale);
+  const auto [grad_norm, clipped] = skipped ? std::pair{0.0, false} : clip_gradients();
   const double sync = *std::max_element(ran.sync_s.begin(), ran.sync_s.end()) + average_buffers(plan);
 
   std::array<double, 2> sums{};  // loss (already divided by B) and correct rows
@@ -357,7 +362,8 @@ float Trainer::forward_backward(const HostBatch& batch) {
   }
   im.processes->all_reduce_sum(std::span<double>(sums));
   last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / plan.global_n,
-           .rows = plan.global_n, .split = plan.total, .loss_scale = loss_scale, .skipped = skipped};
+           .rows = plan.global_n, .split = plan.total, .loss_scale = loss_scale, .skipped = skipped,
+           .grad_norm = grad_norm, .clipped = clipped};
   timings_.buckets_reduced_during_backward = im.reducer->reduced_during_backward();
   timings_.steps += 1;
   timings_.compute_seconds += *std::max_element(ran.compute_s.begin(), ran.compute_s.end());
@@ -470,6 +476,19 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
   return out;
 }
 
+// clip_grad_norm: PyTorch's clip_grad_norm_ over the reduced gradients (the same on every copy and
+// process, so every rank scales alike). Returns the norm and whether it was clipped.
+std::pair<double, bool> Trainer::clip_gradients() {
+  if (options_.clip_grad_norm <= 0) return {0.0, false};
+  const trace::Span span("reduction", "clip gradient norm");
+  const Tensor g = impl_->reducer->reduced_gradients();
+  const double norm = std::sqrt(static_cast<double>(sum(mul(g, g)).item()));
+  const double factor = options_.clip_grad_norm / (norm + 1e-6);
+  if (!(factor < 1.0)) return {norm, false};  // also a NaN norm: the step's own checks say so
+  impl_->reducer->scale_gradients(static_cast<float>(factor));
+  return {norm, true};
+}
+
 // fp16: skips a step whose reduced gradients overflowed, else takes the loss scale back out. The
 // reduced gradients are the same on every tower and process, so all decide alike.
 bool Trainer::unscale_or_skip(double loss_scale) {
@@ -517,7 +536,9 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
   const std::vector<int> rows =
       batch.n > 0 ? split_batch(batch.n, devices_, policy, Remainder::Spread) : std::vector<int>(n, 0);
   std::vector<double> loss(n, 0.0);
-  std::vector<std::int64_t> correct(n, 0);
+  std::vector<std::int64_t> correct(n, 0), correct5(n, 0);
+  std::vector<std::vector<float>> logits_of(n);  // each tower's logits on the host, for the confusion
+  int classes = 0;
   im.workers->run([&](int i) {
     if (rows[i] == 0) return;
     int o = 0;
@@ -539,19 +560,46 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
     Tensor logits = model.forward(x);
     loss[i] = softmax_cross_entropy(logits, y, {.scale = 1.0f}).item();  // the sum over rows
     correct[i] = top_k_correct(logits, y, 1);
+    correct5[i] = top_k_correct(logits, y, static_cast<int>(std::min<std::int64_t>(5, logits.dim(1))));
+    logits_of[i] = logits.to_host();
   });
-  std::array<double, 3> sums{0, 0, static_cast<double>(batch.n)};  // loss sum, correct, rows
+  // The model's output width, the same on every tower (replicas of one model); processes agree
+  // on it, since one given no rows here saw none.
+  for (int i = 0; i < n; ++i)
+    if (rows[i] > 0) classes = static_cast<int>(logits_of[i].size() / static_cast<std::size_t>(rows[i]));
+  std::array<std::int64_t, 1> width{classes};
+  im.processes->all_reduce_max(std::span<std::int64_t>(width));
+  classes = static_cast<int>(width[0]);
+  const std::size_t cc = static_cast<std::size_t>(classes) * static_cast<std::size_t>(classes);
+  // loss sum, correct, rows, top-5 correct, then the confusion counts
+  std::vector<double> sums(4 + cc, 0.0);
+  sums[2] = static_cast<double>(batch.n);
+  int offset = 0;
   for (int i = 0; i < n; ++i) {
     sums[0] += loss[i];
     sums[1] += static_cast<double>(correct[i]);
+    sums[3] += static_cast<double>(correct5[i]);
+    for (int r = 0; r < rows[i]; ++r) {
+      const float* z = logits_of[i].data() + static_cast<std::size_t>(r) * classes;
+      if (!std::all_of(z, z + classes, [](float v) { return std::isfinite(v); })) continue;
+      const auto predicted = std::max_element(z, z + classes) - z;
+      const std::int32_t label = batch.labels[static_cast<std::size_t>(offset + r)];
+      if (label >= 0 && label < classes) sums[4 + static_cast<std::size_t>(label) * classes + predicted] += 1;
+    }
+    offset += rows[i];
   }
   im.processes->all_reduce_sum(std::span<double>(sums));
   EvalResult out;
   out.rows = static_cast<std::int64_t>(sums[2]);
   out.correct = static_cast<std::int64_t>(sums[1]);
+  out.correct_top5 = static_cast<std::int64_t>(sums[3]);
+  out.classes = classes;
+  out.confusion.resize(cc);
+  for (std::size_t k = 0; k < cc; ++k) out.confusion[k] = static_cast<std::int64_t>(sums[4 + k]);
   if (out.rows == 0) raise<InvalidArgument>("evaluate got an empty batch on every process; give at least one row");
   out.loss = sums[0] / static_cast<double>(out.rows);
   out.accuracy = static_cast<double>(out.correct) / static_cast<double>(out.rows);
+  out.top5 = static_cast<double>(out.correct_top5) / static_cast<double>(out.rows);
   return out;
 }
 

@@ -19,8 +19,10 @@
 //   split across the towers, and the gradients accumulate over all k before one reduction), runs
 //   every tower on its own worker thread bound to its device, each tower's loss being
 //   sum(cross-entropy over its rows) / B with B the whole global batch, then reduces. Afterwards
-//   parameters().copies[i].grads hold the global-batch mean gradient. Returns the global-batch
-//   mean loss (the sample-weighted mean over towers); last_step() has the top-1 accuracy too.
+//   parameters().copies[i].grads hold the global-batch mean gradient (scaled down to norm
+//   clip_grad_norm where that is set and the norm is larger). Returns the global-batch mean loss
+//   (the sample-weighted mean over towers); last_step() has the top-1 accuracy and the gradient
+//   norm too.
 // - Reduction: see reduction.h. Under AllReduce the replicas stay bit-identical after every
 //   optimizer step (identical reduced gradients, identical arithmetic). Under ParameterDevice
 //   the master copy on that device is the truth; replicas receive it before every forward (and
@@ -113,6 +115,10 @@ struct TrainerOptions {
   Precision precision = Precision::Fp32;
   // Dynamic loss scaling, applied under fp16 only (loss_scale.h).
   LossScaleOptions loss_scale;
+  // > 0: after the reduction (and fp16's unscaling), the reduced gradients are multiplied by
+  // clip_grad_norm / (norm + 1e-6) when their global L2 norm is larger, as PyTorch's
+  // torch.nn.utils.clip_grad_norm_ does; the same factor on every copy and process. 0: off.
+  double clip_grad_norm = 0;
   // The job's processes; null: collectives::world() (a world of one unless started by mpirun).
   collectives::ProcessGroup* processes = nullptr;
 };
@@ -135,6 +141,8 @@ struct StepMetrics {
   std::vector<int> split;  // rows per tower of this process (over all micro-batches)
   double loss_scale = 1;   // the scale the step's loss was multiplied by (fp16; else 1)
   bool skipped = false;    // fp16: the reduced gradients were not finite; optimizers skip the step
+  double grad_norm = 0;    // clip_grad_norm > 0: the reduced gradients' global L2 norm before clipping
+  bool clipped = false;    // ... and whether it was above clip_grad_norm, so they were scaled down
 };
 
 struct EvalResult {
@@ -142,6 +150,12 @@ struct EvalResult {
   double accuracy = 0;        // top-1
   std::int64_t correct = 0;
   std::int64_t rows = 0;
+  double top5 = 0;            // top-5 (top-k with k = the classes, where fewer than 5)
+  std::int64_t correct_top5 = 0;
+  // classes x classes counts, row-major: [true label][top-1 prediction] (the first largest
+  // logit, as argmax picks it). A row with a non-finite logit predicts nothing and is not counted.
+  int classes = 0;
+  std::vector<std::int64_t> confusion;
 };
 
 // Cumulative wall-clock counters since construction or reset_timings().
@@ -231,6 +245,7 @@ class Trainer {
   int global_rows(const HostBatch& batch);
   TowerResults run_towers(const HostBatch& batch, const StepRows& plan, double loss_scale);
   bool unscale_or_skip(double loss_scale);
+  std::pair<double, bool> clip_gradients();
   double average_buffers(const StepRows& plan);
 
   std::vector<Device> devices_;

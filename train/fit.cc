@@ -173,11 +173,18 @@ tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, in
     tower::EvalResult r = trainer.evaluate(b);
     loss_sum += r.loss * static_cast<double>(r.rows);
     total.correct += r.correct;
+    total.correct_top5 += r.correct_top5;
     total.rows += r.rows;
+    if (total.confusion.empty()) {
+      total.classes = r.classes;
+      total.confusion.assign(r.confusion.size(), 0);
+    }
+    for (std::size_t k = 0; k < r.confusion.size() && k < total.confusion.size(); ++k) total.confusion[k] += r.confusion[k];
   }
   if (total.rows > 0) {
     total.loss = loss_sum / static_cast<double>(total.rows);
     total.accuracy = static_cast<double>(total.correct) / static_cast<double>(total.rows);
+    total.top5 = static_cast<double>(total.correct_top5) / static_cast<double>(total.rows);
   }
   return total;
 }
@@ -377,6 +384,7 @@ void Loop::evaluate_now(std::int64_t step) {
   time_left_.add_eval(seconds);
   result_.test_loss = e.loss;
   result_.test_acc = e.accuracy;
+  result_.test_top5 = e.top5;
   result_.test_examples = e.rows;
   evaluated_at_ = step;
   EvalRecord r{.step = step,
@@ -384,7 +392,10 @@ void Loop::evaluate_now(std::int64_t step) {
                .test_loss = e.loss,
                .test_acc = e.accuracy,
                .examples = e.rows,
-               .seconds = seconds};
+               .seconds = seconds,
+               .test_top5 = e.top5,
+               .classes = e.classes,
+               .confusion = e.confusion};
   each([&](Hook& h) { h.on_eval(r); });
   // A model that computes NaN or Inf on the test set has diverged even when the training loss
   // of the last step was finite (an update can overflow the weights it leaves behind). The hooks

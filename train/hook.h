@@ -114,6 +114,10 @@ struct EvalRecord {
   double test_acc = 0;          // top-1 in [0, 1]
   std::int64_t examples = 0;
   double seconds = 0;
+  double test_top5 = 0;         // top-5 in [0, 1] (top-k with k = the classes, where fewer than 5)
+  // [true label][top-1 prediction] counts, classes x classes, row-major (tower::EvalResult).
+  int classes = 0;
+  std::vector<std::int64_t> confusion = {};
 };
 
 struct CheckpointRecord {
@@ -126,6 +130,7 @@ struct FitResult {
   std::int64_t steps = 0;             // optimizer steps done, over every session of the run
   double test_loss = 0;               // the final evaluation (0 without a test set)
   double test_acc = 0;
+  double test_top5 = 0;
   std::int64_t test_examples = 0;
   double train_img_per_s = 0;         // over this call's training steps
   double wall_seconds = 0;            // this call, start to end

@@ -62,12 +62,34 @@ ordered_json json_of(const TrainRecord& r) {
   return j;
 }
 
+}  // namespace
+
+std::vector<std::optional<double>> class_accuracy(int classes, const std::vector<std::int64_t>& confusion) {
+  std::vector<std::optional<double>> out(static_cast<std::size_t>(std::max(classes, 0)));
+  if (confusion.size() != out.size() * out.size()) return out;
+  for (std::size_t t = 0; t < out.size(); ++t) {
+    std::int64_t rows = 0;
+    for (std::size_t p = 0; p < out.size(); ++p) rows += confusion[t * out.size() + p];
+    if (rows > 0) out[t] = static_cast<double>(confusion[t * out.size() + t]) / static_cast<double>(rows);
+  }
+  return out;
+}
+
+namespace {
+
 ordered_json json_of(const EvalRecord& r) {
   ordered_json j;
   j["step"] = r.step;
   j["epoch"] = round_to(r.epoch, 3);
   j["test_loss"] = number_or_null(round_to(r.test_loss, 5));
   j["test_acc"] = round_to(r.test_acc, 5);
+  j["test_top5"] = round_to(r.test_top5, 5);
+  if (r.classes > 0) {
+    ordered_json per_class = ordered_json::array();
+    for (const auto& a : class_accuracy(r.classes, r.confusion))
+      per_class.push_back(a ? ordered_json(round_to(*a, 5)) : ordered_json(nullptr));
+    j["test_class_acc"] = per_class;
+  }
   j["examples"] = r.examples;
   return j;
 }
@@ -322,6 +344,7 @@ void Reporter::on_end(const FitResult& r) {
   nlohmann::ordered_json j;
   if (r.test_examples > 0) {
     j["test_acc"] = r.test_acc;
+    j["test_top5"] = r.test_top5;
     j["test_loss"] = r.test_loss;
   }
   j["steps"] = r.steps;
@@ -339,7 +362,8 @@ void Reporter::on_end(const FitResult& r) {
   j["peak_bytes"] = peaks;
   Fields f;
   if (r.test_examples > 0) {
-    f.emplace_back("test accuracy", str(std::round(r.test_acc * 10000) / 100, "% top-1 (", r.test_examples, " images)"));
+    f.emplace_back("test accuracy", str(std::round(r.test_acc * 10000) / 100, "% top-1, ",
+                                        std::round(r.test_top5 * 10000) / 100, "% top-5 (", r.test_examples, " images)"));
     f.emplace_back("test loss", str(r.test_loss));
   }
   f.emplace_back("throughput", str(std::lround(r.train_img_per_s), " images/s (training steps only)"));
@@ -387,8 +411,9 @@ void Reporter::eval(const EvalRecord& r) {
     return;
   }
   char line[256];
-  std::snprintf(line, sizeof line, "eval  epoch %.2f  step %lld  test_loss %.4f  test_acc %.2f%%  (%lld images, %.1f s)",
-                r.epoch, static_cast<long long>(r.step), r.test_loss, 100.0 * r.test_acc,
+  std::snprintf(line, sizeof line,
+                "eval  epoch %.2f  step %lld  test_loss %.4f  test_acc %.2f%%  top-5 %.2f%%  (%lld images, %.1f s)",
+                r.epoch, static_cast<long long>(r.step), r.test_loss, 100.0 * r.test_acc, 100.0 * r.test_top5,
                 static_cast<long long>(r.examples), r.seconds);
   write_locked(line);
 }

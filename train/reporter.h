@@ -8,7 +8,8 @@
 // - Plain: the same progress as plain lines, one per report; no carriage returns, no escape codes.
 // - Json: one JSON object per line on the output, nothing else; training lines carry
 //   "step", "epoch", "loss", "acc", "lr", "img_per_s", "eta_s", evaluation lines "test_loss",
-//   "test_acc", "examples", "eval_s"; start-up, summary and log lines carry "event": "start" |
+//   "test_acc", "test_top5", "test_class_acc" (each class's top-1, null for a class without
+//   rows), "examples", "eval_s"; start-up, summary and log lines carry "event": "start" |
 //   "summary" | "log" | "error". The start line also holds the block's facts as values:
 //   "towerflow" {version, commit}, "run" {run_id, towers, processes, global_batch,
 //   rows_per_tower, accumulation_steps, total_steps, steps_per_epoch, epochs, start_step,
@@ -27,6 +28,7 @@
 #include <functional>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -74,6 +76,9 @@ Fields start_fields(const StartInfo& start);
 std::string describe_augment(const data::Augment& a);
 // "(x/255 - mean) / std per channel, mean (0.4914, 0.4822, 0.4465), std (...) (CIFAR-10's)".
 std::string describe_normalisation(const data::Augment& a);
+// Each class's top-1 accuracy from a [true][predicted] confusion matrix (EvalRecord): nullopt for
+// a class with no rows; all nullopt when the matrix is not classes x classes.
+std::vector<std::optional<double>> class_accuracy(int classes, const std::vector<std::int64_t>& confusion);
 
 class Reporter : public Hook {
  public:

@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
                  "a train_dir (its latest checkpoint), a ckpt-<step> directory, or a model .safetensors file")
       ->capture_default_str();
   app.add_option("--model", eval.model, "the model (default: the one recorded in the checkpoint)");
+  app.add_option("--confusion", eval.confusion,
+                 "write the confusion matrix, each class's accuracy and top-5 as JSON to this file "
+                 "(scripts/plot_confusion.py draws it)");
   cf::TrainCommandLine cli;
   cli.add_to(app, {"data_dir", "dataset", "loader_threads", "builtin_train_size", "builtin_test_size", "devices",
                    "num_gpus", "batch_size", "split", "split_remainder", "seed", "progress", "json"});

@@ -60,6 +60,7 @@ const std::vector<Field>& fields() {
       {"schedule", &TrainOptions::schedule, "constant | cosine[:MIN_LR] | step:STEP1,STEP2[:GAMMA] | onecycle[:PCT] (steps count optimizer steps)", -INFINITY, INFINITY, "Optimizer"},
       {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6, "Optimizer"},
       {"label_smoothing", &TrainOptions::label_smoothing, "targets (1 - s) * onehot + s / classes in the training loss", 0, 0.999, "Optimizer"},
+      {"clip_grad_norm", &TrainOptions::clip_grad_norm, "scale the gradients down to this global L2 norm when it is larger, as torch.nn.utils.clip_grad_norm_ (0: off)", 0, 1e12, "Optimizer"},
       {"epochs", &TrainOptions::epochs, "epochs to train", 1, 1 << 24},
       {"dry_run", &TrainOptions::dry_run, "print what the run would use (model, data, towers and their rows, devices, length, checkpoints, each device's memory after one forward and backward) and stop: nothing is trained or written", 0, 0},
       {"max_steps", &TrainOptions::max_steps, "stop after this many steps (0: --epochs decides)", 0, 1e15},

@@ -62,6 +62,7 @@ struct TrainOptions {
   std::string schedule = "cosine";     // see optim::parse_schedule
   double warmup_epochs = 0.0;
   double label_smoothing = 0.0;        // targets (1 - s) * onehot + s / classes
+  double clip_grad_norm = 0.0;         // > 0: the gradients' global L2 norm is clipped to this
   // length
   int epochs = 3;
   std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)

@@ -61,6 +61,7 @@ tower::TrainerOptions trainer_options(const TrainOptions& o) {
   t.split = tower::parse_split(o.split);
   t.batch_norm = o.batch_norm == "sync" ? tower::BatchNormMode::Synchronised : tower::BatchNormMode::PerTower;
   t.label_smoothing = static_cast<float>(o.label_smoothing);
+  t.clip_grad_norm = o.clip_grad_norm;
   t.precision = parse_precision(o.precision);
   t.accumulation_steps = o.accumulation_steps;
   if (o.split_remainder == "spread") t.remainder = tower::Remainder::Spread;
@@ -281,6 +282,27 @@ FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const da
   }
   if (world.rank() == 0) reporter.block("dry_run", "dry run: nothing was trained or written", memory);
   return {};
+}
+
+// An evaluation's confusion matrix as JSON (scripts/plot_confusion.py draws it): the class names,
+// the [true][predicted] counts, each class's accuracy, top-1 and top-5. Written atomically.
+void write_confusion(const fs::path& path, const train::EvalRecord& r, const std::vector<std::string>& names) {
+  nlohmann::ordered_json j;
+  j["step"] = r.step;
+  j["examples"] = r.examples;
+  j["test_acc"] = r.test_acc;
+  j["test_top5"] = r.test_top5;
+  j["classes"] = names.size() == static_cast<std::size_t>(r.classes) ? nlohmann::ordered_json(names)
+                                                                      : nlohmann::ordered_json(nullptr);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (int t = 0; t < r.classes; ++t)
+    rows.push_back(std::vector<std::int64_t>(r.confusion.begin() + t * r.classes, r.confusion.begin() + (t + 1) * r.classes));
+  j["confusion"] = rows;
+  nlohmann::ordered_json per_class = nlohmann::ordered_json::array();
+  for (const auto& a : train::class_accuracy(r.classes, r.confusion))
+    per_class.push_back(a ? nlohmann::ordered_json(*a) : nlohmann::ordered_json(nullptr));
+  j["class_acc"] = per_class;
+  io::write_file_atomically(path, j.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
 }
 
 std::string optimizer_description(const TrainOptions& o) {
@@ -509,6 +531,8 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                                            " per process)"), "devices");
     if (o.label_smoothing > 0)
       train::set_field(f, "loss", str("cross-entropy with label smoothing ", o.label_smoothing), "optimizer");
+    if (o.clip_grad_norm > 0)
+      train::set_field(f, "gradients", str("clipped to global L2 norm ", o.clip_grad_norm), "optimizer");
   });
 
   if (o.dry_run) return dry_run(*trainer, *optimizer, *train_set, test_set.get(), fopts, resumption, reporter);
@@ -520,7 +544,17 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   // Across processes, rank 0 alone reports and writes files.
   std::vector<train::Hook*> hooks;
   const bool rank0 = world.rank() == 0;
+  // The newest evaluation's confusion matrix, next to metrics.jsonl (a file of the run's, like it).
+  struct ConfusionFile : train::Hook {
+    fs::path path;
+    std::vector<std::string> names;
+    void on_eval(const train::EvalRecord& r) override { write_confusion(path, r, names); }
+    std::vector<fs::path> files() const override { return {path}; }
+  } confusion;
+  confusion.path = fs::path(o.train_dir) / "confusion.json";
+  if (test_set) confusion.names = test_set->class_names();
   if (rank0) hooks = {&reporter, &metrics};
+  if (rank0 && test_set) hooks.push_back(&confusion);
   if (rank0 && o.tensorboard) hooks.push_back(&tensorboard);
   std::unique_ptr<train::Trace> timeline;
   if (rank0 && !o.trace.empty()) {
@@ -595,8 +629,12 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
   int batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);
   tower::EvalResult r = train::evaluate(trainer, *test_set, batch, o.loader_threads);
   std::int64_t step = meta.count("step") ? std::stoll(meta["step"]) : 0;
-  reporter.eval({.step = step, .epoch = 0, .test_loss = r.loss, .test_acc = r.accuracy, .examples = r.rows,
-                 .seconds = seconds_since(t0)});
+  const train::EvalRecord record{.step = step, .epoch = 0, .test_loss = r.loss, .test_acc = r.accuracy,
+                                 .examples = r.rows, .seconds = seconds_since(t0), .test_top5 = r.top5,
+                                 .classes = r.classes, .confusion = r.confusion};
+  reporter.eval(record);
+  if (!eval.confusion.empty() && collectives::world().rank() == 0)
+    write_confusion(eval.confusion, record, test_set->class_names());
   if (!std::isfinite(r.loss))
     raise<NumericalError>("the test loss of ", model_file.string(), " is ", r.loss, " (", r.rows,
                           " test images): the checkpoint's weights or batch-norm statistics, or the test data, "
@@ -607,6 +645,7 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
   result.steps = step;
   result.test_loss = r.loss;
   result.test_acc = r.accuracy;
+  result.test_top5 = r.top5;
   result.test_examples = r.rows;
   result.last_checkpoint = model_file;
   return result;

@@ -5,7 +5,8 @@
 // run_training: resolves the devices (no GPU and no device options given: two logical CPU
 // devices, the host's threads split between them, so the towers are exercised), opens the
 // datasets, builds a tower::Trainer and an optimizer from the options, and runs train::fit with
-// the reporter (start-up block, progress, summary) and train_dir/metrics.jsonl as hooks, plus
+// the reporter (start-up block, progress, summary), train_dir/metrics.jsonl and
+// train_dir/confusion.json (the newest evaluation's confusion matrix) as hooks, plus
 // any `extra` hooks. Everything fit() promises holds (train/fit.h): checkpoints every save_every
 // steps and at the end, --resume continuing bit for bit. A new run in a train_dir that holds an
 // earlier run's files changes nothing and raises InvalidArgument (naming --resume and
@@ -49,6 +50,7 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
 struct EvalOptions {
   std::string checkpoint = "train_dir";  // a train_dir (latest checkpoint), a ckpt-<step> dir or a file
   std::string model = {};                // empty: from the checkpoint's metadata
+  std::string confusion = {};            // non-empty: the confusion matrix as JSON to this file
 };
 // The data set (data_dir, dataset, the built-in sizes) comes from the checkpoint's recorded
 // options, except the options named in `given` (set by flags or a config file); the start-up

@@ -6,24 +6,14 @@ matplotlib.
     test_plot_metrics.py SOURCE_DIR
 """
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 
-try:
-    import matplotlib  # noqa: F401
-except ImportError as e:
-    print(f"SKIPPED: matplotlib is not installed ({e}); pip install matplotlib")
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plot_test_util import png_size, require_matplotlib  # noqa: E402
 
-
-def png_size(path):
-    with open(path, "rb") as f:
-        head = f.read(24)
-    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
-    assert head[12:16] == b"IHDR", f"{path}: no IHDR chunk first"
-    return struct.unpack(">II", head[16:24])
+require_matplotlib()
 
 
 def main():

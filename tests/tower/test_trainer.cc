@@ -387,3 +387,76 @@ TEST_CASE("bf16: towers, reductions and accumulation train as one tower does in 
     }
   }
 }
+
+TEST_CASE("clip_grad_norm scales the reduced gradients as torch.nn.utils.clip_grad_norm_ does", "[tower][clip]") {
+  const Data data = make_data(24, 3);
+  auto gradients = [&](double clip, StepMetrics* step = nullptr) {
+    Trainer trainer(mlp_factory(7), cpus(2), {.clip_grad_norm = clip});
+    trainer.forward_backward(data.batch(0, 24));
+    if (step) *step = trainer.last_step();
+    const auto g0 = trainer.replica(0).flat_gradients().to_host();
+    REQUIRE(trainer.replica(1).flat_gradients().to_host() == g0);  // every copy alike
+    return g0;
+  };
+  const std::vector<float> plain = gradients(0);
+  double sq = 0;
+  for (float g : plain) sq += double(g) * g;
+  const double norm = std::sqrt(sq);
+  REQUIRE(norm > 0);
+
+  // Above the limit: multiplied by limit / (norm + 1e-6), PyTorch's coefficient.
+  StepMetrics step;
+  const std::vector<float> clipped = gradients(norm / 2, &step);
+  CHECK(step.clipped);
+  CHECK(step.grad_norm == Approx(norm).epsilon(1e-5));
+  const double coef = (norm / 2) / (norm + 1e-6);
+  double clipped_sq = 0, worst = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    clipped_sq += double(clipped[i]) * clipped[i];
+    worst = std::max(worst, std::abs(clipped[i] - plain[i] * coef) / std::max(1e-12, std::abs(plain[i] * coef)));
+  }
+  CHECK(worst < 1e-5);
+  CHECK(std::sqrt(clipped_sq) == Approx(norm / 2).epsilon(1e-5));
+
+  // At or below the limit: untouched, bit for bit.
+  StepMetrics loose;
+  CHECK(gradients(norm * 2, &loose) == plain);
+  CHECK_FALSE(loose.clipped);
+  CHECK(loose.grad_norm == Approx(norm).epsilon(1e-5));
+
+  CHECK_THROWS_WITH(Trainer(mlp_factory(7), cpus(1), {.clip_grad_norm = -1}),
+                    Catch::Contains("clip_grad_norm -1 is not a norm") && Catch::Contains("or 0 (off)"));
+  CHECK_THROWS_AS(Trainer(mlp_factory(7), cpus(1), {.clip_grad_norm = std::nan("")}), InvalidArgument);
+}
+
+TEST_CASE("evaluation counts top-5 and a confusion matrix, the same on 1 or 3 towers as by hand", "[tower][eval]") {
+  const Data data = make_data(23, 8);
+  const std::vector<Device> one = cpus(1);  // the devices' options first: this file's four CPU devices
+  // By hand: the plain model's logits on the host, each row's first largest logit and its rank.
+  auto ref = mlp_factory(4)(one[0]);
+  ref->eval();
+  const std::vector<float> z =
+      ref->forward(Tensor::from_host(data.batch(0, 23).images, {23, kH, kW, kC}, Device::cpu(0))).to_host();
+  std::vector<std::int64_t> confusion(kClasses * kClasses, 0);
+  std::int64_t top5 = 0, top1 = 0;
+  for (int r = 0; r < 23; ++r) {
+    const float* row = z.data() + r * kClasses;
+    const int label = data.labels[r];
+    const int predicted = static_cast<int>(std::max_element(row, row + kClasses) - row);
+    confusion[label * kClasses + predicted] += 1;
+    top1 += predicted == label;
+    int above = 0;  // top-k counts a row when fewer than k logits exceed the true one
+    for (int c = 0; c < kClasses; ++c) above += row[c] > row[label];
+    top5 += above < 5;
+  }
+  for (int towers : {1, 3}) {
+    INFO(towers << " towers");
+    Trainer t(mlp_factory(4), cpus(towers), {});
+    const EvalResult e = t.evaluate(data.batch(0, 23));
+    CHECK(e.classes == kClasses);
+    CHECK(e.confusion == confusion);
+    CHECK(e.correct == top1);
+    CHECK(e.correct_top5 == top5);  // 5 classes: every finite row
+    CHECK(e.top5 == Approx(static_cast<double>(top5) / 23));
+  }
+}

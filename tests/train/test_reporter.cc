@@ -32,7 +32,8 @@ TEST_CASE("json mode prints one object per line with the documented keys", "[tra
     Reporter r({.progress = Progress::Json, .out = out.file});
     r.block("start", "towerflow", {{"model", "tfcnn"}});
     r.train(record(10));
-    r.eval({.step = 10, .epoch = 1, .test_loss = 0.75, .test_acc = 0.625, .examples = 1000, .seconds = 1});
+    r.eval({.step = 10, .epoch = 1, .test_loss = 0.75, .test_acc = 0.625, .examples = 1000, .seconds = 1,
+            .test_top5 = 0.875, .classes = 3, .confusion = {3, 1, 0, 0, 0, 0, 1, 1, 2}});
     tw::log_warning("a warning from the library");
     r.summary({{"x", "y"}}, R"({"test_acc": 0.5})");
   }
@@ -48,6 +49,9 @@ TEST_CASE("json mode prints one object per line with the documented keys", "[tra
   CHECK(j[1]["img_per_s"] == 812.3);
   CHECK(j[2]["test_loss"] == 0.75);
   CHECK(j[2]["test_acc"] == 0.625);
+  CHECK(j[2]["test_top5"] == 0.875);
+  // Per class: 3 of 4, no rows (null), 2 of 4.
+  CHECK(j[2]["test_class_acc"] == nlohmann::json::parse("[0.75, null, 0.5]"));
   CHECK(j[3]["event"] == "log");
   CHECK(j[3]["level"] == "warning");
   CHECK(j[3]["message"] == "a warning from the library");

@@ -377,3 +377,35 @@ TEST_CASE("cifar10_train --dry_run says what the run would use, memory included,
   CHECK_THAT(text, Catch::Contains("\"event\":\"dry_run\"") && Catch::Contains("\"memory /cpu:0\":\"peak ") &&
                        Catch::Contains("after one forward and backward of 32 rows"));
 }
+
+TEST_CASE("cifar10_train writes the newest evaluation's confusion matrix, and cifar10_eval --confusion the same",
+          "[cifar10][training][eval]") {
+  fresh_devices();
+  TempDir dir;
+  FitResult trained;
+  {
+    Output out;
+    Reporter reporter(out.reporter_options());
+    trained = run_training(tiny_options(dir.path), {}, reporter);
+    CHECK_THAT(out.text(), Catch::Contains("\"test_top5\":") && Catch::Contains("\"test_class_acc\":["));
+  }
+  const auto doc = nlohmann::json::parse(tw::io::read_file(dir.path / "confusion.json"));
+  CHECK(doc.at("step") == trained.steps);
+  CHECK(doc.at("classes").size() == 10);
+  std::int64_t all = 0, diagonal = 0;
+  for (std::size_t t = 0; t < 10; ++t)
+    for (std::size_t p = 0; p < 10; ++p) {
+      all += doc.at("confusion").at(t).at(p).get<std::int64_t>();
+      if (t == p) diagonal += doc.at("confusion").at(t).at(p).get<std::int64_t>();
+    }
+  CHECK(all == 64);  // every test image once
+  CHECK(static_cast<double>(diagonal) / 64 == Approx(trained.test_acc));
+  CHECK(doc.at("test_top5").get<double>() >= trained.test_acc);
+
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  const fs::path file = dir.path / "eval_confusion.json";
+  run_evaluation(tiny_options(dir.path), {.checkpoint = dir.path.string(), .confusion = file.string()}, {}, reporter);
+  CHECK(nlohmann::json::parse(tw::io::read_file(file)).at("confusion") == doc.at("confusion"));
+}
