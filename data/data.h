@@ -11,3 +11,4 @@
 #include "data/image_folder.h"
 #include "data/loader.h"
 #include "data/open.h"
+#include "data/subset.h"

@@ -56,6 +56,7 @@ class Optimizer {
   double lr() const { return lr_; }                 // the rate of the last step (or the fixed one)
   void set_lr(double lr);                           // InvalidArgument unless finite and >= 0
   void set_schedule(LrSchedule schedule);           // empty: back to the fixed lr
+  const LrSchedule& schedule() const { return schedule_; }
   std::int64_t step_count() const { return step_; }
 
   // Copy 0's state (all copies are identical), named per slot.

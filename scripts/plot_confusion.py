@@ -62,9 +62,9 @@ def main():
                 if m[t][q]:
                     ax.text(q, t, str(m[t][q]), ha="center", va="center", fontsize=8,
                             color="white" if shares[t][q] > 0.5 else "black")
-    title = f"top-1 {100 * doc.get('test_acc', 0):.2f}%"
-    if "test_top5" in doc:
-        title += f", top-5 {100 * doc['test_top5']:.2f}%"
+    title = f"{doc.get('set', 'test')} top-1 {100 * doc.get('acc', 0):.2f}%"
+    if "top5" in doc:
+        title += f", top-5 {100 * doc['top5']:.2f}%"
     ax.set_title(f"step {doc.get('step', '?')}, {doc.get('examples', sum(map(sum, m)))} images\n{title}", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.output, dpi=100)

@@ -117,7 +117,8 @@ EarlierRun earlier_run(const io::CheckpointDir& dir, const std::vector<Hook*>& h
   for (const Hook* h : hooks)
     for (const auto& f : h->files()) {
       std::error_code ec;
-      if (fs::is_regular_file(f, ec) && fs::file_size(f, ec) > 0) e.files.push_back(f);
+      const bool there = fs::is_directory(f, ec) ? !fs::is_empty(f, ec) : fs::is_regular_file(f, ec) && fs::file_size(f, ec) > 0;
+      if (there) e.files.push_back(f);
     }
   return e;
 }
@@ -228,6 +229,8 @@ class Loop {
   void save(const TrainingPosition& p, bool final = false);
   void prune();
   void evaluate_now(std::int64_t step);
+  void final_evaluation(std::int64_t step);
+  void evaluate_set(std::int64_t step, EvalSet which);
   void agree_on_stop();
 
   tower::Trainer& trainer_;
@@ -246,7 +249,8 @@ class Loop {
   FitResult result_;
   TimeLeft time_left_;
   double optimizer_seconds_ = 0, window_optimizer_ = 0;
-  std::int64_t evaluated_at_ = -1;  // the step of the last evaluation
+  std::int64_t evaluated_at_ = -1;  // the step of the last evaluation during training
+  std::int64_t tested_at_ = -1;     // with a validation set: the step of the test set's evaluation
   std::int64_t saved_at_ = -1;      // the step of the last checkpoint this run wrote or resumed from
   collectives::ProcessGroup& processes_ = trainer_.processes();
   const bool rank0_ = processes_.rank() == 0;
@@ -289,7 +293,7 @@ void Loop::start_new_run(int& removed, fs::path& moved_aside) {
       return;
     case StartOver::Delete:
       removed = dir_->remove(earlier.checkpoints);
-      for (const auto& f : earlier.files) removed += fs::remove(f) ? 1 : 0;
+      for (const auto& f : earlier.files) removed += fs::remove_all(f) > 0 ? 1 : 0;
       log_info(str("a new run in ", o_.train_dir.string(), ": deleted the earlier run's ", found));
       return;
   }
@@ -331,6 +335,7 @@ void Loop::save(const TrainingPosition& p, bool final) {
   const trace::Span span("io", "checkpoint");
   auto t0 = Clock::now();
   trainer_.sync();
+  each([&](Hook& h) { h.save_state(metadata_); });
   if (const tower::LossScaler* ls = trainer_.loss_scaler()) {  // so that a resumed run goes on alike
     metadata_["loss_scale"] = str(std::setprecision(17), ls->state().scale);
     metadata_["loss_scale_good_steps"] = std::to_string(ls->state().good_steps);
@@ -376,19 +381,45 @@ void Loop::prune() {
   for (const auto& c : ours) run_of_.erase(c.path);
 }
 
+// During training: the validation set when there is one, else the test set.
 void Loop::evaluate_now(std::int64_t step) {
-  if (!test_set_) return;
+  if (o_.validation_set) evaluate_set(step, EvalSet::Validation);
+  else if (test_set_) evaluate_set(step, EvalSet::Test);
+  evaluated_at_ = step;
+}
+
+// At the end: whichever set has not been evaluated at this step (a run stopped by a hook after a
+// validation still reports its test set).
+void Loop::final_evaluation(std::int64_t step) {
+  if (evaluated_at_ != step) evaluate_now(step);
+  if (o_.validation_set && test_set_ && tested_at_ != step) {
+    evaluate_set(step, EvalSet::Test);
+    tested_at_ = step;
+  }
+}
+
+std::string_view metric_prefix(EvalSet set) { return set == EvalSet::Validation ? "val" : "test"; }
+
+void Loop::evaluate_set(std::int64_t step, EvalSet which) {
+  const data::Dataset& set = which == EvalSet::Validation ? *o_.validation_set : *test_set_;
   auto t0 = Clock::now();
-  tower::EvalResult e = evaluate(trainer_, *test_set_, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads);
+  tower::EvalResult e = evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads);
   const double seconds = seconds_since(t0);
   time_left_.add_eval(seconds);
-  result_.test_loss = e.loss;
-  result_.test_acc = e.accuracy;
-  result_.test_top5 = e.top5;
-  result_.test_examples = e.rows;
-  evaluated_at_ = step;
+  if (which == EvalSet::Validation) {
+    result_.val_loss = e.loss;
+    result_.val_acc = e.accuracy;
+    result_.val_top5 = e.top5;
+    result_.val_examples = e.rows;
+  } else {
+    result_.test_loss = e.loss;
+    result_.test_acc = e.accuracy;
+    result_.test_top5 = e.top5;
+    result_.test_examples = e.rows;
+  }
   EvalRecord r{.step = step,
                .epoch = static_cast<double>(step) / static_cast<double>(plan_.steps_per_epoch),
+               .set = which,
                .test_loss = e.loss,
                .test_acc = e.accuracy,
                .examples = e.rows,
@@ -397,14 +428,15 @@ void Loop::evaluate_now(std::int64_t step) {
                .classes = e.classes,
                .confusion = e.confusion};
   each([&](Hook& h) { h.on_eval(r); });
-  // A model that computes NaN or Inf on the test set has diverged even when the training loss
+  // A model that computes NaN or Inf on held-out data has diverged even when the training loss
   // of the last step was finite (an update can overflow the weights it leaves behind). The hooks
   // have shown the evaluation; the run stops before a checkpoint of that state is written.
   if (!std::isfinite(e.loss)) {
+    const std::string_view name = which == EvalSet::Validation ? "validation" : "test";
     auto latest = dir_ ? dir_->latest() : std::nullopt;
     raise<NumericalError>(
-        "the test loss is ", e.loss, " at step ", step, " (", e.rows,
-        " test images): the model's weights or batch-norm statistics, or the test data, contain NaN/Inf; "
+        "the ", name, " loss is ", e.loss, " at step ", step, " (", e.rows, " ", name,
+        " images): the model's weights or batch-norm statistics, or the ", name, " data, contain NaN/Inf; "
         "training stopped without saving this state. ",
         latest ? str("The last checkpoint is ", latest->path.string(), " (step ", latest->step,
                      "; it may hold the same state if it was written after the weights diverged); ")
@@ -484,6 +516,7 @@ FitResult Loop::run() {
                   .optimizer = optimizer_,
                   .train_set = train_set_,
                   .test_set = test_set_,
+                  .validation_set = o_.validation_set,
                   .options = o_,
                   .plan = plan_,
                   .position = pos,
@@ -503,6 +536,11 @@ FitResult Loop::run() {
   std::int64_t train_images = 0;
   std::int64_t step = pos.step;
 
+  // Whether the end of `epoch` brings an evaluation (at the end of the run there is one anyway).
+  const auto evaluates_after = [&](std::int64_t epoch) {
+    return (test_set_ || o_.validation_set) && o_.eval_every > 0 && (epoch + 1) % o_.eval_every == 0;
+  };
+  std::optional<TrainingPosition> save_after_eval;  // a checkpoint of an epoch's last step
   for (std::int64_t epoch = pos.epoch; step < plan_.total_steps && !stop_.requested; ++epoch) {
     loader.set_epoch(epoch, epoch == pos.epoch ? pos.step_in_epoch : 0);
     auto t0 = Clock::now();
@@ -575,7 +613,7 @@ FitResult Loop::run() {
                       .lr = optimizer_.lr(),
                       .img_per_s = window_seconds > 0 ? static_cast<double>(window_images) / window_seconds : 0,
                       .eta_s = time_left_.seconds(plan_.total_steps - step,
-                                                  test_set_ ? evals_left(step / spe, plan_.epochs, o_.eval_every) : 0),
+                                                  test_set_ || o_.validation_set ? evals_left(step / spe, plan_.epochs, o_.eval_every) : 0),
                       .step_s = dt > 0 ? window_seconds / n : 0,
                       .compute_s = (now.compute_seconds - window_timings.compute_seconds) / n,
                       .reduction_s = (now.reduction_seconds - window_timings.reduction_seconds) / n,
@@ -595,9 +633,13 @@ FitResult Loop::run() {
       TrainingPosition here{step, epoch, b.index_in_epoch + 1};
       if (here.step_in_epoch == spe) here = {step, epoch + 1, 0};
       if (o_.save_every > 0 && step % o_.save_every == 0 && !last) {
-        auto ts = Clock::now();
-        save(here);
-        t0 += Clock::now() - ts;  // checkpoint time is not training throughput
+        if (here.step_in_epoch == 0 && evaluates_after(epoch)) {
+          save_after_eval = here;  // so that the hooks' state it holds includes this evaluation
+        } else {
+          auto ts = Clock::now();
+          save(here);
+          t0 += Clock::now() - ts;  // checkpoint time is not training throughput
+        }
       }
       if (last) {
         loader.stop();
@@ -610,11 +652,13 @@ FitResult Loop::run() {
     const bool at_end = step >= plan_.total_steps || stop_.requested;
     const bool epoch_done = last_index + 1 == spe;
     const bool skip = stop_.requested && !stop_.evaluate;
-    if (!skip && (at_end || (o_.eval_every > 0 && epoch_done && (epoch + 1) % o_.eval_every == 0))) evaluate_now(step);
+    if (!skip && (at_end || (epoch_done && evaluates_after(epoch)))) evaluate_now(step);
     agree_on_stop();  // a hook's request from on_eval
+    if (save_after_eval && !stop_.requested && step < plan_.total_steps) save(*save_after_eval);
+    save_after_eval.reset();
   }
   // A resumed run that had nothing left to do, or one stopped by a hook during an evaluation.
-  if (evaluated_at_ != step && (!stop_.requested || stop_.evaluate)) evaluate_now(step);
+  if (!stop_.requested || stop_.evaluate) final_evaluation(step);
 
   // The final checkpoint, unless this run already wrote (or resumed from) this step's: a newer
   // damaged checkpoint passed over at resume is replaced, not reported as the last one.

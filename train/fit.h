@@ -21,13 +21,17 @@
 // - Each step: trainer.forward_backward(batch); a loss that is not finite raises NumericalError
 //   before the optimizer applies that step (naming the step, the learning rate and the last good
 //   checkpoint), so parameters and checkpoints keep the last good state; else optimizer.step().
-// - Evaluation (when test_set is given): every eval_every epochs (0: only at the end) and at the
-//   end, over every test image (the last partial batch kept), in evaluation mode. A test loss that
-//   is not finite raises NumericalError (naming the loss, the step and the last checkpoint) after
-//   the hooks' on_eval saw it, before any further step or checkpoint.
+// - Evaluation: every eval_every epochs (0: only at the end) and at the end, of the validation set
+//   (FitOptions::validation_set) when there is one, else of test_set; the test set is then
+//   evaluated once, at the end (also when a hook stops the run early). Every image is used (the
+//   last partial batch kept), in evaluation mode. A loss that is not finite raises NumericalError
+//   (naming the loss, the step and the last checkpoint) after the hooks' on_eval saw it, before
+//   any further step or checkpoint.
 // - Checkpoints (when train_dir is set): every save_every steps (0: none on the way) and at the
 //   end, train_dir/ckpt-<step> written atomically (checkpoint.h), the newest keep_checkpoints kept
-//   (0: all). Their metadata holds FitOptions::metadata plus the position and the seed.
+//   (0: all); one due at an epoch's last step is written after that epoch's evaluation. Their
+//   metadata holds FitOptions::metadata plus the position, the seed and the hooks' state
+//   (Hook::save_state).
 // - Resume: with resume, the newest intact checkpoint in train_dir (read whole, every tensor's
 //   checksum verified; checkpoint.h) is loaded into replica 0 and the optimizer (all or nothing;
 //   DataError naming the tensor or field otherwise), broadcast to every replica, and training
@@ -118,6 +122,9 @@ struct FitOptions {
   ScheduleFactory schedule = {};   // empty: the optimizer's own lr or schedule
   // evaluation and records
   int eval_every = 1;              // epochs between evaluations (0: only at the end)
+  // Evaluated during training instead of the test set (data/subset.h's holdout makes one from
+  // the training set); must outlive fit(). Null: the test set is evaluated during training.
+  const data::Dataset* validation_set = nullptr;
   int eval_batch = 0;              // 0: batch
   int log_every = 10;              // steps between on_log records
   // checkpoints

@@ -16,7 +16,8 @@
 //                   epoch, with the means over the steps since the previous record;
 //     on_epoch_end  after an epoch's last step (before its evaluation), and when a run stops
 //                   inside an epoch;
-//     on_eval       after each evaluation on the test set;
+//     on_eval       after each evaluation (of the validation set during training when there is
+//                   one, and of the test set at the end; EvalRecord::set says which);
 //     on_checkpoint after each checkpoint is complete on disk;
 //     on_end        once, after the final evaluation and checkpoint, with the run's result.
 //   Records are valid during the call only. Hooks must not step the optimizer or run the trainer.
@@ -24,8 +25,12 @@
 //   from on_eval / on_epoch_end, before the next epoch) as if it were the last one: the final
 //   evaluation (unless evaluate is false), the final checkpoint and on_end follow, and FitResult
 //   says why it stopped. Resuming such a run continues it to its planned end.
-// - files(): the files a hook writes for a run (a metrics file, event files). A new run treats
-//   them, like checkpoints, as an earlier run's (see FitOptions::start_over).
+// - files(): the files (or directories) a hook writes for a run (a metrics file, event files, a
+//   best checkpoint). A new run treats them, like checkpoints, as an earlier run's (see
+//   FitOptions::start_over).
+// - save_state(metadata): before each checkpoint is written, what a hook needs to go on alike in a
+//   resumed run (a best value, a count); the checkpoint's metadata holds it, and a resumed run's
+//   on_start finds it in StartInfo::resumed->metadata. Keys are the hook's own (prefix them).
 // - An exception thrown by a hook leaves fit() at once (no final evaluation or checkpoint), as a
 //   crash would; checkpoints already written are kept.
 
@@ -34,6 +39,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "train/checkpoint.h"
@@ -65,6 +71,7 @@ struct StartInfo {
   optim::Optimizer& optimizer;
   const data::Dataset& train_set;
   const data::Dataset* test_set;  // null: no evaluation
+  const data::Dataset* validation_set = nullptr;  // FitOptions::validation_set
   const FitOptions& options;
   Plan plan;
   TrainingPosition position;              // where training starts (all zero for a new run)
@@ -107,9 +114,15 @@ struct TrainRecord {
   std::int64_t skipped_steps = 0;
 };
 
+// Which set an evaluation measured: "val" or "test" in metric names (val_acc, test_loss).
+enum class EvalSet { Validation, Test };
+std::string_view metric_prefix(EvalSet set);
+
 struct EvalRecord {
   std::int64_t step = 0;
   double epoch = 0;
+  EvalSet set = EvalSet::Test;
+  // The set's loss and accuracy (the names are the test set's; `set` says which was measured).
   double test_loss = 0;
   double test_acc = 0;          // top-1 in [0, 1]
   std::int64_t examples = 0;
@@ -132,6 +145,11 @@ struct FitResult {
   double test_acc = 0;
   double test_top5 = 0;
   std::int64_t test_examples = 0;
+  // The last evaluation of the validation set (FitOptions::validation_set; 0 without one).
+  double val_loss = 0;
+  double val_acc = 0;
+  double val_top5 = 0;
+  std::int64_t val_examples = 0;
   double train_img_per_s = 0;         // over this call's training steps
   double wall_seconds = 0;            // this call, start to end
   std::filesystem::path last_checkpoint = {};  // the final one, on every rank; empty without a train_dir
@@ -152,8 +170,10 @@ class Hook {
   virtual void on_checkpoint(const CheckpointRecord&) {}
   virtual void on_end(const FitResult&) {}
 
-  // The files this hook writes for a run, existing or not.
+  // The files (or directories) this hook writes for a run, existing or not.
   virtual std::vector<std::filesystem::path> files() const { return {}; }
+  // Adds the hook's state to a checkpoint's metadata (see the contract).
+  virtual void save_state(io::Metadata& metadata) const {}
 
   // Ends the run early (see the contract). Outside fit() it does nothing.
   void stop_training(std::string reason, bool evaluate = true);

@@ -81,14 +81,15 @@ ordered_json json_of(const EvalRecord& r) {
   ordered_json j;
   j["step"] = r.step;
   j["epoch"] = round_to(r.epoch, 3);
-  j["test_loss"] = number_or_null(round_to(r.test_loss, 5));
-  j["test_acc"] = round_to(r.test_acc, 5);
-  j["test_top5"] = round_to(r.test_top5, 5);
+  const std::string p(metric_prefix(r.set));
+  j[p + "_loss"] = number_or_null(round_to(r.test_loss, 5));
+  j[p + "_acc"] = round_to(r.test_acc, 5);
+  j[p + "_top5"] = round_to(r.test_top5, 5);
   if (r.classes > 0) {
     ordered_json per_class = ordered_json::array();
     for (const auto& a : class_accuracy(r.classes, r.confusion))
       per_class.push_back(a ? ordered_json(round_to(*a, 5)) : ordered_json(nullptr));
-    j["test_class_acc"] = per_class;
+    j[p + "_class_acc"] = per_class;
   }
   j["examples"] = r.examples;
   return j;
@@ -135,7 +136,8 @@ Fields start_fields(const StartInfo& s) {
   Fields f{{"version", str(version(), " (commit ", commit(), ")")},
            {"model", str(s.trainer.model().num_parameters(), " parameters, ", s.train_set.num_classes(), " classes")},
            {"train data", s.train_set.describe()}};
-  if (s.test_set) f.emplace_back("test data", s.test_set->describe());
+  if (s.validation_set) f.emplace_back("validation data", s.validation_set->describe());
+  if (s.test_set) f.emplace_back("test data", str(s.test_set->describe(), s.validation_set ? " (evaluated at the end)" : ""));
   f.emplace_back("augmentation", describe_augment(o.augment));
   f.emplace_back("normalisation", describe_normalisation(o.augment));
   f.emplace_back("towers", s.trainer.describe());
@@ -312,6 +314,7 @@ ordered_json structured_start(const StartInfo& s) {
   run["num_classes"] = s.train_set.num_classes();
   run["train_examples"] = s.train_set.size();
   run["test_examples"] = s.test_set ? ordered_json(s.test_set->size()) : ordered_json(nullptr);
+  run["val_examples"] = s.validation_set ? ordered_json(s.validation_set->size()) : ordered_json(nullptr);
   ordered_json out;
   out["towerflow"] = {{"version", version()}, {"commit", commit()}};
   out["run"] = run;
@@ -342,6 +345,11 @@ void Reporter::on_start(const StartInfo& start) {
 
 void Reporter::on_end(const FitResult& r) {
   nlohmann::ordered_json j;
+  if (r.val_examples > 0) {
+    j["val_acc"] = r.val_acc;
+    j["val_top5"] = r.val_top5;
+    j["val_loss"] = r.val_loss;
+  }
   if (r.test_examples > 0) {
     j["test_acc"] = r.test_acc;
     j["test_top5"] = r.test_top5;
@@ -361,6 +369,11 @@ void Reporter::on_end(const FitResult& r) {
   }
   j["peak_bytes"] = peaks;
   Fields f;
+  if (r.val_examples > 0) {
+    f.emplace_back("validation accuracy", str(std::round(r.val_acc * 10000) / 100, "% top-1, ",
+                                              std::round(r.val_top5 * 10000) / 100, "% top-5 (", r.val_examples, " images)"));
+    f.emplace_back("validation loss", str(r.val_loss));
+  }
   if (r.test_examples > 0) {
     f.emplace_back("test accuracy", str(std::round(r.test_acc * 10000) / 100, "% top-1, ",
                                         std::round(r.test_top5 * 10000) / 100, "% top-5 (", r.test_examples, " images)"));
@@ -410,10 +423,11 @@ void Reporter::eval(const EvalRecord& r) {
     write_locked(text_of(j));
     return;
   }
+  const char* p = r.set == EvalSet::Validation ? "val" : "test";
   char line[256];
   std::snprintf(line, sizeof line,
-                "eval  epoch %.2f  step %lld  test_loss %.4f  test_acc %.2f%%  top-5 %.2f%%  (%lld images, %.1f s)",
-                r.epoch, static_cast<long long>(r.step), r.test_loss, 100.0 * r.test_acc, 100.0 * r.test_top5,
+                "eval  epoch %.2f  step %lld  %s_loss %.4f  %s_acc %.2f%%  top-5 %.2f%%  (%lld images, %.1f s)",
+                r.epoch, static_cast<long long>(r.step), p, r.test_loss, p, 100.0 * r.test_acc, 100.0 * r.test_top5,
                 static_cast<long long>(r.examples), r.seconds);
   write_locked(line);
 }

@@ -9,11 +9,11 @@
 // - Json: one JSON object per line on the output, nothing else; training lines carry
 //   "step", "epoch", "loss", "acc", "lr", "img_per_s", "eta_s", evaluation lines "test_loss",
 //   "test_acc", "test_top5", "test_class_acc" (each class's top-1, null for a class without
-//   rows), "examples", "eval_s"; start-up, summary and log lines carry "event": "start" |
+//   rows), "examples", "eval_s" (val_ in place of test_ for the validation set); start-up, summary and log lines carry "event": "start" |
 //   "summary" | "log" | "error". The start line also holds the block's facts as values:
 //   "towerflow" {version, commit}, "run" {run_id, towers, processes, global_batch,
 //   rows_per_tower, accumulation_steps, total_steps, steps_per_epoch, epochs, start_step,
-//   resumed_from, parameters, num_classes, train_examples, test_examples} and "metadata" (what the
+//   resumed_from, parameters, num_classes, train_examples, test_examples, val_examples} and "metadata" (what the
 //   checkpoints record; a JSON value, such as cifar10_train's options, as an object).
 // As a hook it prints the start-up block (the model, data, towers, devices, batch split,
 // optimizer, length, checkpoints; ReporterOptions::describe edits it), each on_log record, each

@@ -47,9 +47,10 @@ void TensorBoard::on_log(const TrainRecord& r) {
 }
 
 void TensorBoard::on_eval(const EvalRecord& r) {
-  writer_->scalar("test/loss", r.test_loss, r.step);
-  writer_->scalar("test/accuracy", r.test_acc, r.step);
-  writer_->scalar("test/accuracy_top5", r.test_top5, r.step);
+  const std::string p(metric_prefix(r.set));
+  writer_->scalar(p + "/loss", r.test_loss, r.step);
+  writer_->scalar(p + "/accuracy", r.test_acc, r.step);
+  writer_->scalar(p + "/accuracy_top5", r.test_top5, r.step);
 }
 
 void TensorBoard::on_checkpoint(const CheckpointRecord&) { writer_->flush(); }

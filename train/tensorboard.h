@@ -9,7 +9,7 @@
 //   train/loss, train/accuracy, train/learning_rate, train/images_per_second,
 //   step_time/total_ms, step_time/compute_ms, step_time/reduction_ms, step_time/optimizer_ms,
 //   step_time/data_wait_ms (per step, averaged since the previous record),
-//   test/loss, test/accuracy.
+//   test/loss, test/accuracy, test/accuracy_top5 (val/ for the validation set).
 // Histograms every histogram_every steps (0: none): weights/<name> and gradients/<name> of every
 // parameter of replica 0 (after the step's update; under all-reduce its gradient is the reduced
 // one, under a parameter device tower 0's).

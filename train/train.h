@@ -5,6 +5,7 @@
 #include "train/fit.h"
 #include "train/hook.h"
 #include "train/metrics_file.h"
+#include "train/monitor.h"
 #include "train/reporter.h"
 #include "train/stop_on_signal.h"
 #include "train/tensorboard.h"

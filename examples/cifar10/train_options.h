@@ -40,6 +40,8 @@ struct TrainOptions {
   std::int64_t builtin_test_size = 1000;
   int cutout = 0;                      // side of the cutout square on training images (0: none)
   bool skip_bad_files = false;         // image folders: skip undecodable files instead of failing
+  double val_split = 0.0;              // > 0: this fraction of the training set held out for validation
+  std::string val_dir = {};            // a validation set of its own (the kind of --data_dir)
   // model and devices
   std::string model = "tfcnn";
   std::string devices = {};            // "" or "all": every logical device; or "/cpu:0,/cpu:1"
@@ -67,6 +69,9 @@ struct TrainOptions {
   int epochs = 3;
   std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)
   int eval_every = 1;                  // epochs between evaluations (0: only at the end)
+  std::string keep_best = {};          // a metric (val_acc, loss, ...): its best checkpoint in train_dir/best
+  int early_stop = 0;                  // > 0: stop after this many evaluations without improvement of --monitor
+  std::string monitor = "loss";        // what --early_stop and --schedule plateau watch
   int log_every = 10;                  // steps between progress lines
   // checkpoints and logs
   std::string train_dir = "train_dir";

@@ -55,6 +55,83 @@ std::unique_ptr<data::Dataset> open(const TrainOptions& o, data::Split split) {
   return data::open_dataset(dataset_kind(o), o.data_dir, split, dopts);
 }
 
+// --val_split: the training set's two parts; --val_dir: a set of its own, the training set whole.
+struct ValidationData {
+  std::unique_ptr<data::Dataset> train;  // null: the whole training set trains
+  std::unique_ptr<data::Dataset> owned;  // --val_dir's set
+  const data::Dataset* set = nullptr;    // null: no validation set
+};
+
+ValidationData open_validation(const TrainOptions& o, const data::Dataset& train_set) {
+  ValidationData v;
+  if (o.val_split > 0 && !o.val_dir.empty())
+    raise<InvalidArgument>("--val_split ", o.val_split, " and --val_dir ", o.val_dir,
+                           " both name a validation set; give one of them");
+  if (o.val_split > 0) {
+    data::Holdout held;
+    try {
+      held = data::holdout(train_set, o.val_split, o.seed);
+    } catch (const InvalidArgument& e) {
+      raise<InvalidArgument>("--val_split: ", e.what());
+    }
+    v.set = held.validation.get();
+    v.train = std::move(held.train);
+    v.owned = std::move(held.validation);
+    return v;
+  }
+  if (o.val_dir.empty()) return v;
+  const data::DatasetKind kind = dataset_kind(o);
+  if (kind == data::DatasetKind::Builtin)
+    raise<InvalidArgument>("--val_dir ", o.val_dir, " with the built-in dataset, which has no folder; use --val_split "
+                           "to hold out part of it, or give --data_dir");
+  TrainOptions at_dir = o;
+  at_dir.data_dir = o.val_dir;
+  at_dir.dataset = std::string(data::to_string(kind));
+  try {
+    v.owned = open(at_dir, data::Split::Test);
+  } catch (const Error& e) {
+    raise<InvalidArgument>("--val_dir ", o.val_dir, ": ", e.what());
+  }
+  if (v.owned->num_classes() != train_set.num_classes() || v.owned->shape() != train_set.shape())
+    raise<InvalidArgument>("--val_dir ", o.val_dir, " holds ", v.owned->num_classes(), " classes of ",
+                           v.owned->shape().h, "x", v.owned->shape().w, "x", v.owned->shape().c,
+                           " images, the training set ", train_set.num_classes(), " of ", train_set.shape().h, "x",
+                           train_set.shape().w, "x", train_set.shape().c, "; give a validation set of the same classes");
+  v.set = v.owned.get();
+  return v;
+}
+
+// --schedule plateau[:FACTOR[:PATIENCE[:MIN_LR]]]: nullopt for any other schedule.
+std::optional<train::PlateauOptions> parse_plateau(const std::string& spec) {
+  if (spec != "plateau" && !spec.starts_with("plateau:")) return std::nullopt;
+  train::PlateauOptions p;
+  std::vector<std::string> parts;
+  for (std::size_t at = 8; at <= spec.size() && spec.size() > 7;) {
+    const std::size_t end = std::min(spec.find(':', at), spec.size());
+    parts.push_back(spec.substr(at, end - at));
+    at = end + 1;
+  }
+  const auto bad = [&](const std::string& what) {
+    raise<InvalidArgument>("--schedule \"", spec, "\": ", what, "; write plateau[:FACTOR[:PATIENCE[:MIN_LR]]], e.g. "
+                           "plateau:0.1:5 (the rate times 0.1 after 5 evaluations without improvement of --monitor)");
+  };
+  if (parts.size() > 3) bad("too many parts");
+  try {
+    std::size_t used = 0;
+    if (parts.size() > 0 && (p.factor = std::stod(parts[0], &used), used != parts[0].size())) bad("FACTOR is not a number");
+    if (parts.size() > 1 && (p.patience = std::stoi(parts[1], &used), used != parts[1].size())) bad("PATIENCE is not an integer");
+    if (parts.size() > 2 && (p.min_lr = std::stod(parts[2], &used), used != parts[2].size())) bad("MIN_LR is not a number");
+  } catch (const std::logic_error&) {
+    bad("a part is not a number");
+  }
+  try {
+    train::ReduceLrOnPlateau check({}, p);
+  } catch (const InvalidArgument& e) {
+    bad(e.what());
+  }
+  return p;
+}
+
 tower::TrainerOptions trainer_options(const TrainOptions& o) {
   tower::TrainerOptions t;
   t.reduction = tower::parse_reduction(o.reduction);
@@ -261,6 +338,7 @@ FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const da
     position = resumed->position;
   }
   const train::StartInfo start{.trainer = trainer, .optimizer = optimizer, .train_set = train_set, .test_set = test_set,
+                               .validation_set = fopts.validation_set,
                                .options = fopts, .plan = train::plan(train_set, fopts), .position = position,
                                .resumed = resumed, .resumed_from = resumption.checkpoint, .run_id = "(a dry run)"};
   if (world.rank() == 0) reporter.on_start(start);
@@ -290,8 +368,9 @@ void write_confusion(const fs::path& path, const train::EvalRecord& r, const std
   nlohmann::ordered_json j;
   j["step"] = r.step;
   j["examples"] = r.examples;
-  j["test_acc"] = r.test_acc;
-  j["test_top5"] = r.test_top5;
+  j["set"] = train::metric_prefix(r.set);  // val | test
+  j["acc"] = r.test_acc;
+  j["top5"] = r.test_top5;
   j["classes"] = names.size() == static_cast<std::size_t>(r.classes) ? nlohmann::ordered_json(names)
                                                                       : nlohmann::ordered_json(nullptr);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
@@ -434,9 +513,12 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   std::vector<Device> devices = choose_devices(o, process);
   collectives::check_same_on_every_rank(world, "the number of devices per process", std::to_string(devices.size()),
                                         "give every process the same number of devices (--devices, --num_gpus)");
-  auto train_set = open(o, data::Split::Train);
+  auto train_file = open(o, data::Split::Train);
   auto test_set = open(o, data::Split::Test);
-  check_resumed_data(resumption, o, *train_set);
+  check_resumed_data(resumption, o, *train_file);
+  // The validation set: held out of the training set, or a set of its own; training uses the rest.
+  const ValidationData validation = open_validation(o, *train_file);
+  const data::Dataset* train_set = validation.train ? validation.train.get() : train_file.get();
   tower::TrainerOptions topts = trainer_options(o);
   topts.processes = &world;
   // The towers of every process.
@@ -466,8 +548,24 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   fopts.loader_threads = o.loader_threads;
   fopts.epochs = o.epochs;
   fopts.max_steps = o.max_steps;
-  fopts.schedule = train::schedule(o.schedule, o.lr, o.warmup_epochs);
+  const std::optional<train::PlateauOptions> plateau = parse_plateau(o.schedule);
+  // The metrics watched, checked here so that their errors speak in flags.
+  for (const auto& [flag, metric, used] : {std::tuple{"keep_best", o.keep_best, !o.keep_best.empty()},
+                                           std::tuple{"monitor", o.monitor, o.early_stop > 0 || plateau.has_value()}}) {
+    if (!used) continue;
+    train::MetricName m;
+    try {
+      m = train::parse_metric(metric);
+    } catch (const InvalidArgument& e) {
+      raise<InvalidArgument>("--", flag, ": ", e.what());
+    }
+    if (m.set == train::EvalSet::Validation && !validation.set)
+      raise<InvalidArgument>("--", flag, " ", metric, " watches the validation set, and this run has none; add "
+                             "--val_split 0.1 (or --val_dir DIR), or watch ", m.quantity, " (the test set here)");
+  }
+  fopts.schedule = train::schedule(plateau ? "constant" : o.schedule, o.lr, o.warmup_epochs);
   fopts.eval_every = o.eval_every;
+  fopts.validation_set = validation.set;
   fopts.log_every = o.log_every;
   fopts.train_dir = o.train_dir;
   fopts.save_every = o.save_every;
@@ -482,7 +580,7 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   fopts.metadata = {{"model", o.model},
                     {"num_classes", std::to_string(train_set->num_classes())},
                     {"options", to_json(o)},
-                    {"data", data_identity(o, *train_set)},
+                    {"data", data_identity(o, *train_file)},
                     {"producer", "towerflow cifar10_train"}};
 
   std::unique_ptr<tower::Trainer> trainer;
@@ -533,6 +631,21 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
       train::set_field(f, "loss", str("cross-entropy with label smoothing ", o.label_smoothing), "optimizer");
     if (o.clip_grad_norm > 0)
       train::set_field(f, "gradients", str("clipped to global L2 norm ", o.clip_grad_norm), "optimizer");
+    std::vector<std::string> watching;
+    if (!o.keep_best.empty())
+      watching.push_back(str("the best ", o.keep_best, "'s checkpoint kept in ", (fs::path(o.train_dir) / "best").string()));
+    if (o.early_stop > 0)
+      watching.push_back(str("stop after ", o.early_stop, o.early_stop == 1 ? " evaluation" : " evaluations",
+                             " without improvement of ", o.monitor));
+    if (plateau)
+      watching.push_back(str("lr times ", plateau->factor, " after ", plateau->patience,
+                             plateau->patience == 1 ? " evaluation" : " evaluations", " without improvement of ",
+                             o.monitor, plateau->min_lr > 0 ? str(", down to ", plateau->min_lr) : std::string()));
+    if (!watching.empty()) {
+      std::string text;
+      for (const auto& w : watching) text += (text.empty() ? "" : "; ") + w;
+      train::set_field(f, "metrics watched", text, "checkpoints");
+    }
   });
 
   if (o.dry_run) return dry_run(*trainer, *optimizer, *train_set, test_set.get(), fopts, resumption, reporter);
@@ -566,6 +679,18 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
     }
     timeline = std::make_unique<train::Trace>(t);
     hooks.push_back(timeline.get());
+  }
+  // Watching a metric: the best checkpoint (rank 0 writes it), early stopping and the plateau
+  // schedule (every rank: each steps its own optimizer, and evaluations agree across ranks).
+  std::optional<train::KeepBest> best;
+  std::optional<train::EarlyStopping> early;
+  std::optional<train::ReduceLrOnPlateau> reduce;
+  try {
+    if (!o.keep_best.empty() && rank0) hooks.push_back(&best.emplace(train::Watch{.metric = o.keep_best}, fs::path(o.train_dir) / "best"));
+    if (o.early_stop > 0) hooks.push_back(&early.emplace(train::Watch{.metric = o.monitor}, o.early_stop));
+    if (plateau) hooks.push_back(&reduce.emplace(train::Watch{.metric = o.monitor, .min_delta = 1e-4}, *plateau));
+  } catch (const InvalidArgument& e) {
+    raise<InvalidArgument>("--keep_best / --early_stop / --schedule plateau: ", e.what());
   }
   hooks.insert(hooks.end(), extra.begin(), extra.end());
 

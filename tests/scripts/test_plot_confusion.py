@@ -19,7 +19,7 @@ require_matplotlib()
 def main():
     script = os.path.join(sys.argv[1], "scripts", "plot_confusion.py")
     with tempfile.TemporaryDirectory() as d:
-        doc = {"step": 390, "examples": 30, "test_acc": 0.6, "test_top5": 1.0, "classes": ["cat", "dog", "frog"],
+        doc = {"step": 390, "examples": 30, "set": "test", "acc": 0.6, "top5": 1.0, "classes": ["cat", "dog", "frog"],
                "confusion": [[8, 2, 0], [3, 6, 1], [0, 6, 4]], "class_acc": [0.8, 0.6, 0.4]}
         with open(os.path.join(d, "confusion.json"), "w") as f:
             json.dump(doc, f)

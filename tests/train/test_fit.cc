@@ -89,6 +89,56 @@ TEST_CASE("the schedule factory gets the run's plan, plan() refuses a batch larg
   }
 }
 
+TEST_CASE("a validation set is evaluated during training and the test set once, at the end", "[train][fit][validation]") {
+  std::vector<std::string> evals;
+  std::vector<EvalRecord> records;
+  LambdaHook h;
+  h.eval = [&](const EvalRecord& r) {
+    evals.push_back(tw::str(metric_prefix(r.set), ":", r.step, ":", r.examples));
+    records.push_back(r);
+  };
+  fresh_devices();
+  TempDir dir, dir2;
+  {
+  Setup s;
+  auto [train, val] = tw::data::holdout(s.train, 0.25, 3);  // 98 and 30 images (a quarter of each class): 3 steps an epoch
+  FitOptions o = tiny(dir.path);
+  o.validation_set = val.get();
+  h.start = [&](const StartInfo& i) { CHECK(i.validation_set == val.get()); };
+  MetricsFile metrics(dir.path / "metrics.jsonl");
+  FitResult r = fit(s.trainer, s.sgd, *train, &s.test, o, {&h, &metrics});
+  CHECK(evals == std::vector<std::string>{"val:3:30", "val:6:30", "test:6:64"});
+  CHECK(r.val_examples == 30);
+  CHECK(r.test_examples == 64);
+  CHECK(r.val_acc == records[1].test_acc);
+  CHECK(r.test_acc == records[2].test_acc);
+  // The same numbers as evaluating the sets on their own, after the run.
+  CHECK(evaluate(s.trainer, *val, 32, 0).loss == Approx(r.val_loss).epsilon(1e-6));
+  CHECK(evaluate(s.trainer, s.test, 32, 0).loss == Approx(r.test_loss).epsilon(1e-6));
+  auto lines = jsonl(dir.path / "metrics.jsonl");
+  std::vector<std::string> eval_keys;
+  for (const auto& l : lines)
+    if (l.contains("examples")) eval_keys.push_back(l.contains("val_acc") ? "val" : l.contains("test_acc") ? "test" : "?");
+  CHECK(eval_keys == std::vector<std::string>{"val", "val", "test"});
+
+  }
+  // A hook that stops the run after a validation still gets the test set's evaluation.
+  fresh_devices();
+  Setup s;
+  auto [train, val] = tw::data::holdout(s.train, 0.25, 3);
+  FitOptions o = tiny(dir2.path);
+  o.validation_set = val.get();
+  evals.clear();
+  h.start = nullptr;
+  LambdaHook stopper;
+  stopper.eval = [&](const EvalRecord& e) {
+    if (e.set == EvalSet::Validation) stopper.stop_training("validation seen");
+  };
+  FitResult r = fit(s.trainer, s.sgd, *train, &s.test, o, {&h, &stopper});
+  CHECK(r.stopped_early);
+  CHECK(evals == std::vector<std::string>{"val:3:30", "test:3:64"});
+}
+
 TEST_CASE("a hook stops the run early: final evaluation and checkpoint, and resuming finishes it bit for bit", "[train][fit][resume]") {
   fresh_devices();
   TempDir full_dir, stop_dir;

@@ -400,7 +400,9 @@ TEST_CASE("cifar10_train writes the newest evaluation's confusion matrix, and ci
     }
   CHECK(all == 64);  // every test image once
   CHECK(static_cast<double>(diagonal) / 64 == Approx(trained.test_acc));
-  CHECK(doc.at("test_top5").get<double>() >= trained.test_acc);
+  CHECK(doc.at("set") == "test");
+  CHECK(doc.at("acc").get<double>() == Approx(trained.test_acc));
+  CHECK(doc.at("top5").get<double>() >= trained.test_acc);
 
   fresh_devices();
   Output out;
@@ -408,4 +410,183 @@ TEST_CASE("cifar10_train writes the newest evaluation's confusion matrix, and ci
   const fs::path file = dir.path / "eval_confusion.json";
   run_evaluation(tiny_options(dir.path), {.checkpoint = dir.path.string(), .confusion = file.string()}, {}, reporter);
   CHECK(nlohmann::json::parse(tw::io::read_file(file)).at("confusion") == doc.at("confusion"));
+}
+
+TEST_CASE("cifar10_train --val_split validates on held-out training images and tests once at the end",
+          "[cifar10][training][validation]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.val_split = 0.25;  // a quarter of each class of 128 images: 30 held out, 98 train (3 steps an epoch)
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 6);
+  CHECK(r.val_examples == 30);
+  CHECK(r.test_examples == 64);
+  std::vector<std::string> evals;
+  for (const auto& line : out.lines()) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) {
+      if (j["event"] == "start") CHECK(j["run"]["val_examples"] == 30);
+      continue;
+    }
+    if (j.contains("val_acc")) evals.push_back("val:" + std::to_string(j["step"].get<int>()));
+    if (j.contains("test_acc")) evals.push_back("test:" + std::to_string(j["step"].get<int>()));
+  }
+  CHECK(evals == std::vector<std::string>{"val:3", "val:6", "test:6"});
+  CHECK(nlohmann::json::parse(tw::io::read_file(dir.path / "confusion.json")).at("set") == "test");
+
+  fresh_devices();
+  o.val_split = 0;
+  o.val_dir = dir.path.string();
+  CHECK_THROWS_WITH(run_training(o, {}, reporter), Catch::Contains("--val_dir") && Catch::Contains("--val_split"));
+  o.val_split = 0.5;
+  CHECK_THROWS_WITH(run_training(o, {}, reporter), Catch::Contains("give one of them"));
+  o.val_dir.clear();
+  o.val_split = 0.99;  // 1 of 12 or 13 a class stays: fine; 0.999 is out of the flag's range
+  CHECK_THROWS_WITH(set_train_option(o, "val_split", "1"), Catch::Contains("out of range"));
+}
+
+TEST_CASE("cifar10_train --val_dir validates on a folder of its own", "[cifar10][training][validation][data]") {
+  fresh_devices();
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TempDir dir;
+  tw::data::Image img{.h = 32, .w = 32, .c = 3, .pixels = std::vector<std::uint8_t>(32 * 32 * 3, 90)};
+  const auto png = tw::data::encode_png(img);
+  const auto write = [&](const fs::path& root, int classes, int per_class) {
+    for (int cls = 0; cls < classes; ++cls) {
+      const fs::path d = root / ("class" + std::to_string(cls));
+      fs::create_directories(d);
+      for (int i = 0; i < per_class; ++i)
+        tw::io::write_file_atomically(d / (std::to_string(i) + ".png"), std::string(png.begin(), png.end()));
+    }
+  };
+  write(dir.path / "data" / "train", 2, 24);
+  write(dir.path / "data" / "test", 2, 8);
+  write(dir.path / "val", 2, 5);
+  write(dir.path / "val3", 3, 2);
+  TrainOptions o = tiny_options(dir.path / "run");
+  o.data_dir = (dir.path / "data").string();
+  o.val_dir = (dir.path / "val").string();
+  o.batch_size = 16;
+  o.epochs = 1;
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.val_examples == 10);
+  CHECK(r.test_examples == 16);
+  CHECK_THAT(out.text(), Catch::Contains("\"val_acc\"") && Catch::Contains("validation data"));
+
+  fresh_devices();
+  o.val_dir = (dir.path / "val3").string();
+  o.train_dir = (dir.path / "run3").string();
+  CHECK_THROWS_WITH(run_training(o, {}, reporter), Catch::Contains("holds 3 classes") && Catch::Contains("2 of 32x32x3"));
+}
+
+TEST_CASE("cifar10_train --keep_best, --early_stop and --schedule plateau watch the validation set, and resume goes on",
+          "[cifar10][training][keep_best]") {
+  fresh_devices();
+  TempDir dir, cut;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.val_split = 0.25;
+  o.epochs = 4;
+  o.keep_best = "val_acc";
+  o.schedule = "plateau:0.5:1";
+  o.monitor = "val_loss";
+  FitResult r = run_training(o, {}, reporter);
+  // The evaluations as the JSON lines show them, and the rates the steps used.
+  std::vector<double> val_acc, val_loss, lrs;
+  std::vector<std::int64_t> steps;
+  for (const auto& line : out.lines()) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) {
+      if (j["event"] == "start") CHECK_THAT(j["metrics watched"].get<std::string>(), Catch::Contains("best val_acc"));
+      continue;
+    }
+    if (j.contains("val_acc")) {
+      val_acc.push_back(j["val_acc"]);
+      val_loss.push_back(j["val_loss"]);
+      steps.push_back(j["step"]);
+    }
+    if (j.contains("lr")) lrs.push_back(j["lr"]);
+  }
+  REQUIRE(val_acc.size() == 4);
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < val_acc.size(); ++i)
+    if (val_acc[i] > val_acc[best] + 1e-9) best = i;
+  const auto kept = tw::io::CheckpointDir(dir.path / "best").list();
+  REQUIRE(kept.size() == 1);
+  CHECK(kept[0].step == steps[best]);
+  // Each evaluation whose loss did not improve on the best by 1e-4 halves the rate from the next step.
+  double expected = o.lr, best_loss = INFINITY;
+  for (double l : val_loss) {
+    if (l < best_loss - 1e-4) best_loss = l;
+    else expected *= 0.5;
+  }
+  CHECK(lrs.back() == Approx(expected));
+  // cifar10_eval reads the best checkpoint as any other.
+  fresh_devices();
+  FitResult e = run_evaluation(o, {.checkpoint = (dir.path / "best").string()}, {}, reporter);
+  CHECK(e.test_examples == 64);
+
+  // --early_stop: a run that cannot improve (lr 0) stops after that many evaluations.
+  fresh_devices();
+  TrainOptions s = tiny_options(cut.path);
+  s.val_split = 0.25;
+  s.epochs = 6;
+  s.lr = 0;
+  s.early_stop = 2;
+  r = run_training(s, {}, reporter);
+  CHECK(r.stopped_early);
+  CHECK(r.steps == 9);  // evaluations at 3 (best), 6, 9
+  CHECK_THAT(r.stop_reason, Catch::Contains("val_loss"));
+  CHECK(r.test_examples == 64);  // the test set still at the end
+
+  // Flags that watch the validation set without one.
+  fresh_devices();
+  TrainOptions n = tiny_options(cut.path / "n");
+  n.keep_best = "val_acc";
+  CHECK_THROWS_WITH(run_training(n, {}, reporter), Catch::Contains("--keep_best val_acc") && Catch::Contains("--val_split"));
+  n.keep_best = "accuracy";
+  CHECK_THROWS_WITH(run_training(n, {}, reporter), Catch::Contains("--keep_best: metric \"accuracy\" is not known"));
+  n.keep_best.clear();
+  n.schedule = "plateau:2";
+  CHECK_THROWS_WITH(run_training(n, {}, reporter), Catch::Contains("--schedule \"plateau:2\"") && Catch::Contains("(0, 1)"));
+  n.schedule = "plateau:0.1:x";
+  CHECK_THROWS_WITH(run_training(n, {}, reporter), Catch::Contains("PATIENCE"));
+}
+
+TEST_CASE("cifar10_train --resume of a run watching metrics goes on as the uninterrupted run", "[cifar10][training][keep_best][resume]") {
+  TempDir full, cut;
+  auto options = [](const fs::path& d) {
+    TrainOptions o = tiny_options(d);
+    o.val_split = 0.25;
+    o.epochs = 4;
+    o.keep_best = "val_acc";
+    o.schedule = "plateau:0.5:1";
+    return o;
+  };
+  Output out;
+  Reporter reporter(out.reporter_options());
+  fresh_devices();
+  FitResult a = run_training(options(full.path), {}, reporter);
+  fresh_devices();
+  TrainOptions first = options(cut.path);
+  first.max_steps = 6;  // two of the four epochs
+  run_training(first, {}, reporter);
+  fresh_devices();
+  TrainOptions rest = options(cut.path);
+  rest.resume = true;  // the run's own options, but its whole length
+  FitResult b = run_training(rest, {}, reporter, {}, std::set<std::string>{"resume", "train_dir", "max_steps"});
+  CHECK(b.steps == a.steps);
+  CHECK(b.val_acc == a.val_acc);
+  CHECK(tensors_of(a.last_checkpoint / tw::train::kModelFile) == tensors_of(b.last_checkpoint / tw::train::kModelFile));
+  const auto best_a = tw::io::CheckpointDir(full.path / "best").list();
+  const auto best_b = tw::io::CheckpointDir(cut.path / "best").list();
+  REQUIRE(best_a.size() == 1);
+  REQUIRE(best_b.size() == 1);
+  CHECK(best_a[0].step == best_b[0].step);
+  CHECK(tensors_of(best_a[0].path / tw::train::kModelFile) == tensors_of(best_b[0].path / tw::train::kModelFile));
 }
