@@ -130,7 +130,7 @@ TEST_CASE("ReduceLrOnPlateau multiplies the schedule after patience, waits its c
   CHECK_THROWS_AS(ReduceLrOnPlateau({}, {.patience = 0}), tw::InvalidArgument);
 }
 
-TEST_CASE("EarlyStopping ends a run whose metric stops improving; the final evaluation and checkpoint follow",
+TEST_CASE("EarlyStopping ends a run whose metric stops improving, the final evaluation and checkpoint following",
           "[train][monitor][early_stop]") {
   fresh_devices();
   TempDir dir;
