@@ -5,6 +5,10 @@
 #include "core/error.h"
 #include "data/rng.h"
 
+#include <boost/random/beta_distribution.hpp>
+#include <boost/random/mersenne_twister.hpp>
+#include <cmath>
+
 namespace towerflow::data {
 
 Augment cifar_augment(int cutout) {
@@ -79,6 +83,53 @@ void Augmenter::apply(const std::uint8_t* src, float* dst, const AugmentChoice& 
     for (int y = y0; y < y1; ++y)
       std::fill(dst + (static_cast<std::size_t>(y) * w + x0) * 3, dst + (static_cast<std::size_t>(y) * w + x1) * 3,
                 0.0f);
+  }
+}
+
+MixChoice choose_mix(const MixOptions& o, ImageShape shape, std::uint64_t seed, std::int64_t epoch,
+                     std::int64_t step) {
+  for (float a : {o.mixup_alpha, o.cutmix_alpha})
+    if (!(a >= 0) || !std::isfinite(a))
+      raise<InvalidArgument>("mixup/cutmix alpha ", a, " must be finite and >= 0 (0: off)");
+  MixChoice c;
+  if (!o.any()) return c;
+  SampleRng rng(seed, RngStream::Mix, static_cast<std::uint64_t>(epoch), static_cast<std::uint64_t>(step));
+  const bool coin = rng.coin();
+  const bool cutmix = o.cutmix_alpha > 0 && (o.mixup_alpha <= 0 || coin);
+  const float alpha = cutmix ? o.cutmix_alpha : o.mixup_alpha;
+  // Boost's distributions are the same code on every platform (std's are not), so a seed gives
+  // the same lambda everywhere.
+  boost::random::mt19937 engine(static_cast<std::uint32_t>(rng.next()));
+  const float lambda = static_cast<float>(boost::random::beta_distribution<double>(alpha, alpha)(engine));
+  if (!cutmix) {
+    c.kind = MixChoice::Kind::Mixup;
+    c.lambda = lambda;
+    return c;
+  }
+  // A box of area (1 - lambda) of the image, its centre uniform, clipped (torchvision's CutMix).
+  const double r = std::sqrt(1.0 - lambda);
+  const int bh = static_cast<int>(shape.h * r), bw = static_cast<int>(shape.w * r);
+  const int cy = static_cast<int>(rng.below(static_cast<std::uint32_t>(shape.h)));
+  const int cx = static_cast<int>(rng.below(static_cast<std::uint32_t>(shape.w)));
+  c.kind = MixChoice::Kind::CutMix;
+  c.y0 = std::clamp(cy - bh / 2, 0, shape.h);
+  c.y1 = std::clamp(cy + bh / 2, 0, shape.h);
+  c.x0 = std::clamp(cx - bw / 2, 0, shape.w);
+  c.x1 = std::clamp(cx + bw / 2, 0, shape.w);
+  c.lambda = 1.0f - static_cast<float>((c.y1 - c.y0) * (c.x1 - c.x0)) / static_cast<float>(shape.h * shape.w);
+  return c;
+}
+
+void apply_mix(const MixChoice& c, ImageShape shape, float* own, const float* partner) {
+  const std::size_t n = shape.bytes();
+  if (c.kind == MixChoice::Kind::Mixup) {
+    for (std::size_t i = 0; i < n; ++i) own[i] = c.lambda * own[i] + (1.0f - c.lambda) * partner[i];
+  } else if (c.kind == MixChoice::Kind::CutMix) {
+    const std::size_t row = static_cast<std::size_t>(shape.w) * shape.c;
+    for (int y = c.y0; y < c.y1; ++y) {
+      const std::size_t from = y * row + static_cast<std::size_t>(c.x0) * shape.c;
+      std::copy(partner + from, partner + from + static_cast<std::size_t>(c.x1 - c.x0) * shape.c, own + from);
+    }
   }
 }
 

@@ -62,4 +62,31 @@ class Augmenter {
   std::array<std::array<float, 256>, 3> lut_;
 };
 
+// Mixing pairs of training images (Zhang et al. 2018, mixup; Yun et al. 2019, CutMix), as
+// torchvision's MixUp/CutMix: within each global batch, row g is mixed with row g-1 (the batch
+// rolled by one), both augmented as above, with one lambda ~ Beta(alpha, alpha) per batch. Mixup
+// blends the images, lambda * own + (1 - lambda) * partner; CutMix pastes the partner's pixels in
+// a box of area (1 - lambda) * h * w centred anywhere (clipped at the edges), and lambda becomes
+// the share of the image left its own. The targets are lambda * onehot(own label) +
+// (1 - lambda) * onehot(partner's). With both alphas set, each batch takes one of the two with
+// probability 1/2 (timm's switch). The choice is drawn from (seed, epoch, step), so every rank
+// and thread agrees on it and a run is reproducible.
+struct MixOptions {
+  float mixup_alpha = 0;   // > 0: mixup with lambda ~ Beta(alpha, alpha) (0.2 is usual for CIFAR)
+  float cutmix_alpha = 0;  // > 0: CutMix with lambda ~ Beta(alpha, alpha) (1.0 is usual)
+  bool any() const { return mixup_alpha > 0 || cutmix_alpha > 0; }
+};
+
+struct MixChoice {
+  enum class Kind { None, Mixup, CutMix } kind = Kind::None;
+  float lambda = 1;            // the weight of each row's own label
+  int y0 = 0, x0 = 0, y1 = 0, x1 = 0;  // CutMix: the pasted box, [y0, y1) x [x0, x1)
+};
+
+// InvalidArgument for a negative or non-finite alpha.
+MixChoice choose_mix(const MixOptions& options, ImageShape shape, std::uint64_t seed, std::int64_t epoch,
+                     std::int64_t step);
+// Mixes the partner's augmented pixels (HWC floats) into `own` as `choice` says.
+void apply_mix(const MixChoice& choice, ImageShape shape, float* own, const float* partner);
+
 }  // namespace towerflow::data

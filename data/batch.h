@@ -81,6 +81,10 @@ struct Batch {
   std::int64_t index_in_epoch = 0;      // the step: 0 .. steps_per_epoch()-1
   int global_n = 0;                     // rows of the global batch over all ranks (for loss scaling)
   int global_offset = 0;                // where this rank's rows start in the global batch
+  // Mixed images (LoaderOptions::mix): row i's target is mix * onehot(labels[i]) + (1 - mix) *
+  // onehot(mix_labels[i]); mix_labels is empty and mix 1 for a batch that was not mixed.
+  std::vector<std::int32_t> mix_labels;
+  float mix = 1;
 
   std::size_t image_floats() const { return static_cast<std::size_t>(h) * w * c; }
   // Row i's pixels, h*w*c floats (HWC).

@@ -24,6 +24,7 @@ void validate(const Dataset& dataset, const LoaderOptions& o) {
                            down + o.world_size);
   }
   if (o.threads < 0) raise<InvalidArgument>("loader threads ", o.threads, " must be >= 0 (0: no background thread)");
+  choose_mix(o.mix, dataset.shape(), 0, 0, 0);  // InvalidArgument for a bad alpha, before any worker starts
   if (o.prefetch < 1) raise<InvalidArgument>("loader prefetch ", o.prefetch, " must be at least 1 batch");
   if (dataset.size() < 1) raise<InvalidArgument>("dataset ", dataset.describe(), " is empty");
   if (o.drop_last && dataset.size() < o.batch)
@@ -255,6 +256,13 @@ void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8
   batch.labels.resize(static_cast<std::size_t>(batch.n));
   batch.indices.resize(static_cast<std::size_t>(batch.n));
   const std::size_t stride = shape_.bytes();
+  // Mixing: the same choice on every rank, each row with the global batch's previous row.
+  const MixChoice mix = global_n >= 2 ? choose_mix(options_.mix, shape_, options_.seed, epoch, step) : MixChoice{};
+  const bool mixing = mix.kind != MixChoice::Kind::None;
+  batch.mix = mixing ? mix.lambda : 1.0f;
+  batch.mix_labels.resize(mixing ? static_cast<std::size_t>(batch.n) : 0);
+  std::vector<std::uint8_t> partner_pixels(mixing ? stride : 0);
+  std::vector<float> partner(mixing ? stride : 0);
   int j = 0;  // this rank's row
   for (auto [first, last] : ranges) {
     for (int g = first; g < last; ++g, ++j) {
@@ -266,8 +274,14 @@ void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8
                          dataset_.num_classes() - 1);
       batch.labels[static_cast<std::size_t>(j)] = label;
       batch.indices[static_cast<std::size_t>(j)] = index;
-      augmenter_.apply(scratch.data(), batch.images.data() + static_cast<std::size_t>(j) * stride, options_.seed,
-                       epoch, index);
+      float* own = batch.images.data() + static_cast<std::size_t>(j) * stride;
+      augmenter_.apply(scratch.data(), own, options_.seed, epoch, index);
+      if (mixing) {
+        const std::int64_t other = order[static_cast<std::size_t>(global_begin + (g + global_n - 1) % global_n)];
+        batch.mix_labels[static_cast<std::size_t>(j)] = dataset_.read(other, partner_pixels);
+        augmenter_.apply(partner_pixels.data(), partner.data(), options_.seed, epoch, other);
+        apply_mix(mix, shape_, own, partner.data());
+      }
     }
   }
 }

@@ -65,6 +65,7 @@ namespace towerflow::data {
 struct LoaderOptions {
   int batch = 128;                  // the global batch, over all ranks
   Augment augment = {};             // default: normalisation only (eval_transform())
+  MixOptions mix = {};              // mixup / CutMix of training batches (augment.h); default: none
   bool shuffle = true;
   std::uint64_t seed = 0;
   bool drop_last = true;            // false: keep the final partial batch

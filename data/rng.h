@@ -16,7 +16,7 @@ constexpr std::uint64_t mix64(std::uint64_t x) {
 }
 
 // Streams keep the independent uses of one seed apart (shuffling, augmentation, generation).
-enum class RngStream : std::uint64_t { Shuffle = 1, Augment = 2, BuiltinTrain = 3, BuiltinTest = 4, Holdout = 5 };
+enum class RngStream : std::uint64_t { Shuffle = 1, Augment = 2, BuiltinTrain = 3, BuiltinTest = 4, Holdout = 5, Mix = 6 };
 
 // A small generator (SplitMix64 sequence) keyed by (seed, stream, a, b). Not for cryptography.
 class SampleRng {

@@ -53,7 +53,10 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 HostBatch HostBatch::of(const data::Batch& b) {
   return {.images = b.valid_images(),
           .labels = std::span<const std::int32_t>(b.labels.data(), static_cast<std::size_t>(b.n)),
-          .n = b.n, .h = b.h, .w = b.w, .c = b.c, .global_n = b.global_n};
+          .n = b.n, .h = b.h, .w = b.w, .c = b.c, .global_n = b.global_n,
+          .mix_labels = b.mix_labels.empty() ? std::span<const std::int32_t>()
+                                             : std::span<const std::int32_t>(b.mix_labels.data(), static_cast<std::size_t>(b.n)),
+          .mix = b.mix};
 }
 
 struct Trainer::Impl {
@@ -379,6 +382,9 @@ int Trainer::global_rows(const HostBatch& batch) {
     raise<InvalidArgument>("batch of ", batch.n, " rows of ", batch.h, "x", batch.w, "x", batch.c, " has ",
                            batch.images.size(), " image floats and ", batch.labels.size(),
                            " labels; it needs ", row * batch.n, " and ", batch.n);
+  if (!batch.mix_labels.empty() && (batch.mix_labels.size() < static_cast<std::size_t>(batch.n) || !(batch.mix >= 0 && batch.mix <= 1)))
+    raise<InvalidArgument>("mixed batch of ", batch.n, " rows has ", batch.mix_labels.size(), " mix labels and mix ",
+                           batch.mix, "; it needs ", batch.n, " and a mix in [0, 1]");
   // The global batch: given, or (one process) this batch, or the sum over the processes.
   if (batch.global_n > 0) return batch.global_n;
   if (impl_->world == 1) return batch.n;
@@ -401,6 +407,7 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
                    .reduce_s = std::vector<double>(n, 0.0), .sync_s = std::vector<double>(n, 0.0),
                    .correct = std::vector<std::int64_t>(n, 0)};
   std::atomic<bool> stop{false};  // set by the first tower that fails
+  const bool mixed = !batch.mix_labels.empty() && batch.mix > 0 && batch.mix < 1;
 
   auto tower = [&](int i) {
     const PrecisionScope precision(options_.precision);
@@ -426,7 +433,14 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
       {
         const trace::Span span("phase", "forward");
         Tensor logits = model.forward(x);
-        loss = softmax_cross_entropy(logits, y, {.scale = scale, .label_smoothing = options_.label_smoothing});
+        if (mixed) {  // targets mix * onehot(y) + (1 - mix) * onehot(y2): the loss is linear in them
+          const Tensor y2 = Tensor::from_host(batch.mix_labels.subspan(o, r), {r}, dev);
+          loss = add(softmax_cross_entropy(logits, y, {.scale = scale / batch.mix, .label_smoothing = options_.label_smoothing}),
+                     softmax_cross_entropy(logits, y2, {.scale = scale / (1.0f - batch.mix),
+                                                        .label_smoothing = options_.label_smoothing}));
+        } else {
+          loss = softmax_cross_entropy(logits, y, {.scale = scale, .label_smoothing = options_.label_smoothing});
+        }
         out.correct[i] += top_k_correct(logits, y, 1);
       }
       {

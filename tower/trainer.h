@@ -130,6 +130,10 @@ struct HostBatch {
   int n = 0, h = 0, w = 0, c = 0;
   // Rows of the global batch over every process (0: the sum of every process's n).
   int global_n = 0;
+  // Mixed images (data::Batch::mix): the loss is mix * CE(labels) + (1 - mix) * CE(mix_labels);
+  // empty mix_labels: CE(labels). Accuracy counts against labels.
+  std::span<const std::int32_t> mix_labels = {};
+  float mix = 1;
 
   static HostBatch of(const data::Batch& batch);
 };

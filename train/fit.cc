@@ -451,7 +451,7 @@ FitResult Loop::run() {
   plan_ = plan(train_set_, o_);
   if (o_.schedule) optimizer_.set_schedule(o_.schedule(plan_));
   // Each process loads only its towers' rows of every global batch.
-  data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .seed = o_.seed,
+  data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .mix = o_.mix, .seed = o_.seed,
                                    .rank = processes_.rank(), .world_size = processes_.size(),
                                    .shard = [this](int n) { return trainer_.shard(n); },
                                    .threads = o_.loader_threads});

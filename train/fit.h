@@ -114,6 +114,7 @@ struct FitOptions {
   // the data
   int batch = 128;                 // global batch, over all towers
   data::Augment augment = {};      // training images (default: normalisation only)
+  data::MixOptions mix = {};       // mixup / CutMix of training batches (data/augment.h)
   std::uint64_t seed = 1;          // data order and augmentation
   int loader_threads = 1;          // background threads preparing batches (0: on this thread)
   // the length

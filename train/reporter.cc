@@ -113,11 +113,14 @@ void set_field(Fields& fields, const std::string& key, std::string value, const 
   fields.insert(at, {key, std::move(value)});
 }
 
-std::string describe_augment(const data::Augment& a) {
+std::string describe_augment(const data::Augment& a, const data::MixOptions& mix) {
   std::vector<std::string> parts;
   if (a.crop_padding > 0) parts.push_back(str("random crops of the image padded by ", a.crop_padding));
   if (a.flip) parts.push_back("horizontal flips");
   if (a.cutout > 0) parts.push_back(str("cutout ", a.cutout, "x", a.cutout));
+  if (mix.mixup_alpha > 0) parts.push_back(str("mixup alpha ", mix.mixup_alpha));
+  if (mix.cutmix_alpha > 0) parts.push_back(str("CutMix alpha ", mix.cutmix_alpha));
+  if (mix.mixup_alpha > 0 && mix.cutmix_alpha > 0) parts.back() += " (one of the two per batch)";
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
   return out.empty() ? "none" : out;
@@ -138,7 +141,7 @@ Fields start_fields(const StartInfo& s) {
            {"train data", s.train_set.describe()}};
   if (s.validation_set) f.emplace_back("validation data", s.validation_set->describe());
   if (s.test_set) f.emplace_back("test data", str(s.test_set->describe(), s.validation_set ? " (evaluated at the end)" : ""));
-  f.emplace_back("augmentation", describe_augment(o.augment));
+  f.emplace_back("augmentation", describe_augment(o.augment, o.mix));
   f.emplace_back("normalisation", describe_normalisation(o.augment));
   f.emplace_back("towers", s.trainer.describe());
   for (const auto& d : devices) f.emplace_back("device " + d.str(), device_info(d).description);

@@ -73,7 +73,7 @@ struct ReporterOptions {
 // The start-up block's fields for a run.
 Fields start_fields(const StartInfo& start);
 // "random crops of the image padded by 4, horizontal flips, cutout 12x12", or "none".
-std::string describe_augment(const data::Augment& a);
+std::string describe_augment(const data::Augment& a, const data::MixOptions& mix = {});
 // "(x/255 - mean) / std per channel, mean (0.4914, 0.4822, 0.4465), std (...) (CIFAR-10's)".
 std::string describe_normalisation(const data::Augment& a);
 // Each class's top-1 accuracy from a [true][predicted] confusion matrix (EvalRecord): nullopt for

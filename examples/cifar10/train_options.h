@@ -39,6 +39,8 @@ struct TrainOptions {
   std::int64_t builtin_train_size = 5000;  // images of the built-in dataset's splits
   std::int64_t builtin_test_size = 1000;
   int cutout = 0;                      // side of the cutout square on training images (0: none)
+  double mixup = 0.0;                  // > 0: mixup of training batches, lambda ~ Beta(mixup, mixup)
+  double cutmix = 0.0;                 // > 0: CutMix, lambda ~ Beta(cutmix, cutmix); with --mixup, one or the other per batch
   bool skip_bad_files = false;         // image folders: skip undecodable files instead of failing
   double val_split = 0.0;              // > 0: this fraction of the training set held out for validation
   std::string val_dir = {};            // a validation set of its own (the kind of --data_dir)

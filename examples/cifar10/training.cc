@@ -527,11 +527,15 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
 
   train::FitOptions fopts;
   fopts.batch = tower::global_batch(o.batch_size, static_cast<int>(towers.size()), topts.split);
+  if ((o.mixup > 0 || o.cutmix > 0) && fopts.batch < 2)
+    raise<InvalidArgument>("--mixup / --cutmix mix each image with another of its batch; --batch_size ", o.batch_size,
+                           " gives a global batch of ", fopts.batch, ": use a batch of at least 2");
   check_split(o, fopts.batch, towers, topts);
   // The built-in set already varies position, scale and colour, so it gets no crop or flip;
   // cutout, when asked for, applies to every dataset.
   fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
   fopts.augment.cutout = o.cutout;
+  fopts.mix = {.mixup_alpha = static_cast<float>(o.mixup), .cutmix_alpha = static_cast<float>(o.cutmix)};
   if (const data::ImageShape shape = train_set->shape(); o.cutout > std::max(shape.h, shape.w))
     raise<InvalidArgument>("--cutout ", o.cutout, " is larger than the ", shape.h, "x", shape.w,
                            " training images; use 0 (none) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");

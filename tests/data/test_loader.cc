@@ -345,3 +345,73 @@ TEST_CASE("A shard function picks this rank's rows, in ranges, even more of a pa
                     .shard = [](int n) { return std::vector<std::pair<int, int>>{{n - 1, n + 1}}; }, .threads = 0});
   CHECK_THROWS_WITH(run_epoch(bad), Catch::Contains("rows [15, 17) of a global batch of 16"));
 }
+
+TEST_CASE("Mixup and CutMix mix each row with the global batch's previous row, the same on every shard", "[data][loader][mix]") {
+  const Builtin data(Split::Test, {.test_size = 64});
+  const Augment aug = cifar_augment(4);
+  const Augmenter reference(aug, data.shape());
+  const ImageShape shape = data.shape();
+  for (const MixOptions mix : {MixOptions{.mixup_alpha = 0.4f}, MixOptions{.cutmix_alpha = 1.0f},
+                               MixOptions{.mixup_alpha = 0.4f, .cutmix_alpha = 1.0f}}) {
+    Loader plain(data, {.batch = 16, .augment = aug, .seed = 3, .threads = 0});
+    Loader mixed(data, {.batch = 16, .augment = aug, .mix = mix, .seed = 3, .threads = 2});
+    // Rows 5..11 of every global batch, as a rank holding them loads them.
+    Loader shard(data, {.batch = 16, .augment = aug, .mix = mix, .seed = 3,
+                        .shard = [](int) { return std::vector<std::pair<int, int>>{{5, 12}}; }, .threads = 0});
+    std::set<MixChoice::Kind> kinds;
+    auto p = plain.begin();
+    auto s = shard.begin();
+    for (const Batch& m : mixed) {
+      const Batch& a = *p;
+      const MixChoice c = choose_mix(mix, shape, 3, 0, m.index_in_epoch);
+      kinds.insert(c.kind);
+      REQUIRE(c.kind != MixChoice::Kind::None);
+      CHECK(m.mix == c.lambda);
+      CHECK((c.lambda > 0 && c.lambda <= 1));
+      if (c.kind == MixChoice::Kind::CutMix)
+        CHECK(c.lambda == Approx(1.0 - double((c.y1 - c.y0) * (c.x1 - c.x0)) / 1024));
+      for (int j = 0; j < 16; ++j) {
+        const int partner = (j + 15) % 16;
+        CHECK(m.mix_labels[j] == a.labels[partner]);
+        CHECK(m.labels[j] == a.labels[j]);
+        const auto own = a.image(j), other = a.image(partner), got = m.image(j);
+        std::vector<float> expected(own.begin(), own.end());
+        if (c.kind == MixChoice::Kind::Mixup) {
+          for (std::size_t k = 0; k < expected.size(); ++k) expected[k] = c.lambda * own[k] + (1 - c.lambda) * other[k];
+        } else {  // inside the box the partner's pixels, outside its own
+          for (int y = c.y0; y < c.y1; ++y)
+            for (int x = c.x0; x < c.x1; ++x)
+              for (int ch = 0; ch < 3; ++ch) expected[(y * 32 + x) * 3 + ch] = other[(y * 32 + x) * 3 + ch];
+        }
+        REQUIRE(std::equal(got.begin(), got.end(), expected.begin()));
+        if (j >= 5 && j < 12) {
+          const auto sg = (*s).image(j - 5);
+          CHECK(std::equal(sg.begin(), sg.end(), got.begin()));
+          CHECK((*s).mix_labels[j - 5] == m.mix_labels[j]);
+        }
+      }
+      ++p;
+      ++s;
+    }
+    CHECK(kinds.size() == (mix.mixup_alpha > 0 && mix.cutmix_alpha > 0 ? 2u : 1u));
+  }
+}
+
+TEST_CASE("Mix lambdas follow Beta(alpha, alpha), and a bad alpha is refused", "[data][mix]") {
+  // Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)).
+  for (float alpha : {0.2f, 1.0f}) {
+    double sum = 0, sq = 0;
+    const int n = 4000;
+    for (int step = 0; step < n; ++step) {
+      const double l = choose_mix({.mixup_alpha = alpha}, {32, 32, 3}, 11, 2, step).lambda;
+      sum += l;
+      sq += l * l;
+    }
+    const double mean = sum / n, var = sq / n - mean * mean;
+    CHECK(mean == Approx(0.5).margin(0.02));
+    CHECK(var == Approx(1.0 / (4 * (2 * alpha + 1))).epsilon(0.08));
+  }
+  CHECK(choose_mix({}, {32, 32, 3}, 1, 0, 0).kind == MixChoice::Kind::None);
+  const Builtin data(Split::Test, {.test_size = 16});
+  CHECK_THROWS_AS(Loader(data, {.batch = 8, .mix = {.mixup_alpha = -1}}), InvalidArgument);
+}

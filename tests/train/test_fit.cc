@@ -465,3 +465,23 @@ TEST_CASE("TensorBoard event files of a crashed and resumed run read as one cont
     for (const auto& [step, value] : points) j[tag].push_back({step, value});
   tw::io::write_file_atomically(dir / "expected.json", j.dump());
 }
+
+TEST_CASE("a mixed batch's loss is mix * CE(labels) + (1 - mix) * CE(mix_labels), however the towers split it",
+          "[train][fit][mix]") {
+  fresh_devices();
+  Setup s;
+  tw::data::Loader loader(s.train, {.batch = 32, .seed = 4, .threads = 0});
+  const tw::data::Batch& b = *loader.begin();
+  std::vector<std::int32_t> other(b.labels.rbegin(), b.labels.rend());
+  tw::tower::HostBatch h = tw::tower::HostBatch::of(b);
+  const float own = s.trainer.forward_backward(h);
+  tw::tower::HostBatch h2 = h;
+  h2.labels = other;
+  const float theirs = s.trainer.forward_backward(h2);
+  tw::tower::HostBatch mixed = h;
+  mixed.mix_labels = other;
+  mixed.mix = 0.3f;
+  CHECK(s.trainer.forward_backward(mixed) == Approx(0.3 * own + 0.7 * theirs).epsilon(1e-5));
+  mixed.mix_labels = std::span<const std::int32_t>(other.data(), 3);
+  CHECK_THROWS_AS(s.trainer.forward_backward(mixed), tw::InvalidArgument);
+}

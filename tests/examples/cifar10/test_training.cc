@@ -590,3 +590,23 @@ TEST_CASE("cifar10_train --resume of a run watching metrics goes on as the unint
   CHECK(best_a[0].step == best_b[0].step);
   CHECK(tensors_of(best_a[0].path / tw::train::kModelFile) == tensors_of(best_b[0].path / tw::train::kModelFile));
 }
+
+TEST_CASE("cifar10_train --mixup and --cutmix train on mixed batches and say so", "[cifar10][training][mix]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.mixup = 0.2;
+  o.cutmix = 1.0;
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 8);
+  CHECK(std::isfinite(r.test_loss));
+  CHECK_THAT(out.text(), Catch::Contains("mixup alpha 0.2, CutMix alpha 1 (one of the two per batch)"));
+  CHECK_THROWS_WITH(set_train_option(o, "mixup", "-1"), Catch::Contains("out of range"));
+  fresh_devices();
+  TrainOptions one = tiny_options(dir.path / "one");
+  one.mixup = 0.2;
+  one.batch_size = 1;
+  CHECK_THROWS_WITH(run_training(one, {}, reporter), Catch::Contains("--batch_size 1") && Catch::Contains("at least 2"));
+}
