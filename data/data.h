@@ -11,4 +11,5 @@
 #include "data/image_folder.h"
 #include "data/loader.h"
 #include "data/open.h"
+#include "data/resized.h"
 #include "data/subset.h"

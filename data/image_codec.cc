@@ -159,6 +159,12 @@ Image decode_header(std::span<const std::uint8_t> bytes, const std::string& what
   return decode(bytes, what, true);
 }
 
+bool is_image_file(const std::filesystem::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
 Image resize_bilinear(const Image& src, int h, int w) {
   TW_CHECK(h > 0 && w > 0 && src.h > 0 && src.w > 0, "resize from ", src.h, "x", src.w, " to ", h, "x", w);
   Image dst{.h = h, .w = w, .c = src.c, .pixels = {}};
@@ -167,19 +173,23 @@ Image resize_bilinear(const Image& src, int h, int w) {
     return dst;
   }
   dst.pixels.resize(static_cast<std::size_t>(h) * w * src.c);
-  // Source coordinates and weights per output column, computed once.
+  // PyTorch's arithmetic (upsample_bilinear2d on float input, align_corners=False), in float:
+  // source s = (in / out) * (o + 0.5) - 0.5, at least 0; i1 = i0 + 1 but for the last; weights
+  // 1 - l and l; then h0 * (w0 * a + w1 * b) + h1 * (w0 * c + w1 * d), rounded half up. So
+  // torch.nn.functional.interpolate(x.float(), ...).add(0.5).floor() gives the same pixels.
   struct Tap {
     int i0, i1;
-    float t;
+    float l0, l1;
   };
   auto taps = [](int out, int in) {
     std::vector<Tap> v(out);
-    const double scale = static_cast<double>(in) / out;
+    const float scale = static_cast<float>(in) / static_cast<float>(out);
     for (int o = 0; o < out; ++o) {
-      double s = (o + 0.5) * scale - 0.5;
-      s = std::clamp(s, 0.0, static_cast<double>(in - 1));
+      float s = scale * (static_cast<float>(o) + 0.5f) - 0.5f;
+      if (s < 0) s = 0;
       const int i0 = static_cast<int>(s);
-      v[o] = {i0, std::min(i0 + 1, in - 1), static_cast<float>(s - i0)};
+      const float l1 = s - static_cast<float>(i0);
+      v[o] = {i0, i0 < in - 1 ? i0 + 1 : i0, 1.0f - l1, l1};
     }
     return v;
   };
@@ -188,14 +198,14 @@ Image resize_bilinear(const Image& src, int h, int w) {
   for (int y = 0; y < h; ++y) {
     const std::uint8_t* r0 = &src.pixels[static_cast<std::size_t>(ty[y].i0) * src.w * c];
     const std::uint8_t* r1 = &src.pixels[static_cast<std::size_t>(ty[y].i1) * src.w * c];
-    const float wy = ty[y].t;
     for (int x = 0; x < w; ++x) {
-      const float wx = tx[x].t;
+      const Tap& t = tx[x];
       for (int k = 0; k < c; ++k) {
-        const float top = r0[tx[x].i0 * c + k] + wx * (r0[tx[x].i1 * c + k] - r0[tx[x].i0 * c + k]);
-        const float bot = r1[tx[x].i0 * c + k] + wx * (r1[tx[x].i1 * c + k] - r1[tx[x].i0 * c + k]);
+        const float top = t.l0 * static_cast<float>(r0[t.i0 * c + k]) + t.l1 * static_cast<float>(r0[t.i1 * c + k]);
+        const float bot = t.l0 * static_cast<float>(r1[t.i0 * c + k]) + t.l1 * static_cast<float>(r1[t.i1 * c + k]);
+        const float v = ty[y].l0 * top + ty[y].l1 * bot;
         dst.pixels[(static_cast<std::size_t>(y) * w + x) * c + k] =
-            static_cast<std::uint8_t>(std::lround(top + wy * (bot - top)));
+            static_cast<std::uint8_t>(std::clamp(std::floor(v + 0.5f), 0.0f, 255.0f));
       }
     }
   }

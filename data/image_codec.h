@@ -7,6 +7,7 @@
 // the decoder's reason. Thread-safe.
 
 #include <cstdint>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,8 +31,12 @@ Image decode_image(std::span<const std::uint8_t> bytes, const std::string& what)
 // Reads only the header: {h, w, 3}. Throws DataError like decode_image.
 Image decode_header(std::span<const std::uint8_t> bytes, const std::string& what);
 
-// Bilinear resize with half-pixel centres (align_corners = false, no antialiasing), rounding to
-// nearest. A same-size resize is an exact copy.
+// Whether a file name has an image extension this codec reads: .jpg, .jpeg, .png (any case).
+bool is_image_file(const std::filesystem::path& path);
+
+// Bilinear resize with half-pixel centres (align_corners = false, no antialiasing), in PyTorch's
+// float arithmetic, rounding half up: the pixels of torch.nn.functional.interpolate(x.float(),
+// mode="bilinear", align_corners=False).add(0.5).floor(). A same-size resize is an exact copy.
 Image resize_bilinear(const Image& src, int h, int w);
 
 // For tests and tools: PNG encoding of an 8-bit HWC image with c = 1, 3 or 4.

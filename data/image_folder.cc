@@ -15,12 +15,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool is_image_file(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
-}
-
 std::vector<std::uint8_t> read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) raise<DataError>("cannot open image '", path.string(), "'; check that it exists and is readable");

@@ -29,7 +29,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, const Device& de
   nn::InitRng rng(opts.seed);
   std::shared_ptr<nn::Module> m;
   if (name == "tfcnn") {
-    m = std::make_shared<TfCnn>(device, opts.num_classes, rng);
+    m = std::make_shared<TfCnn>(device, opts.num_classes, rng, opts.image_height, opts.image_width);
   } else if (int depth = resnet_depth(name)) {
     m = std::make_shared<CifarResNet>(device, depth, opts.num_classes, rng);
   } else {

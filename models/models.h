@@ -32,6 +32,9 @@ namespace towerflow::models {
 struct ModelOptions {
   int num_classes = 10;
   std::uint64_t seed = 0;
+  // The input images' size. The ResNets pool globally and take any size; tfcnn's first linear
+  // layer is sized for it (64 * ceil(h/4) * ceil(w/4) inputs).
+  int image_height = 32, image_width = 32;
 };
 
 std::shared_ptr<nn::Module> make_model(const std::string& name, const Device& device,

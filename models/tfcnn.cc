@@ -4,9 +4,14 @@
 
 namespace towerflow::models {
 
-TfCnn::TfCnn(const Device& device, int num_classes, nn::InitRng& rng) : Module(device) {
+TfCnn::TfCnn(const Device& device, int num_classes, nn::InitRng& rng, int image_height, int image_width)
+    : Module(device) {
   if (num_classes < 1)
     raise<InvalidArgument>("num_classes ", num_classes, " must be at least 1");
+  if (image_height < 1 || image_width < 1)
+    raise<InvalidArgument>("tfcnn's image size ", image_height, "x", image_width, " must be at least 1x1");
+  // Two poolings of kernel 3, stride 2, padding 1: ceil(n / 2) each.
+  const auto pooled = [](int n) { return (((n + 1) / 2) + 1) / 2; };
   const auto conv = [&](int in) {
     return std::make_shared<nn::Conv2d>(
         device,
@@ -16,7 +21,7 @@ TfCnn::TfCnn(const Device& device, int num_classes, nn::InitRng& rng) : Module(d
   };
   conv1_ = register_module("conv1", conv(3));
   conv2_ = register_module("conv2", conv(64));
-  fc1_ = register_module("fc1", std::make_shared<nn::Linear>(device, 64 * 8 * 8, 384, rng));
+  fc1_ = register_module("fc1", std::make_shared<nn::Linear>(device, 64 * pooled(image_height) * pooled(image_width), 384, rng));
   fc2_ = register_module("fc2", std::make_shared<nn::Linear>(device, 384, 192, rng));
   fc3_ = register_module("fc3", std::make_shared<nn::Linear>(device, 192, num_classes, rng));
 }

@@ -11,8 +11,8 @@ namespace towerflow::models {
 
 class TfCnn : public nn::Module {
  public:
-  TfCnn(const Device& device, int num_classes, nn::InitRng& rng);
-  // [n, 32, 32, 3] -> [n, num_classes] (other sizes fail at fc1, naming the shapes)
+  TfCnn(const Device& device, int num_classes, nn::InitRng& rng, int image_height = 32, int image_width = 32);
+  // [n, image_height, image_width, 3] -> [n, num_classes] (other sizes fail at fc1, naming the shapes)
   Tensor forward(const Tensor& x) override;
 
  private:

@@ -21,7 +21,8 @@ packages=(
   libbenchmark-dev       # micro-benchmarks
   libjpeg-dev libpng-dev # image-folder datasets
   libprotobuf-dev protobuf-compiler  # TensorBoard event files (Event and Summary messages)
-  libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing
+  libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing; Boost.Random: mixup's Beta
+  libonnx-dev            # towerflow_export --onnx (ONNX's protobuf classes)
   libopenmpi-dev openmpi-bin  # multi-process runs
   libdnnl-dev            # oneDNN: bf16 CPU kernels (AVX512-BF16, AMX)
   ocl-icd-opencl-dev     # Debian's oneDNN CMake config requires OpenCL (a Recommends, not a Depends)
@@ -48,12 +49,13 @@ else
 fi
 
 # The tests' Python packages (TensorBoard's own event reader, matplotlib for
-# scripts/plot_metrics.py), in a virtual environment so that no system Python is touched.
+# scripts/plot_metrics.py, ONNX Runtime for the exported models), in a virtual environment so that
+# no system Python is touched.
 venv=${TOWERFLOW_VENV:-$root/.venv}
-python_packages=(tensorboard matplotlib)
-if ! "$venv/bin/python3" -c "import tensorboard, matplotlib" 2> /dev/null; then
+python_packages=(tensorboard matplotlib onnxruntime)
+if ! "$venv/bin/python3" -c "import tensorboard, matplotlib, onnxruntime" 2> /dev/null; then
   [ -x "$venv/bin/python3" ] || /usr/bin/python3 -m venv "$venv"
-  echo "install_deps: pip installing ${python_packages[*]} into $venv (about 60 MB)"
+  echo "install_deps: pip installing ${python_packages[*]} into $venv (about 80 MB)"
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${python_packages[@]}" ||
     echo "install_deps: could not install ${python_packages[*]} into $venv; the tests that read" \
          "with them will report themselves skipped"

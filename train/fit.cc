@@ -159,14 +159,15 @@ Plan plan(const data::Dataset& train_set, const FitOptions& o) {
   return p;
 }
 
-tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads) {
+tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads,
+                           const data::Augment& transform) {
   // Each process evaluates an even slice of every batch; the trainer sums the results.
   const int rank = trainer.processes().rank(), world = trainer.processes().size();
   auto slice = [rank, world](int n) {
     return std::vector<std::pair<int, int>>{{static_cast<int>(static_cast<std::int64_t>(n) * rank / world),
                                              static_cast<int>(static_cast<std::int64_t>(n) * (rank + 1) / world)}};
   };
-  data::Loader loader(set, {.batch = batch, .shuffle = false, .drop_last = false, .rank = rank,
+  data::Loader loader(set, {.batch = batch, .augment = transform, .shuffle = false, .drop_last = false, .rank = rank,
                             .world_size = world, .shard = slice, .threads = loader_threads});
   double loss_sum = 0;
   tower::EvalResult total;
@@ -403,7 +404,10 @@ std::string_view metric_prefix(EvalSet set) { return set == EvalSet::Validation 
 void Loop::evaluate_set(std::int64_t step, EvalSet which) {
   const data::Dataset& set = which == EvalSet::Validation ? *o_.validation_set : *test_set_;
   auto t0 = Clock::now();
-  tower::EvalResult e = evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads);
+  // Evaluation images are normalised as the training images are, and not augmented.
+  const data::Augment transform{.mean = o_.augment.mean, .std = o_.augment.std};
+  tower::EvalResult e =
+      evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads, transform);
   const double seconds = seconds_since(t0);
   time_left_.add_eval(seconds);
   if (which == EvalSet::Validation) {

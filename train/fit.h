@@ -24,9 +24,9 @@
 // - Evaluation: every eval_every epochs (0: only at the end) and at the end, of the validation set
 //   (FitOptions::validation_set) when there is one, else of test_set; the test set is then
 //   evaluated once, at the end (also when a hook stops the run early). Every image is used (the
-//   last partial batch kept), in evaluation mode. A loss that is not finite raises NumericalError
-//   (naming the loss, the step and the last checkpoint) after the hooks' on_eval saw it, before
-//   any further step or checkpoint.
+//   last partial batch kept), in evaluation mode, normalised with augment's mean and std and not
+//   augmented. A loss that is not finite raises NumericalError (naming the loss, the step and the
+//   last checkpoint) after the hooks' on_eval saw it, before any further step or checkpoint.
 // - Checkpoints (when train_dir is set): every save_every steps (0: none on the way) and at the
 //   end, train_dir/ckpt-<step> written atomically (checkpoint.h), the newest keep_checkpoints kept
 //   (0: all); one due at an epoch's last step is written after that epoch's evaluation. Their
@@ -149,9 +149,11 @@ Plan plan(const data::Dataset& train_set, const FitOptions& options);
 FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
               const data::Dataset* test_set, const FitOptions& options, const std::vector<Hook*>& hooks = {});
 
-// Loss and top-1 accuracy of the trainer's model over every image of `set` (no augmentation, the
-// final partial batch kept), in batches of `batch` split over the towers.
-tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads = 1);
+// Loss and top-1 accuracy of the trainer's model over every image of `set` (the final partial
+// batch kept), in batches of `batch` split over the towers, each image through `transform`
+// (normalisation only by default; fit() passes its augment's mean and std).
+tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads = 1,
+                           const data::Augment& transform = data::eval_transform());
 
 // Every device's allocator statistics as lines "  /cpu:0: in use ..., peak ..., limit ...", for
 // out-of-memory reports.

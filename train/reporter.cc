@@ -265,6 +265,11 @@ void Reporter::write_locked(const std::string& line) {
   std::fflush(options_.out);
 }
 
+void Reporter::line(const std::string& text) {
+  std::lock_guard lock(mu_);
+  write_locked(text);
+}
+
 void Reporter::block(const std::string& event, const std::string& title, const Fields& fields) {
   std::lock_guard lock(mu_);
   if (progress_ == Progress::Json) {

@@ -100,6 +100,8 @@ class Reporter : public Hook {
   void eval(const EvalRecord& r);
   void epoch_end();                   // keeps the live line as a normal line
   void message(LogLevel level, std::string_view text);
+  // A line of the application's own, such as a prediction (in JSON mode, a JSON object).
+  void line(const std::string& text);
   // JSON mode: {"event": "summary", ...} is built from these; text mode prints block() lines.
   void summary(const Fields& fields, const std::string& json_object);
 

@@ -42,6 +42,9 @@ struct TrainOptions {
   double mixup = 0.0;                  // > 0: mixup of training batches, lambda ~ Beta(mixup, mixup)
   double cutmix = 0.0;                 // > 0: CutMix, lambda ~ Beta(cutmix, cutmix); with --mixup, one or the other per batch
   bool skip_bad_files = false;         // image folders: skip undecodable files instead of failing
+  std::string image_size = "32";       // N or HxW: the model's input; other sizes are resized (bilinear)
+  std::string mean = "cifar10";        // R,G,B of pixels in [0, 1] | cifar10 | imagenet: normalisation
+  std::string stddev = "cifar10";      // --std: R,G,B | cifar10 | imagenet
   double val_split = 0.0;              // > 0: this fraction of the training set held out for validation
   std::string val_dir = {};            // a validation set of its own (the kind of --data_dir)
   // model and devices

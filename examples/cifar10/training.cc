@@ -45,14 +45,75 @@ data::DatasetKind dataset_kind(const TrainOptions& o) {
   return data::detect_dataset_kind(o.data_dir);
 }
 
+}  // namespace
+
+Preprocessing preprocessing(const TrainOptions& o) {
+  Preprocessing p;
+  {
+    const std::string& v = o.image_size;
+    const std::size_t x = v.find('x');
+    std::size_t used_h = 0, used_w = 0;
+    try {
+      p.height = std::stoi(v.substr(0, x), &used_h);
+      p.width = x == std::string::npos ? p.height : std::stoi(v.substr(x + 1), &used_w);
+    } catch (const std::logic_error&) {
+      used_h = 0;
+    }
+    const bool ok = used_h == (x == std::string::npos ? v.size() : x) &&
+                    (x == std::string::npos || used_w == v.size() - x - 1) && p.height >= 1 && p.width >= 1 &&
+                    p.height <= 4096 && p.width <= 4096;
+    if (!ok)
+      raise<InvalidArgument>("--image_size \"", v, "\" is not a size; write N or HxW with sides in 1..4096, e.g. "
+                             "--image_size 64 or --image_size 48x64");
+  }
+  const auto triple = [](const char* flag, const std::string& v, std::array<float, 3> cifar10,
+                         std::array<float, 3> imagenet, bool positive) {
+    if (v == "cifar10") return cifar10;
+    if (v == "imagenet") return imagenet;
+    std::array<float, 3> out{};
+    std::size_t at = 0;
+    for (int c = 0; c < 3; ++c) {
+      const std::size_t end = c < 2 ? v.find(',', at) : v.size();
+      std::size_t used = 0;
+      bool ok = end != std::string::npos;
+      if (ok) {
+        try {
+          out[c] = std::stof(v.substr(at, end - at), &used);
+        } catch (const std::logic_error&) {
+          ok = false;
+        }
+      }
+      ok = ok && used == end - at && std::isfinite(out[c]) && (!positive || out[c] > 0);
+      if (!ok)
+        raise<InvalidArgument>("--", flag, " \"", v, "\" is not three ", positive ? "positive " : "",
+                               "numbers R,G,B (for pixels scaled to [0, 1]), cifar10 or imagenet; e.g. --", flag, " ",
+                               positive ? "0.229,0.224,0.225" : "0.485,0.456,0.406");
+      at = end + 1;
+    }
+    return out;
+  };
+  p.mean = triple("mean", o.mean, data::kCifar10Mean, {0.485f, 0.456f, 0.406f}, false);
+  p.std = triple("std", o.stddev, data::kCifar10Std, {0.229f, 0.224f, 0.225f}, true);
+  return p;
+}
+
+namespace {
+
+std::string text_of(const std::array<float, 3>& v) { return str(v[0], ",", v[1], ",", v[2]); }
+
+// The data set of `split`, its images at --image_size: an image folder resizes as it decodes,
+// the others through data::Resized.
 std::unique_ptr<data::Dataset> open(const TrainOptions& o, data::Split split) {
+  const Preprocessing p = preprocessing(o);
   data::DatasetOptions dopts;
-  dopts.folder.height = 32;
-  dopts.folder.width = 32;
+  dopts.folder.height = p.height;
+  dopts.folder.width = p.width;
   dopts.builtin.train_size = o.builtin_train_size;
   dopts.builtin.test_size = o.builtin_test_size;
   dopts.folder.bad_files = o.skip_bad_files ? data::BadFilePolicy::Skip : data::BadFilePolicy::Fail;
-  return data::open_dataset(dataset_kind(o), o.data_dir, split, dopts);
+  std::unique_ptr<data::Dataset> set = data::open_dataset(dataset_kind(o), o.data_dir, split, dopts);
+  if (set->shape().h == p.height && set->shape().w == p.width) return set;
+  return std::make_unique<data::Resized>(std::move(set), p.height, p.width);
 }
 
 // --val_split: the training set's two parts; --val_dir: a set of its own, the training set whole.
@@ -535,6 +596,9 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   // cutout, when asked for, applies to every dataset.
   fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
   fopts.augment.cutout = o.cutout;
+  const Preprocessing prep = preprocessing(o);
+  fopts.augment.mean = prep.mean;
+  fopts.augment.std = prep.std;
   fopts.mix = {.mixup_alpha = static_cast<float>(o.mixup), .cutmix_alpha = static_cast<float>(o.cutmix)};
   if (const data::ImageShape shape = train_set->shape(); o.cutout > std::max(shape.h, shape.w))
     raise<InvalidArgument>("--cutout ", o.cutout, " is larger than the ", shape.h, "x", shape.w,
@@ -585,12 +649,17 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                     {"num_classes", std::to_string(train_set->num_classes())},
                     {"options", to_json(o)},
                     {"data", data_identity(o, *train_file)},
+                    {"class_names", nlohmann::json(train_set->class_names()).dump()},
+                    {"image_size", str(prep.height, "x", prep.width)},
+                    {"mean", text_of(prep.mean)},
+                    {"std", text_of(prep.std)},
                     {"producer", "towerflow cifar10_train"}};
 
   std::unique_ptr<tower::Trainer> trainer;
   std::unique_ptr<optim::Optimizer> optimizer;
   try {
-    models::ModelOptions mopts{.num_classes = train_set->num_classes(), .seed = o.seed};
+    models::ModelOptions mopts{.num_classes = train_set->num_classes(), .seed = o.seed, .image_height = prep.height,
+                               .image_width = prep.width};
     trainer = std::make_unique<tower::Trainer>(models::factory(o.model, mopts), devices, topts);
     optimizer = optim::make_optimizer(trainer->parameters(), {.name = o.optimizer,
                                                               .lr = o.lr,
@@ -733,7 +802,7 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
   if (auto it = meta.find("options"); it != meta.end()) {
     nlohmann::json then = nlohmann::json::parse(it->second, nullptr, false);
     std::vector<std::string> taken;
-    for (const char* key : {"data_dir", "dataset", "builtin_train_size", "builtin_test_size"})
+    for (const char* key : {"data_dir", "dataset", "builtin_train_size", "builtin_test_size", "image_size", "mean", "std"})
       if (!given.count(key) && then.is_object() && then.contains(key)) {
         set_train_option(o, key, then[key].is_string() ? then[key].get<std::string>() : then[key].dump());
         taken.push_back(key);
@@ -745,7 +814,10 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
   auto test_set = open(o, data::Split::Test);
   tower::TrainerOptions topts = trainer_options(o);
   topts.remainder = tower::Remainder::Spread;
-  tower::Trainer trainer(models::factory(model, {.num_classes = test_set->num_classes(), .seed = o.seed}), devices, topts);
+  const Preprocessing prep = preprocessing(o);
+  tower::Trainer trainer(models::factory(model, {.num_classes = test_set->num_classes(), .seed = o.seed,
+                                                 .image_height = prep.height, .image_width = prep.width}),
+                         devices, topts);
   io::load_module(trainer.model(), model_file, {.destination = "the model " + model});
   trainer.broadcast_from_replica0();
 
@@ -756,7 +828,8 @@ FitResult run_evaluation(const TrainOptions& given_options, const EvalOptions& e
                   {"towers", trainer.describe()}});
   auto t0 = Clock::now();
   int batch = tower::global_batch(o.batch_size, static_cast<int>(devices.size()), topts.split);
-  tower::EvalResult r = train::evaluate(trainer, *test_set, batch, o.loader_threads);
+  tower::EvalResult r =
+      train::evaluate(trainer, *test_set, batch, o.loader_threads, data::Augment{.mean = prep.mean, .std = prep.std});
   std::int64_t step = meta.count("step") ? std::stoll(meta["step"]) : 0;
   const train::EvalRecord record{.step = step, .epoch = 0, .test_loss = r.loss, .test_acc = r.accuracy,
                                  .examples = r.rows, .seconds = seconds_since(t0), .test_top5 = r.top5,

@@ -18,6 +18,7 @@
 // last good state, and the message says where it is and which flags help); out of memory raises
 // OutOfMemory whose message adds every device's allocator statistics and the flags that would help.
 
+#include <array>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -26,6 +27,7 @@
 
 #include "core/device.h"
 #include "core/platform/options.h"
+#include "data/augment.h"
 #include "examples/cifar10/train_options.h"
 #include "train/train.h"
 
@@ -58,6 +60,15 @@ struct EvalOptions {
 // and the likely causes, after the reporter showed the evaluation.
 FitResult run_evaluation(const TrainOptions& options, const EvalOptions& eval, ProcessOptions process,
                          Reporter& reporter, const std::set<std::string>& given = {});
+
+// --image_size, --mean, --std: the model's input size and its normalisation. InvalidArgument
+// naming the flag for a value that does not parse.
+struct Preprocessing {
+  int height = 32, width = 32;
+  std::array<float, 3> mean = data::kCifar10Mean;
+  std::array<float, 3> std = data::kCifar10Std;
+};
+Preprocessing preprocessing(const TrainOptions& options);
 
 // The towers a run uses. Fills in the default device options (see run_training) before the
 // device registry is initialised; InvalidArgument for --devices / --num_gpus that do not fit.

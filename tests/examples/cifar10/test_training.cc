@@ -14,9 +14,11 @@
 #include "core/platform/platform.h"
 #include "core/platform/registry.h"
 #include "core/version.h"
+#include "examples/cifar10/predict.h"
 #include "examples/cifar10/training.h"
 #include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
+#include "data/builtin.h"
 #include "data/image_codec.h"
 #include "io/model_state.h"
 #include "models/models.h"
@@ -609,4 +611,73 @@ TEST_CASE("cifar10_train --mixup and --cutmix train on mixed batches and say so"
   one.mixup = 0.2;
   one.batch_size = 1;
   CHECK_THROWS_WITH(run_training(one, {}, reporter), Catch::Contains("--batch_size 1") && Catch::Contains("at least 2"));
+}
+
+TEST_CASE("cifar10_predict classifies image files as the evaluation does, preprocessed as the run recorded",
+          "[cifar10][predict]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path / "run");
+  o.image_size = "40";  // the 32x32 images are resized, in training and in prediction alike
+  o.mean = "imagenet";
+  o.stddev = "0.3,0.3,0.3";
+  FitResult trained = run_training(o, {}, reporter);
+  const auto meta = read_checkpoint_info(trained.last_checkpoint).metadata;
+  CHECK(meta.at("image_size") == "40x40");
+  CHECK(meta.at("mean") == "0.485,0.456,0.406");
+  CHECK(meta.at("std") == "0.3,0.3,0.3");
+  // cifar10_eval takes the recorded preprocessing: the run's own final evaluation.
+  fresh_devices();
+  CHECK(run_evaluation(TrainOptions{}, {.checkpoint = o.train_dir}, {}, reporter).test_acc == trained.test_acc);
+  for (const auto& [flag, value] : {std::pair{"image_size", "40x"}, {"image_size", "0"}, {"mean", "0.5,0.5"},
+                                    {"std", "0.2,0,0.2"}}) {
+    TrainOptions bad = o;
+    set_train_option(bad, flag, value);
+    CHECK_THROWS_WITH(run_training(bad, {}, reporter), Catch::Contains(tw::str("--", flag, " \"", value, "\"")));
+  }
+  // The test images as PNG files (lossless), named by index and true label.
+  const tw::data::Builtin test(tw::data::Split::Test, {.train_size = 128, .test_size = 64});
+  std::vector<std::uint8_t> px(test.shape().bytes());
+  for (std::int64_t i = 0; i < test.size(); ++i) {
+    const int label = test.read(i, px);
+    const auto png = tw::data::encode_png({.h = 32, .w = 32, .c = 3, .pixels = px});
+    const fs::path f = dir.path / "images" / (i < 10 ? "a" : "b") / tw::str("img", 100 + i, "_", label, ".png");
+    fs::create_directories(f.parent_path());
+    tw::io::write_file_atomically(f, std::string(png.begin(), png.end()));
+  }
+  fresh_devices();
+  Output pout;
+  Reporter preporter(pout.reporter_options());
+  const Predictions p = run_prediction({}, {.checkpoint = o.train_dir, .inputs = {(dir.path / "images").string()},
+                                            .top_k = 3, .batch = 10}, {}, preporter);
+  REQUIRE(p.images.size() == 64);
+  CHECK(p.class_names == test.class_names());
+  int correct = 0;
+  for (const auto& image : p.images) {
+    const int label = image.path[image.path.size() - 5] - '0';
+    correct += image.top[0] == label;
+    CHECK(image.top.size() == 3);
+    CHECK(image.probabilities[image.top[0]] >= image.probabilities[image.top[1]]);
+    float sum = 0;
+    for (float q : image.probabilities) sum += q;
+    CHECK(sum == Approx(1.0f).epsilon(1e-5));
+  }
+  CHECK(p.images.front().path.find("/a/img100_") != std::string::npos);  // folders in name order
+  CHECK(static_cast<double>(correct) / 64 == Approx(trained.test_acc));
+  const auto lines = pout.lines();
+  const auto last = nlohmann::json::parse(lines.back());
+  CHECK(last["top"].size() == 3);
+  CHECK(last["logits"].size() == 10);
+
+  // Bad input: a missing file, a folder without images, a file that is not an image.
+  CHECK_THROWS_WITH(run_prediction({}, {.checkpoint = o.train_dir, .inputs = {"/nonexistent.png"}}, {}, preporter),
+                    Catch::Contains("/nonexistent.png does not exist"));
+  fs::create_directories(dir.path / "empty");
+  CHECK_THROWS_WITH(run_prediction({}, {.checkpoint = o.train_dir, .inputs = {(dir.path / "empty").string()}}, {}, preporter),
+                    Catch::Contains("holds no .jpg"));
+  tw::io::write_file_atomically(dir.path / "bad.png", "not an image");
+  CHECK_THROWS_WITH(run_prediction({}, {.checkpoint = o.train_dir, .inputs = {(dir.path / "bad.png").string()}}, {}, preporter),
+                    Catch::Contains("bad.png"));
 }
