@@ -36,7 +36,13 @@ void relu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* 
   each(ctx, n, [=](std::int64_t i) { y[i] = x[i] < 0.0f ? 0.0f : x[i]; });  // NaN stays NaN, as in PyTorch
 }
 void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const float* dy, float* dx) {
-  each(ctx, n, [=](std::int64_t i) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; });
+  // dy is loaded whatever y is, so that the select compiles to a blend: written as
+  // `y > 0 ? dy : 0`, the load is conditional and the compiler keeps a branch, which mispredicts
+  // on about half of a ReLU's outputs (8x the forward's time on tfcnn's pool1).
+  each(ctx, n, [=](std::int64_t i) {
+    const float g = dy[i];
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  });
 }
 void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y) {
   ctx.parallel_for(rows, std::max<std::int64_t>(1, kMinElementsPerThread / std::max(1, c)),
