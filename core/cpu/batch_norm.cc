@@ -28,6 +28,11 @@ using detail::Vec8;
 
 namespace {
 
+// The ReLU's gradient with both values loaded first, so that the select compiles to a blend
+// rather than a branch that mispredicts on about half of a ReLU's outputs.
+inline float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+
 constexpr std::int64_t kRowsPerBlock = 512;
 
 void check_args(const char* kernel, std::int64_t rows, int c, float eps) {
@@ -230,14 +235,14 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
       if (d_pre_relu) {
         float* dr = d_pre_relu + r * c;  // may be dy itself: read before write, element-wise
         for (int ch = 0; ch < c; ++ch) {
-          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          const float g = relu_grad(yr[ch], gr[ch]);
           dr[ch] = g;
           s1[ch] += g;
           s2[ch] += g * (xr[ch] - mean[ch]);
         }
       } else {
         for (int ch = 0; ch < c; ++ch) {
-          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          const float g = relu_grad(yr[ch], gr[ch]);
           s1[ch] += g;
           s2[ch] += g * (xr[ch] - mean[ch]);
         }
@@ -259,7 +264,7 @@ void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x
       if (y) {
         const float* yr = y + r * c;
         for (int ch = 0; ch < c; ++ch) {
-          const float g = yr[ch] > 0.0f ? gr[ch] : 0.0f;
+          const float g = relu_grad(yr[ch], gr[ch]);
           dr[ch] = a[ch] * ((g - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
         }
       } else {
