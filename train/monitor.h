@@ -96,7 +96,6 @@ class KeepBest : public Hook {
  private:
   MetricWatch watch_;
   std::filesystem::path dir_, last_;
-  const StartInfo* start_ = nullptr;  // valid from on_start until fit() returns
   tower::Trainer* trainer_ = nullptr;
   optim::Optimizer* optimizer_ = nullptr;
   io::Metadata metadata_;
