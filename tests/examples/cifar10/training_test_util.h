@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "data/image_codec.h"
 #include "examples/cifar10/train_options.h"
+#include "io/atomic_file.h"
 #include "train/fit_test_util.h"
 
 namespace towerflow::cifar10::testing {
@@ -26,6 +28,18 @@ using train::testing::tensors_of;
 using train::testing::TempDir;
 
 // A run of a few steps: 128 training and 64 test images, batch 32 over the two CPU towers.
+// An image folder under `root`: class0/ .. class<classes-1>/, each with `per_class` grey 32x32
+// PNGs named 0.png, 1.png, ...
+inline void write_image_folder(const std::filesystem::path& root, int classes, int per_class) {
+  const auto png = data::encode_png({.h = 32, .w = 32, .c = 3, .pixels = std::vector<std::uint8_t>(32 * 32 * 3, 90)});
+  for (int cls = 0; cls < classes; ++cls) {
+    const std::filesystem::path d = root / ("class" + std::to_string(cls));
+    std::filesystem::create_directories(d);
+    for (int i = 0; i < per_class; ++i)
+      io::write_file_atomically(d / (std::to_string(i) + ".png"), std::string(png.begin(), png.end()));
+  }
+}
+
 inline TrainOptions tiny_options(const std::filesystem::path& train_dir) {
   TrainOptions o;
   o.builtin_train_size = 128;
