@@ -22,12 +22,13 @@ ParameterSet ParameterSet::single(std::span<float> params, std::span<const float
   return set;
 }
 
-// State buffers of one copy: host vectors for a CPU copy; for a GPU copy, buffers from the
-// device's allocator, updated, read and written through the device's tensor backend.
+// State buffers of one copy, updated, read and written through the copy's device's tensor
+// backend: host vectors for a CPU copy, buffers from the device's allocator otherwise.
 struct Optimizer::CopyState {
-  std::vector<std::vector<float>> host;
-  Backend* backend = nullptr;  // null for a CPU copy
-  std::vector<float*> device;
+  Backend* backend = nullptr;
+  std::vector<std::vector<float>> host;  // a CPU copy's buffers
+  std::vector<float*> buffers;           // [state], host[k].data() or device memory
+  bool in_device_memory = false;         // buffers are the backend allocator's
 
   CopyState() = default;
   CopyState(const CopyState&) = delete;
@@ -35,23 +36,15 @@ struct Optimizer::CopyState {
   ~CopyState() {
     // Stream-ordered frees (Note [Stream-ordered frees] in core/cuda/context.cc): later work on
     // the backend's queue is the memory's next user.
-    for (float* p : device) backend->allocator().deallocate(p);
+    if (in_device_memory)
+      for (float* p : buffers) backend->allocator().deallocate(p);
   }
 
-  float* buffer(std::size_t k) { return backend ? device[k] : host[k].data(); }
   void read(std::size_t k, std::size_t offset, std::size_t n, float* out) const {
-    if (!backend) {
-      std::copy(host[k].begin() + offset, host[k].begin() + offset + n, out);
-      return;
-    }
-    backend->copy_to_host(out, device[k] + offset, n * sizeof(float));
+    backend->copy_to_host(out, buffers[k] + offset, n * sizeof(float));
   }
   void write(std::size_t k, std::size_t offset, const std::vector<float>& v) {
-    if (!backend) {
-      std::copy(v.begin(), v.end(), host[k].begin() + offset);
-      return;
-    }
-    backend->copy_from_host(device[k] + offset, v.data(), v.size() * sizeof(float));
+    backend->copy_from_host(buffers[k] + offset, v.data(), v.size() * sizeof(float));
     backend->synchronize();
   }
 };
@@ -79,22 +72,23 @@ Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> st
   TW_CHECK(covered <= n, "slots cover ", covered, " of ", n, " floats");
   // State lives with its copy: host memory for CPU copies, device memory for GPU copies.
   for (const ParameterCopy& c : params_.copies) {
+    // The device's own backend: its queue, its allocator (in a build without CUDA, a GPU copy
+    // raises DeviceError, "rebuild with -DTOWERFLOW_CUDA=ON").
+    Backend& be = backend_for(c.device);
+    if (!be.supports(OpKind::kOptimizerUpdate))
+      raise<DeviceError>("an optimizer cannot update parameters on ", c.device, ": its backend (",
+                         be.name(), ") has no fused optimizer update");
     auto st = std::make_unique<CopyState>();
+    st->backend = &be;
     if (c.device.is_cpu()) {
       st->host.assign(state_names_.size(), std::vector<float>(n, 0.f));
+      for (auto& h : st->host) st->buffers.push_back(h.data());
     } else {
-      // The device's own backend: its stream, its allocator (in a build without CUDA this raises
-      // DeviceError, "rebuild with -DTOWERFLOW_CUDA=ON").
-      Backend& be = backend_for(c.device);
-      if (!be.supports(OpKind::kOptimizerUpdate))
-        raise<DeviceError>("an optimizer cannot update parameters on ",
-                           c.device, ": its backend (", be.name(), ") has no fused optimizer "
-                           "update");
-      st->backend = &be;
+      st->in_device_memory = true;
       for (std::size_t k = 0; k < state_names_.size(); ++k) {
-        st->device.push_back(static_cast<float*>(
+        st->buffers.push_back(static_cast<float*>(
             be.allocator().allocate(std::max<std::size_t>(1, n) * sizeof(float))));
-        be.fill(static_cast<std::int64_t>(n), 0.0f, st->device.back());
+        be.fill(static_cast<std::int64_t>(n), 0.0f, st->buffers.back());
       }
       be.synchronize();
     }
@@ -118,19 +112,11 @@ void Optimizer::step() {
   auto one = [&](int i) {
     CopyState& cs = *state_[i];
     const ParameterCopy& c = params_.copies[i];
-    if (cs.backend) {
-      std::vector<float*> st;
-      for (std::size_t k = 0; k < state_names_.size(); ++k) st.push_back(cs.buffer(k));
-      update_device(*cs.backend, static_cast<std::int64_t>(c.params.size()), c.params.data(),
-                    c.grads.data(), st.data(), lr, t);
-      // The next forward runs on the same stream and would see the update anyway; waiting keeps
-      // step()'s promise (complete on return) and reports a failure of the update here.
-      cs.backend->synchronize();
-      return;
-    }
-    std::vector<std::span<float>> st;
-    for (auto& buf : cs.host) st.emplace_back(buf);
-    update(c.params, c.grads, st, lr, t);
+    apply(*cs.backend, static_cast<std::int64_t>(c.params.size()), c.params.data(), c.grads.data(),
+          cs.buffers.data(), lr, t);
+    // The next forward runs on the same queue and would see the update anyway; waiting keeps
+    // step()'s promise (complete on return) and reports a failure of the update here.
+    cs.backend->synchronize();
   };
   if (params_.for_each_copy) {
     params_.for_each_copy(one);

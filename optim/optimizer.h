@@ -11,12 +11,14 @@
 // as "<slot name>.<state name>" ("conv1.weight.momentum_buffer"), with the step count; load_state
 // writes the same values into every copy.
 //
-// GPU copies are updated by their device's tensor backend (backend_for(device), the fused
-// kOptimizerUpdate op of core/tensor/backend_impl.h), on the same stream as the device's tensor
-// ops and with memory from the same allocator; optim/ sees no CUDA. step() returns once the
-// update is complete on the device. The gradients must be complete when step() is called (the
-// tower trainer's forward_backward returns only then). In a build without CUDA, an optimizer
-// over a GPU copy raises DeviceError; a device whose backend has no fused update raises it too.
+// Every copy is updated by its device's tensor backend (backend_for(device), the fused
+// kOptimizerUpdate op of core/tensor/backend_impl.h, one formula and one validation for every
+// device): on a GPU, on the same stream as the device's tensor ops, with state from the same
+// allocator; on a CPU, in host memory outside the device's allocator (the memory a run reports is
+// the model's). optim/ sees no CUDA. step() returns once the update is complete on the device.
+// The gradients must be complete when step() is called (the tower trainer's forward_backward
+// returns only then). In a build without CUDA, an optimizer over a GPU copy raises DeviceError; a
+// device whose backend has no fused update raises it too.
 //
 // Thread-safety: an optimizer is driven from one thread (the training loop).
 
@@ -71,14 +73,11 @@ class Optimizer {
  protected:
   Optimizer(ParameterSet params, double lr, std::vector<std::string> state_names);
 
-  // Updates one copy: p -= ..., from g, with this copy's state buffers (state_names() order).
-  // step is 1 for the first update.
-  virtual void update(std::span<float> p, std::span<const float> g,
-                      std::span<const std::span<float>> state, double lr, std::int64_t step) = 0;
-  // The same on a copy in device memory: n floats each, queued on `backend` (the copy's device's
-  // tensor backend) with its fused update op.
-  virtual void update_device(Backend& backend, std::int64_t n, float* p, const float* g,
-                             float* const* state, double lr, std::int64_t step) = 0;
+  // Queues one copy's update on `backend` (the copy's device's tensor backend, its fused
+  // kOptimizerUpdate op): n floats each of parameters, gradients and every state buffer
+  // (state_names() order), all in that device's memory. step is 1 for the first update.
+  virtual void apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
+                     double lr, std::int64_t step) = 0;
 
  private:
   struct CopyState;  // one copy's state buffers, on its device

@@ -242,8 +242,8 @@ class Backend {
   // formulas and validation of core/tensor/optimizer_update.h; queued like any other call, so an
   // update on the device's own queue is ordered after the backward that wrote the gradients and
   // before the next forward. momentum_buf may be null only when momentum == 0; Adam's state is
-  // zero-initialised by the caller. The base class has no kernels (supports() is false and these
-  // throw DeviceError): the CPU's updates are optim/'s own host loops, so only GPUs override them.
+  // zero-initialised by the caller. Every backend of this tree has them (the CPU's and the GPU's);
+  // the base class's throw DeviceError, for a backend without them (supports() false).
   virtual void sgd_update(std::int64_t n, float* params, const float* grads, float* momentum_buf,
                           const SgdUpdate& update) {
     no_optimizer_kernel("sgd_update");

@@ -15,6 +15,7 @@
 #include "core/cpu/pool.h"
 #include "core/error.h"
 #include "core/memory/allocator.h"
+#include "core/tensor/optimizer_update.h"
 
 namespace towerflow {
 
@@ -36,14 +37,11 @@ class CpuBackend final : public Backend {
   std::string name() const override {
     return str("CPU (", ctx_.threads(), " threads, Eigen)");
   }
-  // The CPU's optimizer updates are optim/'s host loops (PyTorch's float arithmetic, tested
-  // against its fixtures), not backend kernels.
   bool supports(OpKind op) const override {
     if (op == OpKind::kBf16Products && !cpu::bf16_products_in_kernels(cpu::active_bf16_kernels()))
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
     if (op == OpKind::kFp16Products) return false;  // fp16 is always emulated on CPUs
-    return op != OpKind::kOptimizerUpdate &&
-           std::find(missing_.begin(), missing_.end(), op) == missing_.end();
+    return std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
   std::string describe_products(Precision p) const override {
     return p == Precision::Bf16 ? cpu::describe_bf16_kernels() : Backend::describe_products(p);
@@ -74,6 +72,59 @@ class CpuBackend final : public Backend {
 
   void round_to_fp16(std::int64_t n, const float* x, float* y) override {
     each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_fp16(e - b, x + b, y + b); });
+  }
+
+  // ---- fused optimizer updates ---------------------------------------------------------------
+  // Float arithmetic term for term as PyTorch's CPU single-tensor kernels evaluate it, so updates
+  // agree with torch.optim to the last bit or two (tests/optim, against its fixtures). Each
+  // element is independent: the split across threads does not change a bit.
+  void sgd_update(std::int64_t n, float* p, const float* g, float* buf,
+                  const SgdUpdate& u) override {
+    check_sgd_update(u);
+    if (u.momentum != 0.0f && buf == nullptr)
+      raise<InvalidArgument>("SGD with momentum ", u.momentum,
+                             " needs a momentum buffer (momentum_buf is null)");
+    const float lr = u.lr, wd = u.weight_decay, mu = u.momentum, keep = 1.0f - u.dampening;
+    if (mu == 0) {
+      each(n, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) p[i] -= lr * (wd != 0 ? g[i] + wd * p[i] : g[i]);
+      });
+      return;
+    }
+    each(n, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) {
+        const float d = wd != 0 ? g[i] + wd * p[i] : g[i];
+        const float m = u.first_step ? d : buf[i] * mu + keep * d;
+        buf[i] = m;
+        p[i] -= lr * (u.nesterov ? d + mu * m : m);
+      }
+    });
+  }
+  // The bias corrections in double, the element-wise work in float (torch.optim.Adam).
+  void adam_update(std::int64_t n, float* p, const float* g, float* m, float* v,
+                   const AdamUpdate& u) override {
+    check_adam_update(u);
+    const double t = static_cast<double>(u.step);
+    const double bc1 = 1 - std::pow(static_cast<double>(u.beta1), t);
+    const double bc2 = 1 - std::pow(static_cast<double>(u.beta2), t);
+    const float step_size = static_cast<float>(u.lr / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float b1 = u.beta1, b2 = u.beta2, one_m_b1 = 1.0f - u.beta1, one_m_b2 = 1.0f - u.beta2;
+    const float eps = u.eps, wd = u.weight_decay;
+    const float decay = static_cast<float>(1.0 - static_cast<double>(u.lr) * u.weight_decay);
+    each(n, [&](std::int64_t b, std::int64_t e) {
+      for (std::int64_t i = b; i < e; ++i) {
+        float gi = g[i];
+        if (wd != 0) {
+          if (u.decoupled_weight_decay) p[i] *= decay;
+          else gi = gi + wd * p[i];
+        }
+        m[i] = m[i] * b1 + one_m_b1 * gi;
+        v[i] = v[i] * b2 + one_m_b2 * gi * gi;
+        const float denom = std::sqrt(v[i]) / bc2_sqrt + eps;
+        p[i] += -step_size * (m[i] / denom);
+      }
+    });
   }
 
   // ---- elementwise -------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 #pragma once
 // The hyper-parameters of one fused optimizer update over a flat buffer (Backend::sgd_update and
-// Backend::adam_update, core/tensor/backend_impl.h), with PyTorch's semantics (torch.optim SGD,
-// Adam and AdamW, single-tensor formulas), and the one rule that validates them for every backend
-// and for optim/ alike, so that a value one device accepts is never refused by another.
+// Backend::adam_update, core/tensor/backend_impl.h; every backend, the CPU's included, has them),
+// with PyTorch's semantics (torch.optim SGD, Adam and AdamW, single-tensor formulas), and the one
+// rule that validates them for every backend and for optim/ alike, so that a value one device
+// accepts is never refused by another.
 
 #include <cmath>
 #include <cstdint>
@@ -37,32 +38,46 @@ struct AdamUpdate {
 };
 
 // PyTorch's rules: lr >= 0, momentum >= 0, dampening in [0, 1], weight_decay >= 0, nesterov
-// only with momentum > 0 and dampening 0. Throws InvalidArgument naming the value.
+// only with momentum > 0 and dampening 0; every value finite. Throws InvalidArgument naming the
+// field, the value and a usual value. The optimizer's constructor applies it once (optim/sgd.cc);
+// each backend's op applies it again for its direct callers.
 inline void check_sgd_update(const SgdUpdate& u) {
-  if (!(u.lr >= 0.0f)) raise<InvalidArgument>("SGD learning rate ", u.lr, " must be >= 0");
-  if (!(u.momentum >= 0.0f)) raise<InvalidArgument>("SGD momentum ", u.momentum, " must be >= 0");
+  auto non_negative = [](const char* field, float v, const char* usual) {
+    if (!(v >= 0.0f) || !std::isfinite(v))
+      raise<InvalidArgument>("SGD ", field, " ", v, " is invalid; use a finite value >= 0 (e.g. ",
+                             usual, ")");
+  };
+  non_negative("lr", u.lr, "0.1");
+  non_negative("momentum", u.momentum, "0.9");
+  non_negative("weight_decay", u.weight_decay, "5e-4");
   if (!(u.dampening >= 0.0f && u.dampening <= 1.0f))
-    raise<InvalidArgument>("SGD dampening ", u.dampening, " must be in [0, 1]");
-  if (!(u.weight_decay >= 0.0f))
-    raise<InvalidArgument>("SGD weight_decay ", u.weight_decay, " must be >= 0");
+    raise<InvalidArgument>("SGD dampening ", u.dampening, " is invalid; use a value in [0, 1] (e.g. 0)");
   if (u.nesterov && (u.momentum <= 0.0f || u.dampening != 0.0f))
     raise<InvalidArgument>("SGD with nesterov needs momentum > 0 and dampening 0 (got momentum ",
                            u.momentum, ", dampening ", u.dampening, ")");
 }
 
-// PyTorch's rules (torch.optim.Adam): lr >= 0, betas in [0, 1), eps >= 0 (0 is allowed, as in
-// PyTorch: a zero second moment then gives NaN, on every device alike), weight_decay >= 0,
-// step >= 1. Throws InvalidArgument naming the value.
+// PyTorch's rules (torch.optim.Adam): lr >= 0, betas in [0, 1) (in float: a beta that rounds to
+// 1 is refused), eps >= 0 (0 is allowed, as in PyTorch: a zero second moment then gives NaN, on
+// every device alike), weight_decay >= 0, step >= 1; every value finite. Throws InvalidArgument
+// naming the field, the value and a usual value.
 inline void check_adam_update(const AdamUpdate& u) {
   const char* name = u.decoupled_weight_decay ? "AdamW" : "Adam";
-  if (!(u.lr >= 0.0f)) raise<InvalidArgument>(name, " learning rate ", u.lr, " must be >= 0");
-  if (!(u.beta1 >= 0.0f && u.beta1 < 1.0f))
-    raise<InvalidArgument>(name, " beta1 ", u.beta1, " must be in [0, 1)");
-  if (!(u.beta2 >= 0.0f && u.beta2 < 1.0f))
-    raise<InvalidArgument>(name, " beta2 ", u.beta2, " must be in [0, 1)");
-  if (!(u.eps >= 0.0f)) raise<InvalidArgument>(name, " eps ", u.eps, " must be >= 0 (e.g. 1e-8)");
-  if (!(u.weight_decay >= 0.0f))
-    raise<InvalidArgument>(name, " weight_decay ", u.weight_decay, " must be >= 0");
+  auto non_negative = [&](const char* field, float v, const char* usual) {
+    if (!(v >= 0.0f) || !std::isfinite(v))
+      raise<InvalidArgument>(name, " ", field, " ", v, " is invalid; use a finite value >= 0 (e.g. ",
+                             usual, ")");
+  };
+  auto beta = [&](const char* field, float v, const char* usual) {
+    if (!(v >= 0.0f && v < 1.0f))
+      raise<InvalidArgument>(name, " ", field, " ", v, " is invalid; use a value in [0, 1) (e.g. ",
+                             usual, ")");
+  };
+  non_negative("lr", u.lr, "1e-3");
+  beta("beta1", u.beta1, "0.9");
+  beta("beta2", u.beta2, "0.999");
+  non_negative("eps", u.eps, "1e-8");
+  non_negative("weight_decay", u.weight_decay, u.decoupled_weight_decay ? "1e-2" : "0");
   if (u.step < 1)
     raise<InvalidArgument>(name, " step ", u.step, " must be >= 1 (1 for the first update)");
 }

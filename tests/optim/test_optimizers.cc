@@ -5,6 +5,10 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/platform/registry.h"
+#include "core/memory/allocator.h"
+#include "core/tensor/backend_impl.h"
+#include "core/tensor/cpu_backend.h"
 #include "core/tensor/optimizer_update.h"
 #include "fixtures.h"
 #include "optim/optim.h"
@@ -82,6 +86,10 @@ TEST_CASE("optimizers match torch.optim step by step", "[optim]") {
 }
 
 TEST_CASE("every copy gets the identical update, state saves and restores by name", "[optim]") {
+  // Two CPU devices, each copy updated by its own device's backend.
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+  initialise_devices(ProcessOptions{.device_count = {{"CPU", 2}}});
   const auto& c = optim_reference()["optimizers"][3];  // sgd_nesterov
   REQUIRE(c["name"] == "sgd_nesterov");
   const auto init = c["init"].get<std::vector<float>>();
@@ -204,4 +212,47 @@ TEST_CASE("Adam accepts eps = 0 on every device and refuses a negative eps", "[o
   CHECK_THROWS_WITH(check_adam_update({.beta1 = 1.0f}), Catch::Contains("beta1"));
   CHECK_THROWS_WITH(check_sgd_update({.momentum = 0.0f, .nesterov = true}),
                     Catch::Contains("nesterov"));
+}
+
+TEST_CASE("one update path: a copy in device memory gets the CPU copy's bits, a backend without "
+          "the fused update is refused by name", "[optim]") {
+  const auto& c = optim_reference()["optimizers"][3];  // sgd_nesterov
+  REQUIRE(c["name"] == "sgd_nesterov");
+  const auto init = c["init"].get<std::vector<float>>();
+  // A stand-in for a GPU: host memory behind /gpu:0, its state from the device's allocator.
+  const Device gpu = Device::gpu(0);
+  auto allocator = make_bfc_allocator(make_host_sub_allocator(),
+                                      {.device_name = "/gpu:0 (test)", .limit_bytes = 16 << 20});
+  set_backend_for_testing(gpu, make_cpu_backend(gpu, *allocator, 1));
+  for (const auto& kind : {"sgd_nesterov", "adamw"}) {
+    SECTION(kind) {
+      const nlohmann::json* ref = nullptr;
+      for (const auto& o : optim_reference()["optimizers"])
+        if (o["name"] == kind) ref = &o;
+      REQUIRE(ref != nullptr);
+      std::vector<float> host = (*ref)["init"].get<std::vector<float>>(), dev = host, g(host.size());
+      ParameterSet set;
+      set.slots = slots_of(*ref);
+      set.copies = {{.device = Device::cpu(0), .params = host, .grads = g},
+                    {.device = gpu, .params = dev, .grads = g}};
+      auto opt = make(*ref, set);
+      for (std::size_t s = 0; s < (*ref)["grads"].size(); ++s) {
+        load(g, (*ref)["grads"][s]);
+        opt->step();
+      }
+      CHECK(host == dev);
+      CHECK(allocator->stats().bytes_in_use > 0);  // the state lives in the device's memory
+      const OptimizerState saved = opt->state();
+      opt.reset();
+      CHECK(allocator->stats().bytes_in_use == 0);
+      CHECK(!saved.tensors.empty());
+    }
+  }
+  set_backend_for_testing(gpu, make_cpu_backend(gpu, *allocator, 1, {OpKind::kOptimizerUpdate}));
+  std::vector<float> p = init, g(p.size());
+  ParameterSet set;
+  set.copies = {{.device = gpu, .params = p, .grads = g}};
+  REQUIRE_THROWS_WITH(Sgd(set, {.lr = 0.1}),
+                      Catch::Contains("/gpu:0") && Catch::Contains("no fused optimizer update"));
+  set_backend_for_testing(gpu, nullptr);
 }
