@@ -6,19 +6,13 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace towerflow {
 
 std::string_view to_string(DeviceKind kind) { return kind == DeviceKind::CPU ? "CPU" : "GPU"; }
 
 namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 [[noreturn]] void bad_name(std::string_view name, std::string_view why) {
   raise<InvalidArgument>("invalid device name '", name, "': ", why,
@@ -47,9 +41,7 @@ Device parse_kind_index(std::string_view name, std::string_view spec) {
 }  // namespace
 
 Device Device::parse(std::string_view name) {
-  std::string_view s = name;
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  const std::string_view s = trim(name);
   if (s.empty()) bad_name(name, "the name is empty");
   if (s.front() != '/') {
     if (lower(s).rfind("cuda", 0) == 0 || lower(s).rfind("cpu", 0) == 0 ||

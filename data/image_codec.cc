@@ -12,6 +12,7 @@
 #include <png.h>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace towerflow::data {
 
@@ -160,8 +161,7 @@ Image decode_header(std::span<const std::uint8_t> bytes, const std::string& what
 }
 
 bool is_image_file(const std::filesystem::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  const std::string ext = lower(p.extension().string());
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 

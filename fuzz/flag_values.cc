@@ -18,10 +18,6 @@ namespace tw = towerflow;
 
 namespace {
 
-const char* const kProcessOptions[] = {"visible_device_list", "per_process_gpu_memory_fraction", "rate",
-                                       "allow_growth", "memory_growth", "virtual_devices", "memory_limit",
-                                       "device_count", "allow_soft_placement", "log_device_placement",
-                                       "intra_op_threads"};
 
 void parse(std::uint8_t which, std::uint8_t pick, std::string_view value) {
   switch (which % 10) {
@@ -34,7 +30,10 @@ void parse(std::uint8_t which, std::uint8_t pick, std::string_view value) {
     }
     case 1: {
       tw::ProcessOptions o;
-      tw::set_process_option(o, kProcessOptions[pick % std::size(kProcessOptions)], value);
+      const auto& table = tw::process_option_table();
+      const tw::ProcessOptionInfo& info = table[pick % table.size()];
+      const bool alias = (pick / table.size()) % 2 == 1 && !info.alias.empty();
+      tw::set_process_option(o, alias ? info.alias : info.name, value);
       (void)tw::to_string(o);
       break;
     }

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/strings.h"
 
 namespace towerflow {
 namespace {
@@ -37,13 +38,6 @@ std::string_view strip(std::string_view s) {
 std::string rstrip(std::string s) {
   while (!s.empty() && is_space(s.back())) s.pop_back();
   return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return out;
 }
 
 // Splits at "\n", "\r\n" and "\r" (Python's universal newlines).

@@ -10,38 +10,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/strings.h"
 
 namespace towerflow {
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string upper(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::vector<std::string_view> split(std::string_view s, char sep) {
-  std::vector<std::string_view> parts;
-  while (true) {
-    auto pos = s.find(sep);
-    parts.push_back(s.substr(0, pos));
-    if (pos == std::string_view::npos) break;
-    s.remove_prefix(pos + 1);
-  }
-  return parts;
-}
 
 // Numbers print without trailing zeros so a printed option parses back to the same value.
 std::string format_number(double v) {
@@ -138,6 +110,132 @@ std::string normalised_list(std::string_view s) {
   for (char c : s)
     if (!std::isspace(static_cast<unsigned char>(c))) out += c;
   return out;
+}
+
+// ---- the table ------------------------------------------------------------------------------
+// One row per option: the flags (options_flags.cc), the INI reader, merged_with,
+// option_differences, to_string and is_process_option all walk it, so an option is added here
+// and nowhere else.
+struct Row {
+  ProcessOptionInfo info;
+  // Parses `value` (trimmed) into the field; `key` is the spelling used, for messages.
+  void (*set)(ProcessOptions& o, std::string_view key, std::string_view value);
+  void (*merge)(ProcessOptions& into, const ProcessOptions& from);  // from's set values win
+  std::string (*shown)(const ProcessOptions& o);      // to_string's value text; empty when unset
+  std::string (*effective)(const ProcessOptions& o);  // the value in force, unset as its default
+};
+
+template <auto M>
+void merge_optional(ProcessOptions& into, const ProcessOptions& from) {
+  if (from.*M) into.*M = from.*M;
+}
+template <auto M>
+void merge_entries(ProcessOptions& into, const ProcessOptions& from) {
+  for (const auto& [k, v] : from.*M) (into.*M)[k] = v;
+}
+template <auto M>
+void set_bool(ProcessOptions& o, std::string_view key, std::string_view value) {
+  o.*M = parse_bool_option(key, value);
+}
+template <auto M>
+std::string shown_bool(const ProcessOptions& o) {
+  return o.*M ? format_bool(*(o.*M)) : "";
+}
+template <auto M>
+std::string effective_bool(const ProcessOptions& o) {
+  return format_bool((o.*M).value_or(false));
+}
+std::string or_empty(const std::string& s) { return s == "unset" ? "" : s; }
+
+const Row kRows[] = {
+    {{"visible_device_list", "", "IDS", "GPU ids this process uses, in logical order, e.g. \"1,0\"", "all"},
+     [](ProcessOptions& o, std::string_view, std::string_view v) { o.visible_device_list = normalised_list(v); },
+     merge_optional<&ProcessOptions::visible_device_list>,
+     [](const ProcessOptions& o) {
+       return o.visible_device_list ? str("\"", *o.visible_device_list, "\"") : std::string();
+     },
+     [](const ProcessOptions& o) {
+       const std::string s = normalised_list(o.visible_device_list.value_or(""));
+       return s.empty() ? std::string("all") : "\"" + s + "\"";
+     }},
+    {{"per_process_gpu_memory_fraction", "rate", "FRACTION", "share of each GPU's memory to use, in (0, 1]",
+      "all but a reserve"},
+     [](ProcessOptions& o, std::string_view key, std::string_view v) {
+       o.per_process_gpu_memory_fraction =
+           parse_double(key, v, "a fraction of each GPU's memory in (0, 1], e.g. 0.4");
+     },
+     merge_optional<&ProcessOptions::per_process_gpu_memory_fraction>,
+     [](const ProcessOptions& o) {
+       return o.per_process_gpu_memory_fraction ? format_number(*o.per_process_gpu_memory_fraction)
+                                                : std::string();
+     },
+     [](const ProcessOptions& o) {
+       return o.per_process_gpu_memory_fraction ? format_number(*o.per_process_gpu_memory_fraction)
+                                                : std::string("unset");
+     }},
+    {{"allow_growth", "", "", "GPU pools grow on demand instead of reserving their limit", "false"},
+     set_bool<&ProcessOptions::allow_growth>, merge_optional<&ProcessOptions::allow_growth>,
+     shown_bool<&ProcessOptions::allow_growth>, effective_bool<&ProcessOptions::allow_growth>},
+    {{"memory_growth", "", "ID=BOOL,...", "growth per visible GPU id, e.g. 0=true,1=true", "none"},
+     [](ProcessOptions& o, std::string_view, std::string_view v) { o.memory_growth = parse_memory_growth(v); },
+     merge_entries<&ProcessOptions::memory_growth>,
+     [](const ProcessOptions& o) { return or_empty(format_memory_growth(o.memory_growth)); },
+     [](const ProcessOptions& o) { return format_memory_growth(o.memory_growth); }},
+    {{"virtual_devices", "", "SPEC",
+      "split devices, limits in MiB: \"0:1024,2048;1:\" (N-th GPU in use), \"cpu:512,512\"", "none"},
+     [](ProcessOptions& o, std::string_view, std::string_view v) { o.virtual_devices = parse_virtual_devices(v); },
+     [](ProcessOptions& into, const ProcessOptions& from) {
+       if (from.virtual_devices.gpu_memory_limits_mb)
+         into.virtual_devices.gpu_memory_limits_mb = from.virtual_devices.gpu_memory_limits_mb;
+       if (from.virtual_devices.cpu_memory_limits_mb)
+         into.virtual_devices.cpu_memory_limits_mb = from.virtual_devices.cpu_memory_limits_mb;
+     },
+     [](const ProcessOptions& o) {
+       return o.virtual_devices == VirtualDevices{}
+                  ? std::string()
+                  : str("\"", format_virtual_devices(o.virtual_devices), "\"");
+     },
+     [](const ProcessOptions& o) { return format_virtual_devices(o.virtual_devices); }},
+    {{"memory_limit", "", "DEVICE=MiB,...", "hard limit per logical device in MiB, e.g. gpu:0=4096,cpu:0=2048",
+      "none"},
+     [](ProcessOptions& o, std::string_view, std::string_view v) { o.memory_limit_mb = parse_memory_limits(v); },
+     merge_entries<&ProcessOptions::memory_limit_mb>,
+     [](const ProcessOptions& o) { return or_empty(format_memory_limits(o.memory_limit_mb)); },
+     [](const ProcessOptions& o) { return format_memory_limits(o.memory_limit_mb); }},
+    {{"device_count", "", "KIND=N,...", "logical CPU devices and a GPU cap, e.g. CPU=2,GPU=1", "CPU=1"},
+     [](ProcessOptions& o, std::string_view, std::string_view v) { o.device_count = parse_device_count(v); },
+     merge_entries<&ProcessOptions::device_count>,
+     [](const ProcessOptions& o) { return or_empty(format_device_count(o.device_count)); },
+     [](const ProcessOptions& o) {
+       std::map<std::string, int> m = o.device_count;
+       m.try_emplace("CPU", 1);  // the default, so an explicit CPU=1 configures the same devices
+       return format_device_count(m);
+     }},
+    {{"allow_soft_placement", "", "", "fall back to an existing device instead of failing", "false"},
+     set_bool<&ProcessOptions::allow_soft_placement>, merge_optional<&ProcessOptions::allow_soft_placement>,
+     shown_bool<&ProcessOptions::allow_soft_placement>, effective_bool<&ProcessOptions::allow_soft_placement>},
+    {{"log_device_placement", "", "", "log the device mapping and where ops run", "false"},
+     set_bool<&ProcessOptions::log_device_placement>, merge_optional<&ProcessOptions::log_device_placement>,
+     shown_bool<&ProcessOptions::log_device_placement>, effective_bool<&ProcessOptions::log_device_placement>},
+    {{"intra_op_threads", "intra_op_parallelism_threads", "N",
+      "threads per logical CPU device (0 = split the host's threads)", "0"},
+     [](ProcessOptions& o, std::string_view key, std::string_view v) {
+       const int n = parse_int(key, v, "a thread count such as 4 (0 = split the host's threads)");
+       if (n < 0)
+         raise<InvalidArgument>(key, ": ", n, " is negative; use a thread count >= 0 (0 = automatic)");
+       o.intra_op_threads = n;
+     },
+     merge_optional<&ProcessOptions::intra_op_threads>,
+     [](const ProcessOptions& o) { return o.intra_op_threads ? str(*o.intra_op_threads) : std::string(); },
+     [](const ProcessOptions& o) { return str(o.intra_op_threads.value_or(0)); }},
+};
+
+// The row of `name` or of its alias, in any case; null for an unknown name.
+const Row* find_row(std::string_view name) {
+  const std::string key = lower(trim(name));
+  for (const Row& r : kRows)
+    if (key == r.info.name || (!r.info.alias.empty() && key == r.info.alias)) return &r;
+  return nullptr;
 }
 
 }  // namespace
@@ -264,48 +362,28 @@ std::map<int, bool> parse_memory_growth(std::string_view value) {
   return out;
 }
 
-bool is_process_option(std::string_view name) {
-  static const char* const kNames[] = {"visible_device_list", "per_process_gpu_memory_fraction", "rate",
-                                       "allow_growth", "memory_growth", "virtual_devices", "memory_limit",
-                                       "device_count", "allow_soft_placement", "log_device_placement",
-                                       "intra_op_threads", "intra_op_parallelism_threads"};
-  std::string key = lower(trim(name));
-  return std::find(std::begin(kNames), std::end(kNames), key) != std::end(kNames);
-}
+bool is_process_option(std::string_view name) { return find_row(name) != nullptr; }
 
 void set_process_option(ProcessOptions& opts, std::string_view name, std::string_view value) {
-  std::string key = lower(trim(name));
-  value = trim(value);
-  if (key == "visible_device_list") {
-    opts.visible_device_list = normalised_list(value);
-  } else if (key == "per_process_gpu_memory_fraction" || key == "rate") {
-    opts.per_process_gpu_memory_fraction =
-        parse_double(key, value, "a fraction of each GPU's memory in (0, 1], e.g. 0.4");
-  } else if (key == "allow_growth") {
-    opts.allow_growth = parse_bool_option(key, value);
-  } else if (key == "memory_growth") {
-    opts.memory_growth = parse_memory_growth(value);
-  } else if (key == "virtual_devices") {
-    opts.virtual_devices = parse_virtual_devices(value);
-  } else if (key == "memory_limit") {
-    opts.memory_limit_mb = parse_memory_limits(value);
-  } else if (key == "device_count") {
-    opts.device_count = parse_device_count(value);
-  } else if (key == "allow_soft_placement") {
-    opts.allow_soft_placement = parse_bool_option(key, value);
-  } else if (key == "log_device_placement") {
-    opts.log_device_placement = parse_bool_option(key, value);
-  } else if (key == "intra_op_threads" || key == "intra_op_parallelism_threads") {
-    int n = parse_int(key, value, "a thread count such as 4 (0 = split the host's threads)");
-    if (n < 0) raise<InvalidArgument>(key, ": ", n, " is negative; use a thread count >= 0 (0 = automatic)");
-    opts.intra_op_threads = n;
-  } else {
-    raise<InvalidArgument>(
-        "unknown process option '", name,
-        "'; the options are visible_device_list, per_process_gpu_memory_fraction (or rate), "
-        "allow_growth, memory_growth, virtual_devices, memory_limit, device_count, "
-        "allow_soft_placement, log_device_placement and intra_op_threads");
+  const Row* row = find_row(name);
+  if (!row) {
+    std::string names;
+    for (const Row& r : kRows) {
+      names += str(names.empty() ? "" : &r == &kRows[std::size(kRows) - 1] ? " and " : ", ", r.info.name);
+      if (!r.info.alias.empty()) names += str(" (or ", r.info.alias, ")");
+    }
+    raise<InvalidArgument>("unknown process option '", name, "'; the options are ", names);
   }
+  row->set(opts, lower(trim(name)), trim(value));
+}
+
+const std::vector<ProcessOptionInfo>& process_option_table() {
+  static const std::vector<ProcessOptionInfo> infos = [] {
+    std::vector<ProcessOptionInfo> out;
+    for (const Row& r : kRows) out.push_back(r.info);
+    return out;
+  }();
+  return infos;
 }
 
 ProcessOptions ProcessOptions::parse_ini(std::string_view text, std::string_view source) {
@@ -315,11 +393,7 @@ ProcessOptions ProcessOptions::parse_ini(std::string_view text, std::string_view
 ProcessOptions ProcessOptions::from_ini_entries(const std::vector<IniEntry>& entries, std::string_view source) {
   ProcessOptions opts;
   std::map<std::string, int> seen;  // canonical option -> line, to reject an option given twice
-  auto canonical = [](const std::string& key) -> std::string {
-    if (key == "rate") return "per_process_gpu_memory_fraction";
-    if (key == "intra_op_parallelism_threads") return "intra_op_threads";
-    return key;
-  };
+  auto canonical = [](const std::string& key) { return std::string(find_row(key)->info.name); };
   for (const IniEntry& e : entries) {
     std::string section = lower(e.section);
     bool ours = e.section.empty() || section == "gpu" || section == "cpu" || section == "devices" ||
@@ -352,19 +426,7 @@ ProcessOptions ProcessOptions::from_ini(const std::string& path) {
 
 ProcessOptions ProcessOptions::merged_with(const ProcessOptions& o) const {
   ProcessOptions m = *this;
-  if (o.visible_device_list) m.visible_device_list = o.visible_device_list;
-  if (o.per_process_gpu_memory_fraction) m.per_process_gpu_memory_fraction = o.per_process_gpu_memory_fraction;
-  if (o.allow_growth) m.allow_growth = o.allow_growth;
-  for (const auto& [k, v] : o.memory_growth) m.memory_growth[k] = v;
-  if (o.virtual_devices.gpu_memory_limits_mb)
-    m.virtual_devices.gpu_memory_limits_mb = o.virtual_devices.gpu_memory_limits_mb;
-  if (o.virtual_devices.cpu_memory_limits_mb)
-    m.virtual_devices.cpu_memory_limits_mb = o.virtual_devices.cpu_memory_limits_mb;
-  for (const auto& [k, v] : o.memory_limit_mb) m.memory_limit_mb[k] = v;
-  for (const auto& [k, v] : o.device_count) m.device_count[k] = v;
-  if (o.allow_soft_placement) m.allow_soft_placement = o.allow_soft_placement;
-  if (o.log_device_placement) m.log_device_placement = o.log_device_placement;
-  if (o.intra_op_threads) m.intra_op_threads = o.intra_op_threads;
+  for (const Row& r : kRows) r.merge(m, o);
   return m;
 }
 
@@ -391,55 +453,18 @@ ProcessOptions apply_environment(ProcessOptions opts, bool warn) {
 
 std::vector<std::string> option_differences(const ProcessOptions& a, const ProcessOptions& b) {
   std::vector<std::string> out;
-  auto add = [&](std::string_view name, const std::string& x, const std::string& y) {
-    if (x != y) out.push_back(str(name, ": ", x, " vs ", y));
-  };
-  auto list = [](const ProcessOptions& o) {
-    std::string s = normalised_list(o.visible_device_list.value_or(""));
-    return s.empty() ? std::string("all") : "\"" + s + "\"";
-  };
-  auto fraction = [](const ProcessOptions& o) {
-    return o.per_process_gpu_memory_fraction ? format_number(*o.per_process_gpu_memory_fraction)
-                                             : std::string("unset");
-  };
-  auto count = [](const ProcessOptions& o) {
-    std::map<std::string, int> m = o.device_count;
-    m.try_emplace("CPU", 1);  // the default, so an explicit CPU=1 configures the same devices
-    return format_device_count(m);
-  };
-  add("visible_device_list", list(a), list(b));
-  add("per_process_gpu_memory_fraction", fraction(a), fraction(b));
-  add("allow_growth", format_bool(a.allow_growth.value_or(false)), format_bool(b.allow_growth.value_or(false)));
-  add("memory_growth", format_memory_growth(a.memory_growth), format_memory_growth(b.memory_growth));
-  add("virtual_devices", format_virtual_devices(a.virtual_devices), format_virtual_devices(b.virtual_devices));
-  add("memory_limit", format_memory_limits(a.memory_limit_mb), format_memory_limits(b.memory_limit_mb));
-  add("device_count", count(a), count(b));
-  add("allow_soft_placement", format_bool(a.allow_soft_placement.value_or(false)),
-      format_bool(b.allow_soft_placement.value_or(false)));
-  add("log_device_placement", format_bool(a.log_device_placement.value_or(false)),
-      format_bool(b.log_device_placement.value_or(false)));
-  add("intra_op_threads", str(a.intra_op_threads.value_or(0)), str(b.intra_op_threads.value_or(0)));
+  for (const Row& r : kRows) {
+    const std::string x = r.effective(a), y = r.effective(b);
+    if (x != y) out.push_back(str(r.info.name, ": ", x, " vs ", y));
+  }
   return out;
 }
 
 std::string to_string(const ProcessOptions& o) {
-  std::vector<std::string> parts;
-  if (o.visible_device_list) parts.push_back(str("visible_device_list=\"", *o.visible_device_list, "\""));
-  if (o.per_process_gpu_memory_fraction)
-    parts.push_back(str("per_process_gpu_memory_fraction=", format_number(*o.per_process_gpu_memory_fraction)));
-  if (o.allow_growth) parts.push_back(str("allow_growth=", format_bool(*o.allow_growth)));
-  if (!o.memory_growth.empty()) parts.push_back(str("memory_growth=", format_memory_growth(o.memory_growth)));
-  if (o.virtual_devices != VirtualDevices{})
-    parts.push_back(str("virtual_devices=\"", format_virtual_devices(o.virtual_devices), "\""));
-  if (!o.memory_limit_mb.empty()) parts.push_back(str("memory_limit=", format_memory_limits(o.memory_limit_mb)));
-  if (!o.device_count.empty()) parts.push_back(str("device_count=", format_device_count(o.device_count)));
-  if (o.allow_soft_placement) parts.push_back(str("allow_soft_placement=", format_bool(*o.allow_soft_placement)));
-  if (o.log_device_placement) parts.push_back(str("log_device_placement=", format_bool(*o.log_device_placement)));
-  if (o.intra_op_threads) parts.push_back(str("intra_op_threads=", *o.intra_op_threads));
-  if (parts.empty()) return "defaults";
   std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : " ") + p;
-  return out;
+  for (const Row& r : kRows)
+    if (const std::string v = r.shown(o); !v.empty()) out += str(out.empty() ? "" : " ", r.info.name, "=", v);
+  return out.empty() ? "defaults" : out;
 }
 
 }  // namespace towerflow

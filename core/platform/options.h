@@ -93,6 +93,17 @@ struct ProcessOptions {
   bool operator==(const ProcessOptions&) const = default;
 };
 
+// One process option as the flags, INI files and --help know it. The list is the one table every
+// function here walks (options.cc): an option is added there and nowhere else.
+struct ProcessOptionInfo {
+  std::string_view name;          // the flag and INI key ("memory_limit")
+  std::string_view alias;         // the TensorFlow tutorials' INI spelling ("rate"), or empty
+  std::string_view value_form;    // the flag's value ("DEVICE=MiB,..."); empty for a switch
+  std::string_view help;          // one line
+  std::string_view default_text;  // what leaving it unset means, as --help shows it
+};
+const std::vector<ProcessOptionInfo>& process_option_table();
+
 // Adds the option flags, writing into `opts` as they are parsed: --visible_device_list,
 // --per_process_gpu_memory_fraction, --allow_growth[=true|false], --memory_growth 0=true,1=true,
 // --virtual_devices "0:1024,2048;1:;cpu:512,512", --memory_limit gpu:0=4096,cpu:0=2048,

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/platform/ini.h"
+#include "core/strings.h"
 #include "core/version.h"
 
 namespace towerflow::cifar10 {
@@ -106,18 +107,6 @@ const Field* find_field(std::string_view name) {
 std::string known_names() {
   std::string out;
   for (const auto& f : fields()) out += (out.empty() ? "" : ", ") + std::string(f.name);
-  return out;
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 
@@ -350,24 +339,13 @@ void TrainCommandLine::add_to(CLI::App& app, const std::vector<std::string>& onl
     opt->group(f.group);
   }
   add_process_option_flags(app, process_flags_);
-  // The process options' defaults, as --help shows them (unset options keep TensorFlow's behaviour).
-  static const std::map<std::string, std::string> kDeviceDefaults = {
-      {"visible_device_list", "all"},
-      {"per_process_gpu_memory_fraction", "all but a reserve"},
-      {"allow_growth", "false"},
-      {"memory_growth", "none"},
-      {"virtual_devices", "none"},
-      {"memory_limit", "none"},
-      {"device_count", "CPU=2 without a GPU"},
-      {"allow_soft_placement", "false"},
-      {"log_device_placement", "false"},
-      {"intra_op_threads", "0"},
-  };
-  for (CLI::Option* opt : app.get_options()) {
-    auto it = kDeviceDefaults.find(opt->get_name().substr(opt->get_name().find_first_not_of('-')));
-    if (it == kDeviceDefaults.end() || opt->get_group() != "Devices") continue;
-    if (it->second == "false") opt->option_text("FLAG=false");  // the switches
-    else opt->default_str(it->second);
+  // The process options' defaults, as --help shows them (unset options keep TensorFlow's
+  // behaviour; this program's own default for device_count).
+  for (const ProcessOptionInfo& info : process_option_table()) {
+    CLI::Option* opt = app.get_option_no_throw("--" + std::string(info.name));
+    if (!opt) continue;
+    if (info.value_form.empty()) opt->option_text("FLAG=false");  // the switches
+    else opt->default_str(info.name == "device_count" ? "CPU=2 without a GPU" : std::string(info.default_text));
   }
 }
 

@@ -150,3 +150,41 @@ TEST_CASE("TOWERFLOW_FORCE_GPU_ALLOW_GROWTH: true or false override, anything el
   CHECK_THROWS_WITH(tw::apply_force_gpu_allow_growth({}, "yes please"),
                     Contains("TOWERFLOW_FORCE_GPU_ALLOW_GROWTH='yes please' is not valid"));
 }
+
+TEST_CASE("every option of the table is a flag, an INI key, merges, prints and differs",
+          "[platform][options]") {
+  // One value per option; an option added to the table without one here fails the test.
+  const std::map<std::string, std::string> samples = {
+      {"visible_device_list", "1,0"},      {"per_process_gpu_memory_fraction", "0.4"},
+      {"allow_growth", "true"},            {"memory_growth", "0=true"},
+      {"virtual_devices", "cpu:512,512"},  {"memory_limit", "cpu:0=2048"},
+      {"device_count", "CPU=2"},           {"allow_soft_placement", "true"},
+      {"log_device_placement", "true"},    {"intra_op_threads", "3"},
+  };
+  REQUIRE(tw::process_option_table().size() == samples.size());
+  for (const tw::ProcessOptionInfo& info : tw::process_option_table()) {
+    const std::string name(info.name);
+    INFO(name);
+    REQUIRE(samples.count(name) == 1);
+    const std::string& value = samples.at(name);
+    ProcessOptions o;
+    tw::set_process_option(o, name, value);
+    CHECK(o != ProcessOptions{});
+    CHECK(tw::is_process_option(name));
+    CHECK(parse_flags(info.value_form.empty() ? std::vector<std::string>{"--" + name}
+                                              : std::vector<std::string>{"--" + name, value}) == o);
+    CHECK(ProcessOptions::parse_ini(name + " = " + value) == o);
+    if (!info.alias.empty()) {
+      CHECK(tw::is_process_option(info.alias));
+      CHECK(ProcessOptions::parse_ini(std::string(info.alias) + " = " + value) == o);
+    }
+    CHECK(ProcessOptions{}.merged_with(o) == o);
+    CHECK(o.merged_with(ProcessOptions{}) == o);
+    CHECK_THAT(tw::to_string(o), Catch::StartsWith(name + "="));
+    const auto d = tw::option_differences(ProcessOptions{}, o);
+    REQUIRE(d.size() == 1);
+    CHECK_THAT(d[0], Catch::StartsWith(name + ": "));
+    CHECK(!info.help.empty());
+    CHECK(!info.default_text.empty());
+  }
+}
