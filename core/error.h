@@ -5,7 +5,15 @@
 // towerflow::Error whose message names the thing, the value, and the fix. Broken invariants inside
 // the library raise InternalError through TW_CHECK, with the source location. Nothing in the
 // library calls exit() or abort() on a recoverable error.
+//
+// Options in messages: the library names an option as the C++ field an embedding program sets,
+// optionally with an entry and the value to give it: "FitOptions::batch",
+// "ProcessOptions::memory_limit_mb[/gpu:1]", "TrainerOptions::precision = Precision::Fp32". A
+// program with flags shows them in its own spelling with render_options (each program keeps its
+// own map from fields to flags).
 
+#include <functional>
+#include <optional>
 #include <source_location>
 #include <sstream>
 #include <stdexcept>
@@ -70,6 +78,19 @@ template <typename E, typename... Parts>
 [[noreturn]] void raise(const Parts&... parts) {
   throw E(detail::concat(parts...));
 }
+
+// One option named in a message: "ProcessOptions::memory_limit_mb[/gpu:1] = 4096" has field
+// "ProcessOptions::memory_limit_mb", entry "/gpu:1" and value "4096" (entry and value empty
+// when absent).
+struct OptionMention {
+  std::string_view field;
+  std::string_view entry;
+  std::string_view value;
+};
+// `message` with each option mention that `render` gives text for replaced by that text (the
+// whole mention: field, entry and value); mentions it returns nullopt for stay as written.
+std::string render_options(std::string_view message,
+                           const std::function<std::optional<std::string>(const OptionMention&)>& render);
 
 }  // namespace towerflow
 

@@ -40,7 +40,7 @@ HostAllocator host_allocator_from(SubAllocator& sub_allocator) {
             void* p = s->alloc(bytes);
             if (p == nullptr)
               raise<OutOfMemory>("the ", s->name(), " sub-allocator could not provide a batch buffer of ",
-                                 bytes, " bytes; use a smaller --batch_size or fewer prefetched batches");
+                                 bytes, " bytes; use a smaller LoaderOptions::batch or fewer prefetched batches (LoaderOptions::prefetch)");
             return p;
           },
       .deallocate =

@@ -45,7 +45,7 @@ std::string layout_hint(const Format& f, const fs::path& dir) {
   return str("Download ", f.url, " and unpack it (tar -xzf ", f.tarball, " creates ", f.subdir,
              "/); pass that folder or its parent as the data directory, so that ", (dir / f.subdir).string(),
              " or ", dir.string(), " holds ", files,
-             ". To train without any files, use the built-in synthetic set (--dataset builtin).");
+             ". To train without any files, use the built-in synthetic set (DatasetKind::Builtin).");
 }
 
 // Accepts the folder holding the files or its parent.

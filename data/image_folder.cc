@@ -109,7 +109,7 @@ ImageFolder::ImageFolder(const fs::path& root, ImageFolderOptions options) : roo
     }
     if (options_.bad_files == BadFilePolicy::Fail)
       raise<DataError>(errors[i], " (in image folder '", root.string(),
-                       "'; remove or replace the file, or skip bad files: cifar10_train --skip_bad_files)");
+                       "'; remove or replace the file, or skip bad files: ImageFolderOptions::bad_files = BadFilePolicy::Skip)");
     skipped_.push_back({all_files[i], errors[i]});
   }
   if (!skipped_.empty())

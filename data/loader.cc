@@ -20,7 +20,7 @@ void validate(const Dataset& dataset, const LoaderOptions& o) {
   if (!o.shard && o.batch % o.world_size != 0) {
     const int down = o.batch / o.world_size * o.world_size;
     raise<InvalidArgument>("global batch ", o.batch, " cannot be split evenly over ", o.world_size,
-                           " ranks; use --batch_size ", down > 0 ? str(down, " or ") : std::string(),
+                           " ranks; use LoaderOptions::batch = ", down > 0 ? str(down, " or ") : std::string(),
                            down + o.world_size);
   }
   if (o.threads < 0) raise<InvalidArgument>("loader threads ", o.threads, " must be >= 0 (0: no background thread)");

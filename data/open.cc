@@ -45,7 +45,7 @@ DatasetKind detect_dataset_kind(const fs::path& dir) {
     if (entry.is_directory()) return DatasetKind::Folder;
   raise<DataError>("data directory '", dir.string(), "' matches no dataset layout: expected CIFAR-10 binary ",
                    "(data_batch_1.bin .. test_batch.bin), CIFAR-100 binary (train.bin, test.bin) or an image ",
-                   "folder (<class>/<image>.jpg); pass --dataset to choose one");
+                   "folder (<class>/<image>.jpg); name the dataset's kind (DatasetKind) instead of detecting it");
 }
 
 std::unique_ptr<Dataset> open_dataset(DatasetKind kind, const fs::path& dir, Split split,

@@ -19,8 +19,8 @@ namespace {
 
 [[noreturn]] void fail(const char* call, const fs::path& path, int err) {
   raise<DataError>("cannot write ", path.string(), ": ", call, " failed: ", std::strerror(err),
-                   err == ENOSPC   ? " (the disk is full; free space or choose another --train_dir)"
-                   : err == EACCES ? " (permission denied; choose a writable --train_dir)"
+                   err == ENOSPC   ? " (the disk is full; free space or write elsewhere)"
+                   : err == EACCES ? " (permission denied; choose a writable directory)"
                                    : "");
 }
 

@@ -32,7 +32,7 @@ void write_plain(const fs::path& path, const std::string& bytes) {
       int err = errno;
       ::close(fd);
       raise<DataError>("cannot write ", path.string(), ": ", std::strerror(err),
-                       err == ENOSPC ? " (the disk is full; free space or lower --keep_checkpoints)" : "");
+                       err == ENOSPC ? " (the disk is full; free space or lower FitOptions::keep_checkpoints)" : "");
     }
     p += n;
     left -= static_cast<std::size_t>(n);
@@ -48,7 +48,7 @@ CheckpointDir::CheckpointDir(fs::path dir) : dir_(std::move(dir)) {
   if (ec || !fs::is_directory(dir_))
     raise<DataError>("cannot create the checkpoint directory ", dir_.string(), ": ",
                      ec ? ec.message() : std::string("a file of that name exists"),
-                     "; choose another --train_dir");
+                     "; choose another FitOptions::train_dir");
 }
 
 std::string CheckpointDir::name_for_step(std::int64_t step) {

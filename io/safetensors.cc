@@ -276,7 +276,7 @@ void SafetensorsFile::verify_checksums() {
       raise<DataError>("corrupt safetensors file ", source_, ": tensor \"", e.name, "\" ", to_string(e.dtype), " ",
                        shape_string(e.shape), " has CRC-32C ", computed, " but the file records ", it->second,
                        " (metadata \"", it->first, "\"): its bytes changed after it was written (a disk or copy "
-                       "error); use an earlier checkpoint (--resume picks the newest intact one) or copy the file "
+                       "error); use an earlier checkpoint (a resumed run picks the newest intact one) or copy the file "
                        "again from an intact source");
   }
 }

@@ -131,7 +131,7 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
       if (!be.supports(OpKind::kBatchNormSync))
         raise<InvalidArgument>("synchronised batch norm (batch_norm = sync, op ",
                                to_string(OpKind::kBatchNormSync), ") has no kernel on ", d, " (",
-                               be.name(), "); use per-tower batch norm (--batch_norm per_tower) "
+                               be.name(), "); use per-tower batch norm (TrainerOptions::batch_norm = BatchNormMode::PerTower) "
                                "for towers on this device");
     }
   }

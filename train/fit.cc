@@ -571,7 +571,7 @@ FitResult Loop::run() {
             "lower the learning rate (", optimizer_.lr(), " now), warm it up, or check the data",
             trainer_.options().precision == Precision::Fp16
                 ? " (under fp16 the forward itself may have overflowed fp16's 65504, which no loss scale "
-                  "fixes: --precision bf16 has fp32's range)"
+                  "fixes: TrainerOptions::precision = Precision::Bf16 has fp32's range)"
                 : "",
             ", then ",
             latest ? "resume from that checkpoint" : "start again");

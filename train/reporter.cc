@@ -212,7 +212,7 @@ std::int64_t evals_left(std::int64_t epochs_done, std::int64_t epochs, int eval_
 Progress parse_progress(std::string_view text) {
   for (Progress p : {Progress::Auto, Progress::Plain, Progress::Live, Progress::Json})
     if (text == to_string(p)) return p;
-  raise<InvalidArgument>("progress \"", text, "\" is not one of auto, plain, live, json; write e.g. --progress plain");
+  raise<InvalidArgument>("progress \"", text, "\" is not one of auto, plain, live, json; write e.g. plain");
 }
 
 std::string_view to_string(Progress progress) {

@@ -197,7 +197,7 @@ class BfcAllocator final : public Allocator {
     if (opts_.limit_bytes < kGranule)
       raise<InvalidArgument>("memory limit of ", opts_.device_name, " is ", opts_.limit_bytes,
                              " bytes; it must be at least ", kGranule,
-                             " bytes (set it with --memory_limit or --per_process_gpu_memory_fraction)");
+                             " bytes (set it with ProcessOptions::memory_limit_mb or ProcessOptions::per_process_gpu_memory_fraction)");
     if (opts_.allow_growth && opts_.initial_region_bytes == 0)
       raise<InvalidArgument>("initial region of ", opts_.device_name,
                              " is 0 bytes; use a positive BfcOptions::initial_region_bytes (default 2 MiB)");
@@ -227,7 +227,7 @@ class BfcAllocator final : public Allocator {
       if (limit < kGranule)
         raise<InvalidArgument>("memory limit of ", opts_.device_name, " at first use is ", limit,
                                " bytes; it must be at least ", kGranule,
-                               " bytes (set it with --memory_limit or --per_process_gpu_memory_fraction)");
+                               " bytes (set it with ProcessOptions::memory_limit_mb or ProcessOptions::per_process_gpu_memory_fraction)");
       set_limit(limit);
       limit_pending_ = false;
     }
@@ -470,30 +470,30 @@ class BfcAllocator final : public Allocator {
     const AllocatorStats s = stats_locked();
     const bool is_gpu = opts_.device_name.find("gpu") != std::string::npos ||
                         opts_.device_name.find("GPU") != std::string::npos;
-    // The flag spells devices without the slash: --memory_limit gpu:0=4096 (MiB).
-    std::string flag_device = opts_.device_name;
-    if (!flag_device.empty() && flag_device[0] == '/') flag_device.erase(0, 1);
-    const std::string limit_flag = str("--memory_limit ", flag_device, "=<MiB>");
+    // The device's entry (a name such as "/gpu:1 (test)" keeps only its device part).
+    const std::string device = opts_.device_name.substr(0, opts_.device_name.find(' '));
+    const std::string limit_field = str("ProcessOptions::memory_limit_mb[", device, "]");
     const std::string raise_limit =
-        is_gpu ? str("raise the limit with ", limit_flag, " or --per_process_gpu_memory_fraction")
-               : str("raise the limit with ", limit_flag);
+        is_gpu ? str("raise the limit with ", limit_field, " or ProcessOptions::per_process_gpu_memory_fraction")
+               : str("raise the limit with ", limit_field);
     std::string why, fix;
     if (rounded > limit_) {
       why = "the request alone exceeds the limit";
-      fix = raise_limit + ", or use a smaller --batch_size";
+      fix = raise_limit + ", or use a smaller FitOptions::batch";
     } else if (region_refused) {
       why = str("the device refused a new region (other processes or devices on it hold memory; the pool "
                 "is ", format_bytes(s.pool_bytes), " of its limit)");
-      fix = is_gpu ? "use --allow_growth so that each pool takes only what it needs, lower "
-                     "--per_process_gpu_memory_fraction or the --memory_limit of the devices sharing this GPU, "
-                     "or use a smaller --batch_size"
-                   : "lower the --memory_limit of the devices sharing this host, or use a smaller --batch_size";
+      fix = is_gpu ? "set ProcessOptions::allow_growth = true so that each pool takes only what it needs, "
+                     "lower ProcessOptions::per_process_gpu_memory_fraction or the ProcessOptions::memory_limit_mb "
+                     "of the devices sharing this GPU, or use a smaller FitOptions::batch"
+                   : "lower the ProcessOptions::memory_limit_mb of the devices sharing this host, or use a "
+                     "smaller FitOptions::batch";
     } else if (s.bytes_in_use + rounded <= limit_) {
       why = "the free memory is fragmented: no free block is large enough";
-      fix = "use a smaller --batch_size, or " + raise_limit;
+      fix = "use a smaller FitOptions::batch, or " + raise_limit;
     } else {
       why = "the limit is reached";
-      fix = "use a smaller --batch_size, or " + raise_limit;
+      fix = "use a smaller FitOptions::batch, or " + raise_limit;
     }
     std::string msg = str("out of memory on ", opts_.device_name, ": cannot allocate ", bytes, " bytes (",
                           format_bytes(rounded), " rounded); ", why, ". Limit ", format_bytes(limit_),

@@ -418,7 +418,7 @@ ProcessOptions ProcessOptions::from_ini_entries(const std::vector<IniEntry>& ent
 ProcessOptions ProcessOptions::from_ini(const std::string& path) {
   std::ifstream in(path);
   if (!in)
-    raise<NotFound>("cannot open the options file '", path, "'; check the path given to --config");
+    raise<NotFound>("cannot open the options file '", path, "'; check the path");
   std::stringstream buffer;
   buffer << in.rdbuf();
   return parse_ini(buffer.str(), path);

@@ -180,7 +180,7 @@ std::unique_ptr<Platform> parse_platform_json(std::string_view text, std::string
 
 std::unique_ptr<Platform> load_platform_json(const std::string& path) {
   std::ifstream in(path);
-  if (!in) raise<NotFound>("cannot open the platform description '", path, "'; check the path given to --platform");
+  if (!in) raise<NotFound>("cannot open the platform description '", path, "'; check the path");
   std::stringstream buffer;
   buffer << in.rdbuf();
   return parse_platform_json(buffer.str(), path);

@@ -95,14 +95,14 @@ class Backend {
   virtual void round_to_bf16(std::int64_t n, const float* x, float* y) {
     (void)n, (void)x, (void)y;
     raise<DeviceError>("bf16 precision: no bf16 rounding kernel on ", device(), " (", name(),
-                       "); train this device in fp32 (--precision fp32)");
+                       "); train this device in fp32 (TrainerOptions::precision = Precision::Fp32)");
   }
 
   // y = x rounded to IEEE half precision, as float32 (precision.h); in place allowed.
   virtual void round_to_fp16(std::int64_t n, const float* x, float* y) {
     (void)n, (void)x, (void)y;
     raise<DeviceError>("fp16 precision: no fp16 rounding kernel on ", device(), " (", name(),
-                       "); train this device in fp32 or bf16 (--precision)");
+                       "); train this device in fp32 or bf16 (TrainerOptions::precision)");
   }
 
   // What bf16 or fp16 precision (p) runs on here, for the start-up block: "emulated (...)" by

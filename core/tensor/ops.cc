@@ -68,7 +68,7 @@ bool run_on_cpu_instead(std::string_view op, OpKind kind, const Device& d) {
   }
   if (!opts.allow_soft_placement.value_or(false))
     raise<DeviceError>("op ", op, " has no ", to_string(kind), " kernel on ", d, " (", be.name(),
-                       "); set allow_soft_placement = true (--allow_soft_placement) to run it on "
+                       "); set ProcessOptions::allow_soft_placement = true to run it on "
                        "/cpu:0, or keep the model on a device that has one");
   log_once(str("fallback:", op, "@", d),
            str("op ", op, " has no kernel on ", d, "; running it on /cpu:0 (allow_soft_placement)"),

@@ -135,7 +135,7 @@ int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved
     resolved = cli.resolve();
     progress = progress_of(resolved.train);
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", as_flags(e.what()).c_str());
     return 2;
   }
   // Under mpirun: MPI starts here. Ranks other than 0 log errors only (rank 0 speaks for the
@@ -145,14 +145,15 @@ int run_main(const TrainCommandLine& cli, const std::function<int(const Resolved
   try {
     world = &collectives::world();
   } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    std::fprintf(stderr, "error: %s\n", as_flags(e.what()).c_str());
     return 2;
   }
   if (world->rank() > 0 && std::getenv("TOWERFLOW_LOG_LEVEL") == nullptr) set_log_level(LogLevel::Error);
   Reporter reporter({.progress = progress});
   auto fail = [&](const std::exception& e, int code) {
     if (dynamic_cast<const collectives::PeerFailed*>(&e) == nullptr) world->announce_failure(e.what());
-    reporter.message(LogLevel::Error, world->size() > 1 ? str("rank ", world->rank(), ": ", e.what()) : e.what());
+    const std::string message = as_flags(e.what());
+    reporter.message(LogLevel::Error, world->size() > 1 ? str("rank ", world->rank(), ": ", message) : message);
     return code;
   };
   try {

@@ -32,6 +32,7 @@
 #include "core/platform/logical.h"
 #include "core/platform/options.h"
 #include "core/platform/platform.h"
+#include "examples/cifar10/train_options.h"
 
 namespace tw = towerflow;
 
@@ -201,7 +202,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const tw::Error& e) {
-    std::cerr << "towerflow_devices: " << e.what() << "\n";
+    std::cerr << "towerflow_devices: " << tw::cifar10::as_flags(e.what()) << "\n";
     return 1;
   }
   return 0;

@@ -410,4 +410,50 @@ std::string to_json(const TrainOptions& opts) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);  // a path need not be UTF-8
 }
 
+std::string as_flags(std::string_view message) {
+  // The library's fields that a flag of another name sets; ProcessOptions' fields are flags of
+  // their own name.
+  static const std::map<std::string_view, std::string_view> kFlags = {
+      {"FitOptions::batch", "batch_size"},
+      {"LoaderOptions::batch", "batch_size"},
+      {"FitOptions::train_dir", "train_dir"},
+      {"FitOptions::keep_checkpoints", "keep_checkpoints"},
+      {"TrainerOptions::precision", "precision"},
+      {"TrainerOptions::batch_norm", "batch_norm"},
+      {"ImageFolderOptions::bad_files", "skip_bad_files"},
+      {"ProcessOptions::memory_limit_mb", "memory_limit"},
+  };
+  // "BatchNormMode::PerTower" -> "per_tower", "Precision::Fp32" -> "fp32", "32" -> "32".
+  auto flag_value = [](std::string_view v) {
+    if (const auto colons = v.rfind("::"); colons != std::string_view::npos) v.remove_prefix(colons + 2);
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (v[i] >= 'A' && v[i] <= 'Z' && i > 0) out += '_';
+      out += lower(v.substr(i, 1));
+    }
+    return out;
+  };
+  std::string text = render_options(message, [&](const OptionMention& m) -> std::optional<std::string> {
+    std::string flag;
+    if (auto it = kFlags.find(m.field); it != kFlags.end()) flag = it->second;
+    else if (m.field.starts_with("ProcessOptions::") && is_process_option(m.field.substr(16)))
+      flag = m.field.substr(16);
+    else return std::nullopt;
+    if (flag == "skip_bad_files") return "--skip_bad_files";
+    std::string out = "--" + flag;
+    if (!m.entry.empty())  // --memory_limit spells devices without the slash: gpu:1=4096
+      out += str(" ", m.entry.substr(m.entry.front() == '/' ? 1 : 0), "=",
+                 m.value.empty() ? std::string("<MiB>") : std::string(m.value));
+    else if (!m.value.empty() && m.value != "true")
+      out += " " + flag_value(m.value);
+    return out;
+  });
+  // The data set's kind is --dataset's value.
+  for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"DatasetKind::Builtin", "--dataset builtin"},
+                          {"(DatasetKind)", "(--dataset)"}})
+    for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+  return text;
+}
+
 }  // namespace towerflow::cifar10

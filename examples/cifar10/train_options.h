@@ -104,6 +104,12 @@ struct TrainOptions {
 void set_train_option(TrainOptions& opts, std::string_view name, std::string_view value);
 // Whether `name` is a training option.
 bool is_train_option(std::string_view name);
+
+// A library error's message in this program's words: the option fields the library names
+// (core/error.h's render_options) as the flags that set them, "FitOptions::batch" as
+// "--batch_size", "ProcessOptions::memory_limit_mb[/gpu:1]" as "--memory_limit gpu:1=<MiB>",
+// "TrainerOptions::batch_norm = BatchNormMode::PerTower" as "--batch_norm per_tower".
+std::string as_flags(std::string_view message);
 // Every option's name, current value (as text) and help, in --help order.
 struct OptionDoc {
   std::string name, value, help;

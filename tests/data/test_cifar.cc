@@ -75,7 +75,7 @@ TEST_CASE("CIFAR-10: a missing directory says where to get the dataset and how t
   TempDir tmp;
   require_throws_mentioning<NotFound>([&] { Cifar10(tmp / "nowhere", Split::Train); },
                                       {(tmp / "nowhere").string(), "cifar-10-binary.tar.gz", "data_batch_1.bin",
-                                       "test_batch.bin", "--dataset builtin"});
+                                       "test_batch.bin", "DatasetKind::Builtin"});
 }
 
 TEST_CASE("CIFAR-10: a missing file is named", "[data][cifar]") {

@@ -286,7 +286,7 @@ TEST_CASE("Keep-last splits the final batch over ranks, a rank may get no rows",
 TEST_CASE("Bad loader options are InvalidArguments with a fix", "[data][loader]") {
   const Indexed data(20);
   require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 10, .world_size = 4}); },
-                                             {"global batch 10", "4 ranks", "--batch_size 8 or 12"});
+                                             {"global batch 10", "4 ranks", "LoaderOptions::batch = 8 or 12"});
   require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 8, .rank = 2, .world_size = 2}); },
                                              {"rank 2", "0..1"});
   require_throws_mentioning<InvalidArgument>([&] { Loader(data, {.batch = 32}); },

@@ -75,5 +75,5 @@ TEST_CASE("an interrupted save is invisible to latest and removed by remove_stal
 TEST_CASE("a checkpoint directory that cannot be created is a DataError naming it", "[io][checkpoint]") {
   TempDir tmp;
   write_file_atomically(tmp / "file", "x");
-  CHECK_THROWS_WITH(CheckpointDir(tmp / "file"), Catch::Contains((tmp / "file").string()) && Catch::Contains("--train_dir"));
+  CHECK_THROWS_WITH(CheckpointDir(tmp / "file"), Catch::Contains((tmp / "file").string()) && Catch::Contains("FitOptions::train_dir"));
 }

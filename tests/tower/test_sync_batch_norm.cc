@@ -463,7 +463,7 @@ TEST_CASE("a device without synchronised batch-norm kernels is refused, naming t
   set_backend_for_testing(d, make_cpu_backend(d, *allocator, 1, {OpKind::kBatchNormSync}));
   REQUIRE_THROWS_WITH(
       (Trainer(models::factory("resnet20"), {Device::cpu(2), d}, {.batch_norm = BatchNormMode::Synchronised})),
-      Catch::Contains("/cpu:3") && Catch::Contains("batch_norm_sync") && Catch::Contains("--batch_norm per_tower"));
+      Catch::Contains("/cpu:3") && Catch::Contains("batch_norm_sync") && Catch::Contains("TrainerOptions::batch_norm = BatchNormMode::PerTower"));
   {
     // The op itself follows the placement rules: without soft placement, an error naming the op,
     // the device and the option.

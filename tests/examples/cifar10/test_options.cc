@@ -326,3 +326,23 @@ TEST_CASE("text options must be UTF-8: they are recorded as JSON (found by fuzz/
   CHECK_THROWS_WITH(parse_config("[train]\nmodel = tfcnn\ntrain_dir = \xff\n", "t.ini"),
                     Catch::Contains("t.ini:3:") && Catch::Contains("not valid UTF-8"));
 }
+
+TEST_CASE("library errors name fields and the program shows its flags", "[cifar10][options]") {
+  CHECK(as_flags("use a smaller FitOptions::batch, or raise the limit with "
+                 "ProcessOptions::memory_limit_mb[/gpu:1] or ProcessOptions::per_process_gpu_memory_fraction") ==
+        "use a smaller --batch_size, or raise the limit with --memory_limit gpu:1=<MiB> or "
+        "--per_process_gpu_memory_fraction");
+  CHECK(as_flags("use per-tower batch norm (TrainerOptions::batch_norm = BatchNormMode::PerTower) here") ==
+        "use per-tower batch norm (--batch_norm per_tower) here");
+  CHECK(as_flags("train in fp32 (TrainerOptions::precision = Precision::Fp32).") ==
+        "train in fp32 (--precision fp32).");
+  CHECK(as_flags("set ProcessOptions::allow_soft_placement = true to run it") ==
+        "set --allow_soft_placement to run it");
+  CHECK(as_flags("use LoaderOptions::batch = 32 or 34") == "use --batch_size 32 or 34");
+  CHECK(as_flags("skip bad files: ImageFolderOptions::bad_files = BadFilePolicy::Skip)") ==
+        "skip bad files: --skip_bad_files)");
+  CHECK(as_flags("the built-in set (DatasetKind::Builtin)") == "the built-in set (--dataset builtin)");
+  // A field without a flag of this program stays the library's name.
+  CHECK(as_flags("fewer prefetched batches (LoaderOptions::prefetch)") ==
+        "fewer prefetched batches (LoaderOptions::prefetch)");
+}
