@@ -68,11 +68,8 @@ foreach(area core tower optim data models io train)
           PATTERN "CMakeFiles" EXCLUDE)
 endforeach()
 
-foreach(program cifar10_train cifar10_eval towerflow_devices towerflow_ckpt)
-  if(TARGET ${program})
-    install(TARGETS ${program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-  endif()
-endforeach()
+install(TARGETS cifar10_train cifar10_eval cifar10_predict towerflow_devices towerflow_ckpt
+        RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 # The package: its dependencies are found again on the user's side (the archives link them).
 set(TW_CONFIG_HAVE_CUDA ${TW_HAVE_CUDA})

@@ -377,6 +377,21 @@ void set_process_option(ProcessOptions& opts, std::string_view name, std::string
   row->set(opts, lower(trim(name)), trim(value));
 }
 
+std::optional<std::string> process_option_flag(const OptionMention& m) {
+  constexpr std::string_view kPrefix = "ProcessOptions::";
+  if (!m.field.starts_with(kPrefix)) return std::nullopt;
+  std::string_view name = m.field.substr(kPrefix.size());
+  if (name == "memory_limit_mb") name = "memory_limit";
+  if (!find_row(name)) return std::nullopt;
+  std::string out = str("--", name);
+  if (!m.entry.empty())  // a device's entry, spelt without the slash: gpu:1=4096
+    out += str(" ", m.entry.substr(m.entry.front() == '/' ? 1 : 0), "=",
+               m.value.empty() ? std::string("<MiB>") : std::string(m.value));
+  else if (!m.value.empty() && m.value != "true")
+    out += str(m.value == "false" ? "=" : " ", m.value);
+  return out;
+}
+
 const std::vector<ProcessOptionInfo>& process_option_table() {
   static const std::vector<ProcessOptionInfo> infos = [] {
     std::vector<ProcessOptionInfo> out;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "core/platform/ini.h"
 
 namespace CLI {
@@ -111,6 +112,12 @@ const std::vector<ProcessOptionInfo>& process_option_table();
 // --intra_op_threads N. Bad values raise CLI::ValidationError carrying the message.
 // `opts` must outlive the parse.
 void add_process_option_flags(CLI::App& app, ProcessOptions& opts);
+
+// The flag of add_process_option_flags for a ProcessOptions field named in a library message
+// (core/error.h's render_options): "ProcessOptions::memory_limit_mb[/gpu:1]" is
+// "--memory_limit gpu:1=<MiB>", "ProcessOptions::allow_growth = true" is "--allow_growth",
+// "ProcessOptions::device_count = CPU=2" is "--device_count CPU=2"; nullopt for another field.
+std::optional<std::string> process_option_flag(const OptionMention& mention);
 
 // Whether `name` (in any case) is a process option or one of its INI aliases.
 bool is_process_option(std::string_view name);

@@ -411,8 +411,8 @@ std::string to_json(const TrainOptions& opts) {
 }
 
 std::string as_flags(std::string_view message) {
-  // The library's fields that a flag of another name sets; ProcessOptions' fields are flags of
-  // their own name.
+  // The library's fields this program sets with a flag of its own (ProcessOptions' fields are
+  // the library's flags, process_option_flag).
   static const std::map<std::string_view, std::string_view> kFlags = {
       {"FitOptions::batch", "batch_size"},
       {"LoaderOptions::batch", "batch_size"},
@@ -421,7 +421,6 @@ std::string as_flags(std::string_view message) {
       {"TrainerOptions::precision", "precision"},
       {"TrainerOptions::batch_norm", "batch_norm"},
       {"ImageFolderOptions::bad_files", "skip_bad_files"},
-      {"ProcessOptions::memory_limit_mb", "memory_limit"},
   };
   // "BatchNormMode::PerTower" -> "per_tower", "Precision::Fp32" -> "fp32", "32" -> "32".
   auto flag_value = [](std::string_view v) {
@@ -434,18 +433,12 @@ std::string as_flags(std::string_view message) {
     return out;
   };
   std::string text = render_options(message, [&](const OptionMention& m) -> std::optional<std::string> {
-    std::string flag;
-    if (auto it = kFlags.find(m.field); it != kFlags.end()) flag = it->second;
-    else if (m.field.starts_with("ProcessOptions::") && is_process_option(m.field.substr(16)))
-      flag = m.field.substr(16);
-    else return std::nullopt;
-    if (flag == "skip_bad_files") return "--skip_bad_files";
-    std::string out = "--" + flag;
-    if (!m.entry.empty())  // --memory_limit spells devices without the slash: gpu:1=4096
-      out += str(" ", m.entry.substr(m.entry.front() == '/' ? 1 : 0), "=",
-                 m.value.empty() ? std::string("<MiB>") : std::string(m.value));
-    else if (!m.value.empty() && m.value != "true")
-      out += " " + flag_value(m.value);
+    if (auto flag = process_option_flag(m)) return flag;
+    const auto it = kFlags.find(m.field);
+    if (it == kFlags.end()) return std::nullopt;
+    if (it->second == "skip_bad_files") return std::string("--skip_bad_files");
+    std::string out = str("--", it->second);
+    if (!m.value.empty() && m.value != "true") out += " " + flag_value(m.value);
     return out;
   });
   // The data set's kind is --dataset's value.

@@ -37,9 +37,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/precision.h"
 #include "core/tensor/tensor.h"
-#if TW_PARITY_WITH_MODELS
 #include "models/models.h"
-#endif
 
 namespace tw = towerflow;
 namespace gpu = towerflow::gpu;
@@ -950,7 +948,6 @@ TEST_CASE("the GPU backend is reachable through the registry", "[cuda]") {
   CHECK(ctx.raw_stream() != the_gpu().ctx->raw_stream());
 }
 
-#if TW_PARITY_WITH_MODELS
 namespace {
 
 // Relative L2 error of a against the reference b, with the max abs error printed.
@@ -1098,11 +1095,6 @@ TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, 
   const double cpu_fp16_error = relative_l2("resnet20 fp16 flat gradients, CPU vs CPU fp32", c16.second, c32.second);
   CHECK(relative_l2("resnet20 fp16 flat gradients, GPU vs CPU fp32", g16.second, c32.second) < 2 * cpu_fp16_error);
 }
-#else
-TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]") {
-  FAIL("not built: the models library (towerflow_models) was not part of this build");
-}
-#endif
 
 int main(int argc, char** argv) {
   const gpu::CudaAvailability a = gpu::cuda_availability();

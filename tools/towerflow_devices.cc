@@ -32,7 +32,6 @@
 #include "core/platform/logical.h"
 #include "core/platform/options.h"
 #include "core/platform/platform.h"
-#include "examples/cifar10/train_options.h"
 
 namespace tw = towerflow;
 
@@ -202,7 +201,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const tw::Error& e) {
-    std::cerr << "towerflow_devices: " << tw::cifar10::as_flags(e.what()) << "\n";
+    std::cerr << "towerflow_devices: " << tw::render_options(e.what(), tw::process_option_flag) << "\n";
     return 1;
   }
   return 0;
