@@ -1,7 +1,9 @@
 #include "train/checkpoint.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
+#include <iomanip>
 #include <map>
 #include <set>
 
@@ -53,10 +55,41 @@ io::Shape state_shape(const optim::Optimizer& optimizer, const optim::NamedState
   return {static_cast<std::int64_t>(s.values.size())};
 }
 
+// The loss scaler's state as train_state's metadata, and back (checkpoint.h).
+void save_loss_scale(const tower::LossScaler& scaler, io::Metadata& meta) {
+  const tower::LossScaleState s = scaler.state();
+  meta["loss_scale"] = str(std::setprecision(17), s.scale);
+  meta["loss_scale_good_steps"] = std::to_string(s.good_steps);
+  meta["loss_scale_skipped_steps"] = std::to_string(s.skipped_steps);
+}
+
+// The state a checkpoint records, nullopt for none; DataError for values that are not numbers.
+std::optional<tower::LossScaleState> recorded_loss_scale(const io::Metadata& meta, const fs::path& checkpoint) {
+  const auto scale = meta.find("loss_scale");
+  if (scale == meta.end()) return std::nullopt;
+  auto number = [&](const char* key) -> std::string {
+    const auto it = meta.find(key);
+    return it == meta.end() ? "0" : it->second;
+  };
+  try {
+    const tower::LossScaleState s{.scale = std::stod(scale->second),
+                                  .good_steps = std::stoll(number("loss_scale_good_steps")),
+                                  .skipped_steps = std::stoll(number("loss_scale_skipped_steps"))};
+    if (s.scale > 0 && std::isfinite(s.scale) && s.good_steps >= 0 && s.skipped_steps >= 0)
+      return s;  // what LossScaler::load_state accepts
+  } catch (const std::logic_error&) {  // std::stod's invalid_argument / out_of_range
+  }
+  raise<DataError>("checkpoint ", checkpoint.string(), ": its loss scale metadata ('", scale->second,
+                     "', good steps '", number("loss_scale_good_steps"), "', skipped '",
+                     number("loss_scale_skipped_steps"),
+                     "') is not a positive scale with counts >= 0; the checkpoint is damaged: resume from an earlier one");
+}
+
 }  // namespace
 
 fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const optim::Optimizer& optimizer,
-                         const TrainingPosition& position, const io::Metadata& metadata, int keep) {
+                         const TrainingPosition& position, const io::Metadata& metadata, int keep,
+                         const tower::LossScaler* loss_scaler) {
   auto model_state = io::module_state(model);
   std::vector<io::TensorView> model_views;
   model_views.reserve(model_state.size());
@@ -75,6 +108,7 @@ fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const 
   meta["step_in_epoch"] = std::to_string(position.step_in_epoch);
   meta["optimizer_step"] = std::to_string(state.step);
   meta["optimizer"] = optimizer.name();
+  if (loss_scaler) save_loss_scale(*loss_scaler, meta);  // so that a resumed run goes on alike
   std::string state_bytes = io::serialize_safetensors(views, io::with_checksums(views, std::move(meta)));
 
   return dir.save(position.step, {{kModelFile, std::move(model_bytes)}, {kStateFile, std::move(state_bytes)}}, keep);
@@ -90,7 +124,8 @@ VerifiedCheckpoint verify_checkpoint(const fs::path& checkpoint) {
   return {info_of(state_file), model_file.checksummed() && state_file.checksummed()};
 }
 
-CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, optim::Optimizer& optimizer) {
+CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, optim::Optimizer& optimizer,
+                               tower::LossScaler* loss_scaler) {
   // Read and validate both files completely (checksums included) before touching the model or
   // the optimizer.
   auto model_file = io::SafetensorsFile::load(checkpoint / kModelFile);
@@ -125,10 +160,18 @@ CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, op
     raise<DataError>("checkpoint ", checkpoint.string(), " was written by optimizer ", it->second,
                      ", this run uses ", optimizer.name(), "; resume with the same optimizer");
 
+  const auto loss_scale = recorded_loss_scale(info.metadata, checkpoint);
+
   // load_module validates the model file fully before writing; the optimizer's state was checked
   // above, so load_state cannot fail after the model changed.
   io::load_module(model, model_file);
   optimizer.load_state(loaded);
+  if (loss_scaler && loss_scale) {
+    loss_scaler->load_state(*loss_scale);
+  } else if (loss_scaler) {
+    log_info(str("resume: ", checkpoint.string(), " holds no loss scale (written by an fp32 or bf16 run); fp16 "
+                 "starts from ", loss_scaler->scale()));
+  }
   return info;
 }
 

@@ -7,8 +7,9 @@
 //                            with safetensors.torch.load_file + load_state_dict
 //   train_state.safetensors  the optimizer state ("<param>.momentum_buffer", "<param>.exp_avg",
 //                            ... shaped like the parameter) and, as metadata: step, epoch,
-//                            step_in_epoch, optimizer_step, seed, the model, the towers, and the
-//                            options (JSON) that made the run.
+//                            step_in_epoch, optimizer_step, seed, the model, the towers, the
+//                            options (JSON) that made the run, and under fp16 the loss scaler's
+//                            state (loss_scale, loss_scale_good_steps, loss_scale_skipped_steps).
 // The data order and augmentation are pure functions of (seed, epoch, index), so (seed, epoch,
 // step_in_epoch) is the whole random state of the input pipeline.
 //
@@ -31,6 +32,7 @@
 #include "io/checkpoint_dir.h"
 #include "io/safetensors.h"
 #include "optim/optimizer.h"
+#include "tower/loss_scale.h"
 
 namespace towerflow::train {
 
@@ -48,11 +50,13 @@ struct CheckpointInfo {
   io::Metadata metadata;  // train_state.safetensors' metadata (model, seed, options, ...)
 };
 
-// Writes a checkpoint of model (replica 0) and optimizer at `position`, then keeps the newest
-// `keep`. `metadata` is added to train_state's metadata (model name, seed, options JSON...).
+// Writes a checkpoint of model (replica 0), optimizer and, under fp16, the trainer's loss scaler
+// (null: none) at `position`, then keeps the newest `keep`. `metadata` is added to train_state's
+// metadata (model name, seed, options JSON...).
 std::filesystem::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model,
                                       const optim::Optimizer& optimizer, const TrainingPosition& position,
-                                      const io::Metadata& metadata, int keep);
+                                      const io::Metadata& metadata, int keep,
+                                      const tower::LossScaler* loss_scaler = nullptr);
 
 // Reads the metadata of a checkpoint directory without loading tensors (cheap validation first).
 CheckpointInfo read_checkpoint_info(const std::filesystem::path& checkpoint);
@@ -67,9 +71,11 @@ struct VerifiedCheckpoint {
 };
 VerifiedCheckpoint verify_checkpoint(const std::filesystem::path& checkpoint);
 
-// Loads a checkpoint into model and optimizer, all or nothing (see above).
+// Loads a checkpoint into model, optimizer and loss scaler (null: none), all or nothing (see
+// above). A checkpoint without a loss scale (written by an fp32 or bf16 run) leaves the scaler
+// as it is and says so in a log line.
 CheckpointInfo load_checkpoint(const std::filesystem::path& checkpoint, nn::Module& model,
-                               optim::Optimizer& optimizer);
+                               optim::Optimizer& optimizer, tower::LossScaler* loss_scaler = nullptr);
 
 // The checkpoint a resumed run starts from by default: the newest intact one in train_dir, each
 // read whole, checksums included, newest first (Note [Resume from the newest intact checkpoint]

@@ -22,7 +22,7 @@
 #include "io/train_dir_lock.h"
 #include "optim/optimizer.h"
 #include "tower/trainer.h"
-#include "train/reporter.h"
+#include "train/time_left.h"
 
 namespace towerflow::train {
 namespace fs = std::filesystem;
@@ -42,30 +42,6 @@ void Hook::stop_training(std::string reason, bool evaluate) {
 }
 
 namespace {
-
-// fp16: the loss scale a checkpoint was written with (its metadata), so that a resumed run goes on
-// with the same scale. A checkpoint of an fp32 or bf16 run has none: the scale starts afresh.
-void restore_loss_scale(tower::LossScaler& scaler, const io::Metadata& meta, const std::string& path) {
-  const auto scale = meta.find("loss_scale");
-  if (scale == meta.end()) {
-    log_info(str("resume: ", path, " holds no loss scale (written by an fp32 or bf16 run); fp16 starts "
-                 "from ", scaler.scale()));
-    return;
-  }
-  auto number = [&](const char* key) -> std::string {
-    const auto it = meta.find(key);
-    return it == meta.end() ? "0" : it->second;
-  };
-  try {
-    scaler.load_state({.scale = std::stod(scale->second),
-                       .good_steps = std::stoll(number("loss_scale_good_steps")),
-                       .skipped_steps = std::stoll(number("loss_scale_skipped_steps"))});
-  } catch (const std::logic_error&) {  // std::stod's invalid_argument / out_of_range
-    raise<DataError>("checkpoint ", path, ": its loss scale metadata ('", scale->second, "', good steps '",
-                     number("loss_scale_good_steps"), "', skipped '", number("loss_scale_skipped_steps"),
-                     "') is not a number; the checkpoint is damaged: resume from an earlier one");
-  }
-}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -337,13 +313,9 @@ void Loop::save(const TrainingPosition& p, bool final) {
   auto t0 = Clock::now();
   trainer_.sync();
   each([&](Hook& h) { h.save_state(metadata_); });
-  if (const tower::LossScaler* ls = trainer_.loss_scaler()) {  // so that a resumed run goes on alike
-    metadata_["loss_scale"] = str(std::setprecision(17), ls->state().scale);
-    metadata_["loss_scale_good_steps"] = std::to_string(ls->state().good_steps);
-    metadata_["loss_scale_skipped_steps"] = std::to_string(ls->state().skipped_steps);
-  }
   try {
-    result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0);
+    result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0,
+                                              trainer_.loss_scaler());
   } catch (const DataError& e) {
     if (final || o_.checkpoint_errors == CheckpointErrors::Stop) throw;
     log_warning(str("the checkpoint of step ", p.step, " was not written: ", e.what(),
@@ -488,13 +460,12 @@ FitResult Loop::run() {
       }
       chosen = processes_.broadcast(chosen, 0);
       if (!chosen.empty()) {
-        resumed = load_checkpoint(chosen, trainer_.model(), optimizer_);
+        resumed = load_checkpoint(chosen, trainer_.model(), optimizer_, trainer_.loss_scaler());
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
         saved_at_ = pos.step;
         resumed_from = chosen;
         if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
-        if (tower::LossScaler* ls = trainer_.loss_scaler()) restore_loss_scale(*ls, resumed->metadata, chosen);
       } else if (rank0_) {
         log_warning(str("resume: no checkpoint in ", o_.train_dir.string(), "; starting a new run"));
       }

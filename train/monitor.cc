@@ -121,7 +121,8 @@ void KeepBest::on_eval(const EvalRecord& r) {
   trainer_->sync();
   io::CheckpointDir dir(dir_);
   last_ = save_checkpoint(dir, trainer_->model(), *optimizer_,
-                          {r.step, r.step / steps_per_epoch_, r.step % steps_per_epoch_}, meta, 1);
+                          {r.step, r.step / steps_per_epoch_, r.step % steps_per_epoch_}, meta, 1,
+                          trainer_->loss_scaler());
   log_info(str("best ", watch_.name(), " ", *watch_.best(), " at step ", r.step, ": saved ", last_.string()));
 }
 

@@ -225,3 +225,36 @@ TEST_CASE("find_checkpoint takes a checkpoint's name, short name, step or path, 
                     Catch::Contains("is not one of") && Catch::Contains("copy the checkpoint there"));
   CHECK_THROWS_WITH(find_checkpoint(other.path / "missing", "5"), Catch::Contains("does not exist"));
 }
+
+TEST_CASE("a checkpoint holds the loss scaler's state, and a damaged one loads nothing",
+          "[train][checkpoint][fp16]") {
+  fresh_devices();
+  TempDir dir;
+  tw::io::CheckpointDir ckdir(dir.path);
+  TfcnnSgd source(1);
+  tw::tower::LossScaler scaler;
+  scaler.load_state({.scale = 256.5, .good_steps = 3, .skipped_steps = 1});
+  const fs::path ckpt =
+      save_checkpoint(ckdir, *source.model, source.sgd, {.step = 4, .epoch = 0, .step_in_epoch = 4}, {}, 0, &scaler);
+  CHECK(read_checkpoint_info(ckpt).metadata.at("loss_scale") == "256.5");
+
+  TfcnnSgd target(2);
+  tw::tower::LossScaler restored;
+  load_checkpoint(ckpt, *target.model, target.sgd, &restored);
+  CHECK(restored.state().scale == 256.5);
+  CHECK(restored.state().good_steps == 3);
+  CHECK(restored.state().skipped_steps == 1);
+  CHECK(flat_params(*target.model) == flat_params(*source.model));
+
+  // A negative count is refused before the model or the optimizer change.
+  const fs::path bad = save_checkpoint(ckdir, *source.model, source.sgd, {.step = 5, .epoch = 0, .step_in_epoch = 5},
+                                       {{"loss_scale", "8"}, {"loss_scale_skipped_steps", "-2"}}, 0);
+  TfcnnSgd untouched(3);
+  const auto before = flat_params(*untouched.model);
+  tw::tower::LossScaler fresh;
+  CHECK_THROWS_WITH(load_checkpoint(bad, *untouched.model, untouched.sgd, &fresh),
+                    Catch::Contains("loss scale metadata ('8'") && Catch::Contains("skipped '-2'"));
+  CHECK(flat_params(*untouched.model) == before);
+  CHECK(untouched.sgd.step_count() == 0);
+  CHECK(fresh.state().scale == tw::tower::LossScaler().state().scale);
+}

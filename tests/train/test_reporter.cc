@@ -11,6 +11,7 @@
 
 #include "train/fit_test_util.h"
 #include "train/reporter.h"
+#include "train/time_left.h"
 
 using namespace towerflow::train;
 namespace tw = towerflow;
