@@ -46,10 +46,7 @@
 // -DTOWERFLOW_BF16_DOT_TIMING=ON computes each vdpbf16ps of the emulated object as one FMA on
 // the raw pairs instead: wrong values, but the instruction's cost if it issues at the FMA's rate
 // (the premise of its twice-fp32 throughput), so that the kernels can be timed and tuned on CPUs
-// without it (docs/precision.md). The emulation, measured on a 2-core Intel Xeon @ 2.80GHz (Ice
-// Lake-SP, no AVX512-BF16) before the row kernels, towerflow_bench_ops --precision both: 0.65x
-// the fp32 kernels (geometric mean of 31 ResNet-20 and tfcnn rows; 0.29x to 1.46x), 0.90x the
-// emulated path of bf16.h; ResNet-20 trains at 0.88x the emulated path.
+// without it (docs/precision.md, which has the figures and their commands).
 
 namespace towerflow::cpu::TW_ISA {
 
@@ -566,10 +563,11 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
 //
 // With two vectors of output channels (17 to 32) it holds 3GV accumulators, V = 2 and G = 4.
 // Against the pass-based pair_weight_grad it packs x once rather than once per kernel column, and
-// it also multiplies the 2 padding columns of every row. On ResNet-20's 32->32 16x16 layer it was
-// 1.12x faster (3.1-3.3 ms against 3.6-3.8, one thread, timing build); with four vectors (G = 2,
-// the dy vectors of one tap at a time) its 64->64 8x8 layer was 1.6x slower, a quarter of its
-// columns being padding, so 64 channels stay with pair_weight_grad.
+// it also multiplies the 2 padding columns of every row. On ResNet-20's 32->32 16x16 layer that
+// is 1.12x faster (3.1-3.3 ms against 3.6-3.8, one thread, the timing build's
+// `towerflow_bench_ops --threads 1 --cpu_clock --precision bf16 --filter "32->32"`); with four
+// vectors (G = 2, the dy vectors of one tap at a time) the 64->64 8x8 layer is 1.6x slower, a
+// quarter of its columns being padding, so 64 channels stay with pair_weight_grad.
 
 template <int G, int V>
 void pair_weight_row_pass(const Pair* __restrict xp, std::int64_t x_row_step, int c_in,

@@ -55,13 +55,10 @@
 // On AVX-512 a forward tile of 2 vectors stops at 9 pixels: with 10 to 12 pixels, GCC 12 keeps
 // one or both weight vectors of the inner loop on the stack (a spilled general register lands in
 // a vector register, and the allocator gives a weight vector's register up), so half or all of
-// the FMAs read memory. Measured on the Ice Lake Xeon, towerflow_bench_ops, three alternating
-// rounds: 9 pixels against 12 ran the 16 x 2 layers 1.3-2.4x faster (ResNet-20 32->32 forward
-// 134 -> 276 GFLOP/s, backward input 130 -> 274; 16->32 stride 2 forward 123 -> 233) and left
-// the others within 5% (1.14x over all 31 rows); 10 pixels spilled and were no faster than 12.
-// ResNet-20 trained 1.18x faster in fp32 (towerflow_bench_train, three alternating rounds: 638 ->
-// 736 img/s; tfcnn, whose layers have 64 channels, unchanged). One-vector tiles (up to 8
-// channels) keep 12 pixels: 9 measured 2% slower on tfcnn's first layer.
+// the FMAs read memory (10 pixels spill too). On the Ice Lake Xeon, 9 pixels run ResNet-20's
+// 32->32 forward at 276 GFLOP/s where 12 ran it at 134 (re-measure with
+// `towerflow_bench_ops --threads 2 --filter "32->32"`). One-vector tiles (up to 8 channels) keep
+// 12 pixels: 9 measure 2% slower on tfcnn's first layer.
 // The forward and stride-1 backward-input convolutions of 16-channel layers with 3-wide kernels
 // go further with the row kernel, which reuses each broadcast across kernel columns
 // (Note [Row kernel for 16 channels]).
