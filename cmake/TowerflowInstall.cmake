@@ -1,8 +1,9 @@
 # Installation: `cmake --install build --prefix PREFIX` gives
 #   PREFIX/lib/libtowerflow_*.a                 the library, one archive per area
-#   PREFIX/include/towerflow/<area>/*.h         headers, included as "tower/tower.h" etc.
+#   PREFIX/include/towerflow/<area>/*.h         the public headers (TW_PUBLIC_HEADERS below),
+#                                               included as "tower/tower.h" etc.
 #   PREFIX/lib/cmake/towerflow/                 the CMake package: find_package(towerflow)
-#   PREFIX/bin/cifar10_train, cifar10_eval, towerflow_devices, towerflow_ckpt
+#   PREFIX/bin/cifar10_train, cifar10_eval, cifar10_predict, towerflow_devices, towerflow_ckpt
 # so that research code does
 #   find_package(towerflow REQUIRED)
 #   target_link_libraries(my_experiment PRIVATE towerflow::towerflow)
@@ -60,12 +61,30 @@ install(EXPORT towerflowTargets
         NAMESPACE towerflow::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/towerflow)
 
-# Headers keep their place in the tree, so installed code includes them as the library does.
-foreach(area core tower optim data models io train)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${area}
-          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow
-          FILES_MATCHING PATTERN "*.h" PATTERN "*.hpp"
-          PATTERN "CMakeFiles" EXCLUDE)
+# The public headers: the umbrella headers and everything they include, nothing else (the tensor
+# backend, the CPU and CUDA kernels and the trainer's internals stay private).
+# tests/scripts/check_public_headers.py keeps this list equal to that closure. Headers keep their
+# place in the tree, so installed code includes them as the library does.
+set(TW_PUBLIC_HEADERS
+    core/collectives/collectives.h core/collectives/communicator.h
+    core/collectives/local_communicator.h core/collectives/nccl_communicator.h
+    core/collectives/process_group.h core/core.h core/device.h core/error.h core/log.h
+    core/memory/allocator.h core/memory/memory.h core/memory/stats.h core/memory/sub_allocators.h
+    core/nn/init.h core/nn/layers.h core/nn/module.h core/platform/ini.h core/platform/logical.h
+    core/platform/options.h core/platform/platform.h core/platform/registry.h core/queue_event.h
+    core/tensor/batch_norm_sync.h core/tensor/dtype.h core/tensor/ops.h core/tensor/precision.h
+    core/tensor/tensor.h core/trace.h core/version.h data/augment.h data/batch.h data/builtin.h
+    data/cifar.h data/data.h data/dataset.h data/image_codec.h data/image_folder.h data/loader.h
+    data/open.h data/resized.h data/subset.h io/atomic_file.h io/checkpoint_dir.h io/crc32c.h
+    io/io.h io/model_state.h io/safetensors.h io/summary_writer.h io/train_dir_lock.h
+    models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h optim/parameters.h
+    optim/schedule.h optim/sgd.h tower/batch_norm_sync.h tower/devices.h tower/loss_scale.h
+    tower/reduction.h tower/split.h tower/tower.h tower/trainer.h tower/workers.h train/checkpoint.h
+    train/fit.h train/hook.h train/metrics_file.h train/monitor.h train/reporter.h
+    train/stop_on_signal.h train/tensorboard.h train/trace.h train/train.h)
+foreach(header IN LISTS TW_PUBLIC_HEADERS)
+  get_filename_component(dir ${header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow/${dir})
 endforeach()
 
 install(TARGETS cifar10_train cifar10_eval cifar10_predict towerflow_devices towerflow_ckpt

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "core/core.h"  // the umbrella header compiles on its own
 #include "core/error.h"
 
 namespace tw = towerflow;
