@@ -132,6 +132,69 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
                          ", or let the towers' shares differ by a row (TrainerOptions::remainder = Remainder::Spread)");
 }
 
+void check_batch_split(int batch, const std::vector<Device>& devices, const SplitPolicy& policy,
+                       Remainder remainder, int micro_batches) {
+  if (remainder == Remainder::Spread || batch < 1 || devices.empty()) return;
+  const std::vector<double> w = weights_of(policy, devices.size());
+  auto splits = [&](int rows) { return !exact_shares(rows, w).empty(); };
+  // The micro-batches of b rows in `parts` parts, as the trainer cuts them.
+  auto micro = [](int b, int parts) { return largest_remainder(b, std::vector<double>(parts, 1.0)); };
+  const std::string how = std::holds_alternative<WeightedSplit>(policy)
+                              ? str("in the proportions ", to_string(policy), " (TrainerOptions::split)")
+                              : std::string("evenly");
+  const std::string over = str(" over ", devices.size(), " towers (", device_list(devices), ")");
+  const std::string per_tower = std::holds_alternative<PerTowerBatch>(policy)
+                                    ? " (with per_tower batches the global batch is towers x per-tower batch)"
+                                    : "";
+  const std::string spread = "TrainerOptions::remainder = Remainder::Spread (the towers' shares then differ by a row)";
+  const int k = std::max(1, micro_batches);
+  if (k == 1 || batch < k) {
+    if (splits(batch)) return;
+    auto [below, above] = nearest_exact_batches(batch, devices.size(), policy);
+    raise<InvalidArgument>("FitOptions::batch = ", batch, " cannot be split ", how, over, per_tower,
+                           "; use FitOptions::batch = ", below && above ? str(below, " or ", above) : str(below ? below : above),
+                           ", or ", spread);
+  }
+  const std::vector<int> parts = micro(batch, k);
+  for (int m : parts) {
+    if (splits(m)) continue;
+    // Batches near this one whose k micro-batches all split, and micro-batch counts near k that do.
+    auto all_split = [&](int b, int n) {
+      if (b < n) return false;
+      for (int r : micro(b, n))
+        if (!splits(r)) return false;
+      return true;
+    };
+    const int reach = 64 * k * static_cast<int>(devices.size());  // how far to look
+    std::vector<int> batches;
+    for (int d = 1; d <= std::min(batch, reach) && batches.size() < 2; ++d) {
+      if (all_split(batch - d, k)) batches.push_back(batch - d);
+      if (all_split(batch + d, k) && batches.size() < 2) batches.push_back(batch + d);
+    }
+    int steps = 0;
+    for (int d = 1; d <= 4 * k && steps == 0; ++d) {
+      if (k - d >= 1 && all_split(batch, k - d)) steps = k - d;
+      else if (k + d <= batch && all_split(batch, k + d)) steps = k + d;
+    }
+    std::string sizes;
+    std::vector<int> seen;
+    for (int r : parts)
+      if (std::find(seen.begin(), seen.end(), r) == seen.end()) {
+        sizes += str(seen.empty() ? "" : " and ", r);
+        seen.push_back(r);
+      }
+    std::string fixes;
+    if (!batches.empty()) {
+      fixes += "FitOptions::batch = ";
+      for (std::size_t i = 0; i < batches.size(); ++i) fixes += str(i ? " or " : "", batches[i]);
+    }
+    if (steps > 0) fixes += str(fixes.empty() ? "" : ", ", "TrainerOptions::accumulation_steps = ", steps);
+    raise<InvalidArgument>("FitOptions::batch = ", batch, " with TrainerOptions::accumulation_steps = ", k,
+                           " gives micro-batches of ", sizes, " rows, and one of ", m, " rows cannot be split ", how,
+                           over, per_tower, "; use ", fixes.empty() ? std::string() : fixes + ", or ", spread);
+  }
+}
+
 std::pair<int, int> nearest_exact_batches(int batch, std::size_t towers, const SplitPolicy& policy) {
   const std::vector<double> w = weights_of(policy, towers);
   int below = 0, above = 0;

@@ -52,6 +52,14 @@ std::string to_string(const SplitPolicy& policy);
 std::vector<int> split_batch(int batch, const std::vector<Device>& devices,
                              const SplitPolicy& policy, Remainder remainder = Remainder::Error);
 
+// InvalidArgument unless a global batch of `batch` rows, cut into `micro_batches` micro-batches
+// (TrainerOptions::accumulation_steps; their sizes differ by at most a row), splits over `devices`
+// (every process's towers) by `policy` in each micro-batch; nothing to check with
+// Remainder::Spread. The message names the options that fix it: the nearest batches that split
+// (FitOptions::batch), the nearest micro-batch count that does, and TrainerOptions::remainder.
+void check_batch_split(int batch, const std::vector<Device>& devices, const SplitPolicy& policy,
+                       Remainder remainder, int micro_batches);
+
 // The nearest batches below and above `batch` that split exactly over `towers` (0 where none).
 std::pair<int, int> nearest_exact_batches(int batch, std::size_t towers, const SplitPolicy& policy);
 

@@ -313,6 +313,10 @@ void Trainer::broadcast_from_rank0() {
   im.buffers->take_snapshot();
 }
 
+void Trainer::check_batch(int global_n) const {
+  check_batch_split(global_n, impl_->global_devices, options_.split, options_.remainder, options_.accumulation_steps);
+}
+
 std::vector<std::pair<int, int>> Trainer::shard(int global_n) const { return impl_->rows->shard(global_n); }
 
 void Trainer::broadcast_from_replica0() {

@@ -226,6 +226,10 @@ class Trainer {
   // [begin, end) ranges of the batch in the order forward_backward expects them: one range per
   // micro-batch (merged when contiguous). In one process: {{0, global_n}}.
   std::vector<std::pair<int, int>> shard(int global_n) const;
+  // InvalidArgument, naming the options that fix it, unless a global batch of `global_n` rows
+  // splits over every process's towers as the options split it, micro-batches included
+  // (split.h's check_batch_split); fit() checks its batch so before the first step.
+  void check_batch(int global_n) const;
   const std::vector<Device>& devices() const { return devices_; }
   const TrainerOptions& options() const { return options_; }
   // The reduction in effect (after any fallback), and a one-line description of the set-up:

@@ -122,14 +122,14 @@ ScheduleFactory schedule(std::string spec, double lr, double warmup_epochs) {
 }
 
 Plan plan(const data::Dataset& train_set, const FitOptions& o) {
-  if (o.batch < 1) raise<InvalidArgument>("batch ", o.batch, " must be at least 1");
+  if (o.batch < 1) raise<InvalidArgument>("FitOptions::batch = ", o.batch, " is invalid; a batch has at least 1 row");
   if (o.epochs < 1 && o.max_steps <= 0)
-    raise<InvalidArgument>("epochs ", o.epochs, " must be at least 1 (or set max_steps)");
+    raise<InvalidArgument>("FitOptions::epochs = ", o.epochs, " is invalid; use 1 or more (or set FitOptions::max_steps)");
   Plan p;
   p.steps_per_epoch = train_set.size() / o.batch;
   if (p.steps_per_epoch == 0)
-    raise<InvalidArgument>("batch ", o.batch, " is larger than the training set (", train_set.size(),
-                           " images); use a batch of at most ", train_set.size());
+    raise<InvalidArgument>("FitOptions::batch = ", o.batch, " is larger than the training set (", train_set.size(),
+                           " images); use FitOptions::batch = ", train_set.size(), " or less");
   p.total_steps = o.max_steps > 0 ? o.max_steps : o.epochs * p.steps_per_epoch;
   p.epochs = static_cast<int>((p.total_steps + p.steps_per_epoch - 1) / p.steps_per_epoch);
   return p;
@@ -425,6 +425,7 @@ void Loop::evaluate_set(std::int64_t step, EvalSet which) {
 FitResult Loop::run() {
   const auto run_start = Clock::now();
   plan_ = plan(train_set_, o_);
+  trainer_.check_batch(o_.batch);  // before anything is read or written
   if (o_.schedule) optimizer_.set_schedule(o_.schedule(plan_));
   // Each process loads only its towers' rows of every global batch.
   data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .mix = o_.mix, .seed = o_.seed,

@@ -421,6 +421,11 @@ std::string as_flags(std::string_view message) {
       {"TrainerOptions::precision", "precision"},
       {"TrainerOptions::batch_norm", "batch_norm"},
       {"ImageFolderOptions::bad_files", "skip_bad_files"},
+      {"FitOptions::epochs", "epochs"},
+      {"FitOptions::max_steps", "max_steps"},
+      {"TrainerOptions::accumulation_steps", "accumulation_steps"},
+      {"TrainerOptions::remainder", "split_remainder"},
+      {"TrainerOptions::split", "split"},
   };
   // "BatchNormMode::PerTower" -> "per_tower", "Precision::Fp32" -> "fp32", "32" -> "32".
   auto flag_value = [](std::string_view v) {

@@ -315,77 +315,6 @@ std::string describe_changes(const std::vector<OptionChange>& changed) {
   return out;
 }
 
-// A batch that does not split over the towers, in the command line's words; with
-// --accumulation_steps, each micro-batch (the batch cut into k parts that differ by at most a row,
-// as the trainer cuts it) must split too.
-void check_split(const TrainOptions& o, int batch, const std::vector<Device>& devices, const tower::TrainerOptions& t) {
-  if (t.remainder == tower::Remainder::Spread) return;
-  const bool per_tower = std::holds_alternative<tower::PerTowerBatch>(t.split);
-  const std::string how = std::holds_alternative<tower::EvenSplit>(t.split) ? "evenly" : "in the proportions --split " + o.split;
-  auto splits = [&](int rows) {
-    try {
-      tower::split_batch(rows, devices, t.split, t.remainder);
-      return true;
-    } catch (const InvalidArgument&) {
-      return false;
-    }
-  };
-  const int k = t.accumulation_steps;
-  auto micro_batches = [&](int b, int parts) {
-    return tower::split_batch(b, std::vector<Device>(static_cast<std::size_t>(parts), Device::cpu(0)), tower::EvenSplit{},
-                              tower::Remainder::Spread);
-  };
-  if (k <= 1 || batch < k) {
-    if (splits(batch)) return;
-    // Any per-tower batch splits: the library's words say what else is wrong.
-    if (per_tower) tower::split_batch(batch, devices, t.split, t.remainder);
-    auto [below, above] = tower::nearest_exact_batches(batch, devices.size(), t.split);
-    const std::string nearest = below && above ? str(below, " or ", above) : str(below ? below : above);
-    raise<InvalidArgument>("--batch_size ", o.batch_size, " cannot be split ", how, " over ", devices.size(), " towers (",
-                           join(devices), "); use --batch_size ", nearest,
-                           ", or --split_remainder spread (the towers' shares then differ by a row)");
-  }
-  const std::vector<int> micro = micro_batches(batch, k);
-  for (int m : micro) {
-    if (splits(m)) continue;
-    // Batches near this one whose k micro-batches all split, and accumulation steps near k that do.
-    auto all_split = [&](int b, int parts) {
-      if (b < parts) return false;
-      for (int r : micro_batches(b, parts))
-        if (!splits(r)) return false;
-      return true;
-    };
-    const int reach = 64 * k * static_cast<int>(devices.size());  // how far to look
-    std::vector<int> batches;
-    for (int d = 1; d <= std::min(batch, reach) && batches.size() < 2; ++d) {
-      if (all_split(batch - d, k)) batches.push_back(batch - d);
-      if (all_split(batch + d, k) && batches.size() < 2) batches.push_back(batch + d);
-    }
-    int steps = 0;
-    for (int d = 1; d <= 4 * k && steps == 0; ++d) {
-      if (k - d >= 1 && all_split(batch, k - d)) steps = k - d;
-      else if (k + d <= batch && all_split(batch, k + d)) steps = k + d;
-    }
-    std::string sizes;
-    std::vector<int> seen;
-    for (int r : micro)
-      if (std::find(seen.begin(), seen.end(), r) == seen.end()) {
-        sizes += str(seen.empty() ? "" : " and ", r);
-        seen.push_back(r);
-      }
-    std::string fixes;
-    if (!batches.empty()) {
-      fixes += "--batch_size ";
-      for (std::size_t i = 0; i < batches.size(); ++i) fixes += str(i ? " or " : "", batches[i]);
-    }
-    if (steps > 0) fixes += str(fixes.empty() ? "" : ", ", "--accumulation_steps ", steps);
-    raise<InvalidArgument>("--batch_size ", o.batch_size, " with --accumulation_steps ", k, " gives micro-batches of ", sizes,
-                           " rows, and one of ", m, " rows cannot be split ", how, " over ", devices.size(), " towers (",
-                           join(devices), "); use ", fixes.empty() ? std::string() : fixes + ", or ",
-                           "--split_remainder spread (the towers' shares then differ by a row)");
-  }
-}
-
 // --dry_run: the start-up block the run would print, and each device's memory after one forward
 // and backward of the first batch (no optimizer step, nothing written, no train_dir touched).
 FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
@@ -510,21 +439,14 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
                         " to use them all, or set --device_count"));
       process.device_count["CPU"] = max_cpu + 1;
     }
-  } else if (!has_gpu && !cpu_configured && o.num_gpus <= 0) {
-    // Two CPU towers by default: on a machine without a GPU, "every visible device" would be one
-    // CPU device and no towers at all; two logical CPU devices, each with half of the host's
-    // threads, run the same multi-tower path a multi-GPU machine runs.
-    process.device_count["CPU"] = 2;
   }
-
-  // Processes sharing a host share its cores: unless told otherwise, each process takes its share,
-  // split over its logical CPU devices.
-  if (world.local_size() > 1 && !process.intra_op_threads.value_or(0)) {
-    int cpu_devices = 1;
-    if (auto it = process.device_count.find("CPU"); it != process.device_count.end()) cpu_devices = std::max(1, it->second);
-    process.intra_op_threads =
-        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size() / cpu_devices);
-  }
+  // The library's defaults (tower/devices.h): two CPU towers without a GPU, unless devices are
+  // named or --num_gpus asks for GPUs; processes on one host share its threads.
+  process = tower::with_tower_defaults(
+      process, {.has_gpu = has_gpu,
+                .processes_on_host = world.local_size(),
+                .hardware_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
+                .two_cpu_towers = !explicit_list && o.num_gpus <= 0});
   const auto& all = initialise_devices(process);
   std::vector<Device> gpus, cpus;
   for (const auto& ld : all) (ld.device.is_gpu() ? gpus : cpus).push_back(ld.device);
@@ -591,7 +513,6 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   if ((o.mixup > 0 || o.cutmix > 0) && fopts.batch < 2)
     raise<InvalidArgument>("--mixup / --cutmix mix each image with another of its batch; --batch_size ", o.batch_size,
                            " gives a global batch of ", fopts.batch, ": use a batch of at least 2");
-  check_split(o, fopts.batch, towers, topts);
   // The built-in set already varies position, scale and colour, so it gets no crop or flip;
   // cutout, when asked for, applies to every dataset.
   fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
@@ -603,9 +524,6 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   if (const data::ImageShape shape = train_set->shape(); o.cutout > std::max(shape.h, shape.w))
     raise<InvalidArgument>("--cutout ", o.cutout, " is larger than the ", shape.h, "x", shape.w,
                            " training images; use 0 (none) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");
-  if (fopts.batch > train_set->size())
-    raise<InvalidArgument>("--batch_size ", fopts.batch, " is larger than the training set (", train_set->size(),
-                           " images); use a batch of at most ", train_set->size());
   if (const std::int64_t spe = train_set->size() / fopts.batch,
       total = o.max_steps > 0 ? o.max_steps : o.epochs * spe;
       std::llround(o.warmup_epochs * static_cast<double>(spe)) >= total)

@@ -1,11 +1,10 @@
-// A whole training run through towerflow's public API: tfcnn on two CPU towers, the built-in
-// dataset, SGD with a cosine schedule, evaluation every epoch, a checkpoint every 50 steps in
-// embed_run/. Run it again with more epochs and it continues where it stopped (resume).
+// A whole training run through towerflow's public API: tfcnn on the default towers (every GPU,
+// or without one two CPU towers: tower/devices.h), the built-in dataset, SGD with a cosine
+// schedule, evaluation every epoch, a checkpoint every 50 steps in embed_run/. Run it again with more epochs and it continues where it stopped (resume).
 // Usage: embed [epochs] (default 2).
 #include <cstdio>
 #include <cstdlib>
 
-#include "core/platform/registry.h"
 #include "data/data.h"
 #include "models/models.h"
 #include "optim/optim.h"
@@ -17,7 +16,7 @@ namespace tw = towerflow;
 int main(int argc, char** argv) {
   const int epochs = argc > 1 ? std::atoi(argv[1]) : 2;
   // [docs:embed]
-  auto devices = tw::logical_devices(tw::ProcessOptions{.device_count = {{"CPU", 2}}});  // /cpu:0, /cpu:1
+  auto devices = tw::tower::default_towers();  // every GPU, or two CPU towers: /cpu:0, /cpu:1
   tw::data::Builtin train{tw::data::Split::Train, {.train_size = 2048}};
   tw::data::Builtin test{tw::data::Split::Test, {.test_size = 500}};
   tw::tower::Trainer trainer{tw::models::factory("tfcnn"), devices, {.reduction = tw::tower::AllReduce{}}};

@@ -33,6 +33,27 @@ TEST_CASE("even split divides the batch or names the nearest batches that work",
   REQUIRE_THROWS_WITH(split_batch(0, cpus(2), EvenSplit{}), Catch::Contains("batch 0"));
 }
 
+TEST_CASE("a global batch is checked against every micro-batch, naming the fields that fix it",
+          "[tower][split]") {
+  CHECK_NOTHROW(check_batch_split(128, cpus(2), EvenSplit{}, Remainder::Error, 1));
+  CHECK_NOTHROW(check_batch_split(128, cpus(2), EvenSplit{}, Remainder::Error, 4));
+  CHECK_NOTHROW(check_batch_split(33, cpus(2), EvenSplit{}, Remainder::Spread, 4));  // spread: any batch
+  CHECK_THROWS_WITH(check_batch_split(33, cpus(2), EvenSplit{}, Remainder::Error, 1),
+                    Catch::Contains("FitOptions::batch = 33 cannot be split evenly over 2 towers (/cpu:0, /cpu:1)") &&
+                        Catch::Contains("use FitOptions::batch = 32 or 34, or TrainerOptions::remainder = "
+                                        "Remainder::Spread"));
+  // 30 rows in 4 micro-batches are 8, 8, 7 and 7: 7 does not split over 2 towers; 32 or 24 rows
+  // (micro-batches of 8 or 6) do, and so do 3 micro-batches of 10.
+  CHECK_THROWS_WITH(check_batch_split(30, cpus(2), EvenSplit{}, Remainder::Error, 4),
+                    Catch::Contains("FitOptions::batch = 30 with TrainerOptions::accumulation_steps = 4 gives "
+                                    "micro-batches of 8 and 7 rows, and one of 7 rows cannot be split evenly") &&
+                        Catch::Contains("use FitOptions::batch = 32 or 24, TrainerOptions::accumulation_steps = 3, "
+                                        "or TrainerOptions::remainder = Remainder::Spread"));
+  CHECK_THROWS_WITH(check_batch_split(130, cpus(2), WeightedSplit{{3, 1}}, Remainder::Error, 1),
+                    Catch::Contains("in the proportions weights:3,1 (TrainerOptions::split)") &&
+                        Catch::Contains("use FitOptions::batch = 128 or 132"));
+}
+
 TEST_CASE("weighted split follows the weights exactly or apportions the remainder", "[tower][split]") {
   CHECK(split_batch(128, cpus(2), WeightedSplit{{3, 1}}) == std::vector<int>{96, 32});
   CHECK(split_batch(100, cpus(3), WeightedSplit{{2, 1, 2}}) == std::vector<int>{40, 20, 40});

@@ -81,7 +81,8 @@ TEST_CASE("the schedule factory gets the run's plan, plan() refuses a batch larg
     o.max_steps = 5;
     CHECK(plan(s.train, o).epochs == 2);
     o.batch = 129;
-    CHECK_THROWS_WITH(plan(s.train, o), Catch::Contains("batch 129") && Catch::Contains("128 images"));
+    CHECK_THROWS_WITH(plan(s.train, o), Catch::Contains("FitOptions::batch = 129") && Catch::Contains("128 images") &&
+                                                   Catch::Contains("use FitOptions::batch = 128 or less"));
     o.batch = 32;
     o.train_dir.clear();
     o.resume = true;

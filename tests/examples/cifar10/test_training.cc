@@ -240,21 +240,29 @@ TEST_CASE("command-line errors name flags, not library internals", "[cifar10][tr
   Reporter reporter(out.reporter_options());
   TempDir dir;
   TrainOptions o = tiny_options(dir.path);
+  // As the program prints a library error (cifar10::as_flags).
+  auto said = [&] {
+    try {
+      run_training(o, {}, reporter);
+    } catch (const tw::Error& e) {
+      return as_flags(e.what());
+    }
+    return std::string("(no error)");
+  };
   SECTION("a batch that does not split over the towers") {
     o.batch_size = 33;
-    CHECK_THROWS_WITH(run_training(o, {}, reporter),
-                      Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers") &&
-                          Catch::Contains("use --batch_size 32 or 34, or --split_remainder spread") &&
-                          !Catch::Contains("Remainder::"));
+    CHECK_THAT(said(), Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers") &&
+                           Catch::Contains("use --batch_size 32 or 34, or --split_remainder spread") &&
+                           !Catch::Contains("Remainder::") && !Catch::Contains("Options::"));
   }
   SECTION("micro-batches that do not split over the towers, with accumulation") {
     o.batch_size = 30;  // 4 micro-batches of 8, 8, 7 and 7 rows: 7 does not split over 2 towers
     o.accumulation_steps = 4;
-    CHECK_THROWS_WITH(run_training(o, {}, reporter),
-                      Catch::Contains("--batch_size 30 with --accumulation_steps 4 gives micro-batches of 8 and 7 rows") &&
-                          Catch::Contains("one of 7 rows cannot be split evenly over 2 towers") &&
-                          Catch::Contains("use --batch_size 32 or 24, --accumulation_steps 3") &&
-                          Catch::Contains("--split_remainder spread") && !Catch::Contains("Remainder::"));
+    CHECK_THAT(said(), Catch::Contains("--batch_size 30 with --accumulation_steps 4 gives micro-batches of 8 and 7 rows") &&
+                           Catch::Contains("one of 7 rows cannot be split evenly over 2 towers") &&
+                           Catch::Contains("use --batch_size 32 or 24, --accumulation_steps 3") &&
+                           Catch::Contains("--split_remainder spread") && !Catch::Contains("Remainder::") &&
+                           !Catch::Contains("Options::"));
   }
   SECTION("a warm-up as long as the run") {
     o.warmup_epochs = 2;
