@@ -15,7 +15,9 @@
 // kOptimizerUpdate op of core/tensor/backend_impl.h, one formula and one validation for every
 // device): on a GPU, on the same stream as the device's tensor ops, with state from the same
 // allocator; on a CPU, in host memory outside the device's allocator (the memory a run reports is
-// the model's). optim/ sees no CUDA. step() returns once the update is complete on the device.
+// the model's). A copy's device must exist: the device registry initialises with default options
+// at the first use of a device, as for tensors (core/platform/registry.h). optim/ sees no CUDA.
+// step() returns once the update is complete on the device.
 // The gradients must be complete when step() is called (the tower trainer's forward_backward
 // returns only then). In a build without CUDA, an optimizer over a GPU copy raises DeviceError; a
 // device whose backend has no fused update raises it too.

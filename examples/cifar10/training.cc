@@ -320,6 +320,7 @@ std::string describe_changes(const std::vector<OptionChange>& changed) {
 FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
                   const data::Dataset* test_set, const train::FitOptions& fopts, const Resumption& resumption,
                   Reporter& reporter) {
+  trainer.check_batch(fopts.batch);  // as fit() would, before its first step
   collectives::ProcessGroup& world = collectives::world();
   std::optional<train::CheckpointInfo> resumed;
   train::TrainingPosition position;

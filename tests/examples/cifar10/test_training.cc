@@ -254,6 +254,8 @@ TEST_CASE("command-line errors name flags, not library internals", "[cifar10][tr
     CHECK_THAT(said(), Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers") &&
                            Catch::Contains("use --batch_size 32 or 34, or --split_remainder spread") &&
                            !Catch::Contains("Remainder::") && !Catch::Contains("Options::"));
+    o.dry_run = true;  // the same check before the dry run's forward and backward
+    CHECK_THAT(said(), Catch::Contains("--batch_size 33 cannot be split evenly over 2 towers"));
   }
   SECTION("micro-batches that do not split over the towers, with accumulation") {
     o.batch_size = 30;  // 4 micro-batches of 8, 8, 7 and 7 rows: 7 does not split over 2 towers
