@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
-#include <iomanip>
 #include <map>
 #include <random>
 #include <sstream>
