@@ -41,6 +41,8 @@
 namespace tw = towerflow;
 namespace gpu = towerflow::gpu;
 namespace cpu = towerflow::cpu;
+using towerflow::Conv2dShape;
+using towerflow::Pool2dShape;
 
 namespace {
 
@@ -142,7 +144,7 @@ int main(int argc, char** argv) {
   };
 
   // ---- ResNet-20 convolutions (forward, backward input, backward weight) --------------------
-  const std::vector<cpu::Conv2dShape> convs = {
+  const std::vector<Conv2dShape> convs = {
       {.n = batch, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
       {.n = batch, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
       {.n = batch, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
@@ -263,7 +265,7 @@ int main(int argc, char** argv) {
 
   // ---- tfcnn: max pool 3/2 pad 1 on 32x32x64, fc1 GEMM ----------------------------------------
   if (wanted("max_pool")) {
-    const cpu::Pool2dShape s{.n = batch, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3,
+    const Pool2dShape s{.n = batch, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3,
                              .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c,
                       ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;

@@ -51,6 +51,8 @@
 #include "core/cpu/pool.h"
 
 namespace cpu = towerflow::cpu;
+using towerflow::Conv2dShape;
+using towerflow::Pool2dShape;
 using towerflow::bench::kPeakIters;
 using towerflow::bench::PeakLoop;
 using towerflow::bench::peak_loops;
@@ -116,7 +118,7 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
   // Convolutions: forward, backward input, backward weight; in fp32, then through the bf16 kernels.
   for (const bool bf16 : {false, true})
   for (const auto& cc : towerflow::bench::conv_cases(batch)) {
-    const cpu::Conv2dShape s = cc.s;
+    const Conv2dShape s = cc.s;
     const double flop = 2.0 * static_cast<double>(s.macs());
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
     const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
@@ -179,7 +181,7 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
 
   // tfcnn's max pools (3x3, stride 2, 64 channels).
   for (int hw : {32, 16}) {
-    const cpu::Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2,
+    const Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2,
                              .stride_w = 2, .pad_h = 1, .pad_w = 1};
     const std::string layer = "maxpool 3x3 s2 " + std::to_string(hw) + "x" + std::to_string(hw);
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c, ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;

@@ -101,7 +101,7 @@ struct Sampler {
 };
 
 // Double-precision conv terms for one output element of each kernel.
-double ref_y(const tw::Conv2dShape& s, const float* x, const float* w, int n, int oh, int ow, int co) {
+double ref_y(const towerflow::Conv2dShape& s, const float* x, const float* w, int n, int oh, int ow, int co) {
   double acc = 0.0;
   for (int ci = 0; ci < s.c_in; ++ci)
     for (int i = 0; i < s.kh; ++i)
@@ -114,7 +114,7 @@ double ref_y(const tw::Conv2dShape& s, const float* x, const float* w, int n, in
   return acc;
 }
 
-double ref_dx(const tw::Conv2dShape& s, const float* dy, const float* w, int n, int ih, int iw, int ci) {
+double ref_dx(const towerflow::Conv2dShape& s, const float* dy, const float* w, int n, int ih, int iw, int ci) {
   double acc = 0.0;
   for (int co = 0; co < s.c_out; ++co)
     for (int i = 0; i < s.kh; ++i)
@@ -129,7 +129,7 @@ double ref_dx(const tw::Conv2dShape& s, const float* dy, const float* w, int n, 
   return acc;
 }
 
-double ref_dw(const tw::Conv2dShape& s, const float* x, const float* dy, int co, int ci, int i, int j) {
+double ref_dw(const towerflow::Conv2dShape& s, const float* x, const float* dy, int co, int ci, int i, int j) {
   double acc = 0.0;
   for (int n = 0; n < s.n; ++n)
     for (int oh = 0; oh < s.out_h(); ++oh)
@@ -365,7 +365,7 @@ int main(int argc, char** argv) {
 
   // ---- max pool (tfcnn) ----
   for (int hw : {32, 16}) {
-    const tw::Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+    const towerflow::Pool2dShape s{.n = batch, .h = hw, .w = hw, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
     const std::string layer = "maxpool 3x3 s2 " + std::to_string(hw) + "x" + std::to_string(hw);
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c, ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;
     const auto x = random_vector(nx, 8), dy = random_vector(ny, 9);

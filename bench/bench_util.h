@@ -22,11 +22,11 @@ inline std::vector<float> random_vector(std::size_t n, unsigned seed) {
 // Every convolution of ResNet-20 and tfcnn at batch b (NHWC, weights [c_out, c_in, kh, kw]).
 struct ConvCase {
   std::string model, layer;
-  towerflow::cpu::Conv2dShape s;
+  towerflow::Conv2dShape s;
 };
 
 inline std::vector<ConvCase> conv_cases(int b) {
-  using S = towerflow::cpu::Conv2dShape;
+  using S = towerflow::Conv2dShape;
   return {
       {"resnet20", "conv1 3->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
       {"resnet20", "16->16 32x32", S{.n = b, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},

@@ -1,6 +1,6 @@
 #include "optim/adam.h"
 
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/optimizer_update.h"
 
 namespace towerflow::optim {
@@ -26,9 +26,9 @@ Adam::Adam(ParameterSet params, AdamOptions options, bool decoupled)
 
 AdamW::AdamW(ParameterSet params, AdamOptions options) : Adam(std::move(params), options, true) {}
 
-void Adam::apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
-                 double lr, std::int64_t step) {
-  backend.adam_update(n, p, g, state[0], state[1], as_update(options_, decoupled_, lr, step));
+void Adam::apply(const Device& device, std::span<float> p, std::span<const float> g,
+                 std::span<const std::span<float>> state, double lr, std::int64_t step) {
+  adam_update_(device, p, g, state[0], state[1], as_update(options_, decoupled_, lr, step));
 }
 
 }  // namespace towerflow::optim

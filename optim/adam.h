@@ -29,8 +29,8 @@ class Adam : public Optimizer {
   Adam(ParameterSet params, AdamOptions options, bool decoupled);
 
  private:
-  void apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
-             double lr, std::int64_t step) override;
+  void apply(const Device& device, std::span<float> p, std::span<const float> g,
+             std::span<const std::span<float>> state, double lr, std::int64_t step) override;
   AdamOptions options_;
   bool decoupled_;
 };

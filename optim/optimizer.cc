@@ -1,11 +1,12 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
 #include "core/error.h"
-#include "core/memory/allocator.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
+#include "core/tensor/tensor.h"
 
 namespace towerflow::optim {
 
@@ -22,30 +23,30 @@ ParameterSet ParameterSet::single(std::span<float> params, std::span<const float
   return set;
 }
 
-// State buffers of one copy, updated, read and written through the copy's device's tensor
-// backend: host vectors for a CPU copy, buffers from the device's allocator otherwise.
+// State buffers of one copy: host vectors for a CPU copy, tensors of the copy's device otherwise
+// (their memory returns to its allocator, stream-ordered, with the optimizer).
 struct Optimizer::CopyState {
-  Backend* backend = nullptr;
+  Device device;
   std::vector<std::vector<float>> host;  // a CPU copy's buffers
-  std::vector<float*> buffers;           // [state], host[k].data() or device memory
-  bool in_device_memory = false;         // buffers are the backend allocator's
-
-  CopyState() = default;
-  CopyState(const CopyState&) = delete;
-  CopyState& operator=(const CopyState&) = delete;
-  ~CopyState() {
-    // Stream-ordered frees (Note [Stream-ordered frees] in core/cuda/context.cc): later work on
-    // the backend's queue is the memory's next user.
-    if (in_device_memory)
-      for (float* p : buffers) backend->allocator().deallocate(p);
-  }
+  std::vector<Tensor> tensors;           // another device's buffers, [n] float32 each
+  std::vector<std::span<float>> buffers;  // [state], over host[k] or tensors[k]
 
   void read(std::size_t k, std::size_t offset, std::size_t n, float* out) const {
-    backend->copy_to_host(out, buffers[k] + offset, n * sizeof(float));
+    if (tensors.empty()) {
+      std::copy_n(host[k].begin() + static_cast<std::ptrdiff_t>(offset), n, out);
+    } else {
+      const auto begin = static_cast<std::int64_t>(offset);
+      tensors[k].slice(begin, begin + static_cast<std::int64_t>(n)).to_host(std::span<float>(out, n));
+    }
   }
   void write(std::size_t k, std::size_t offset, const std::vector<float>& v) {
-    backend->copy_from_host(buffers[k] + offset, v.data(), v.size() * sizeof(float));
-    backend->synchronize();
+    if (tensors.empty()) {
+      std::copy(v.begin(), v.end(), host[k].begin() + static_cast<std::ptrdiff_t>(offset));
+    } else {
+      const auto begin = static_cast<std::int64_t>(offset);
+      tensors[k].slice(begin, begin + static_cast<std::int64_t>(v.size())).copy_from_host(std::span<const float>(v));
+      synchronize(device);
+    }
   }
 };
 
@@ -72,26 +73,23 @@ Optimizer::Optimizer(ParameterSet params, double lr, std::vector<std::string> st
   TW_CHECK(covered <= n, "slots cover ", covered, " of ", n, " floats");
   // State lives with its copy: host memory for CPU copies, device memory for GPU copies.
   for (const ParameterCopy& c : params_.copies) {
-    // The device's own backend: its queue, its allocator (in a build without CUDA, a GPU copy
-    // raises DeviceError, "rebuild with -DTOWERFLOW_CUDA=ON").
-    Backend& be = backend_for(c.device);
-    if (!be.supports(OpKind::kOptimizerUpdate))
+    // The device's fused update (in a build without CUDA, a GPU copy raises DeviceError,
+    // "rebuild with -DTOWERFLOW_CUDA=ON").
+    if (!has_kernel(c.device, OpKind::kOptimizerUpdate))
       raise<DeviceError>("an optimizer cannot update parameters on ", c.device, ": its backend (",
-                         be.name(), ") has no fused optimizer update");
+                         backend_name(c.device), ") has no fused optimizer update");
     auto st = std::make_unique<CopyState>();
-    st->backend = &be;
-    if (c.device.is_cpu()) {
-      st->host.assign(state_names_.size(), std::vector<float>(n, 0.f));
-      for (auto& h : st->host) st->buffers.push_back(h.data());
-    } else {
-      st->in_device_memory = true;
-      for (std::size_t k = 0; k < state_names_.size(); ++k) {
-        st->buffers.push_back(static_cast<float*>(
-            be.allocator().allocate(std::max<std::size_t>(1, n) * sizeof(float))));
-        be.fill(static_cast<std::int64_t>(n), 0.0f, st->buffers.back());
+    st->device = c.device;
+    const auto rows = static_cast<std::int64_t>(n);
+    for (std::size_t k = 0; k < state_names_.size(); ++k) {
+      if (c.device.is_cpu()) {
+        st->buffers.push_back(st->host.emplace_back(n, 0.f));
+      } else {
+        const Tensor& t = st->tensors.emplace_back(Tensor::zeros({rows}, c.device));
+        st->buffers.push_back({t.data<float>(), n});
       }
-      be.synchronize();
     }
+    if (!c.device.is_cpu()) synchronize(c.device);
     state_.push_back(std::move(st));
   }
 }
@@ -112,11 +110,10 @@ void Optimizer::step() {
   auto one = [&](int i) {
     CopyState& cs = *state_[i];
     const ParameterCopy& c = params_.copies[i];
-    apply(*cs.backend, static_cast<std::int64_t>(c.params.size()), c.params.data(), c.grads.data(),
-          cs.buffers.data(), lr, t);
+    apply(c.device, c.params, c.grads, cs.buffers, lr, t);
     // The next forward runs on the same queue and would see the update anyway; waiting keeps
     // step()'s promise (complete on return) and reports a failure of the update here.
-    cs.backend->synchronize();
+    synchronize(c.device);
   };
   if (params_.for_each_copy) {
     params_.for_each_copy(one);

@@ -11,11 +11,10 @@
 // as "<slot name>.<state name>" ("conv1.weight.momentum_buffer"), with the step count; load_state
 // writes the same values into every copy.
 //
-// Every copy is updated by its device's tensor backend (backend_for(device), the fused
-// kOptimizerUpdate op of core/tensor/backend_impl.h, one formula and one validation for every
-// device): on a GPU, on the same stream as the device's tensor ops, with state from the same
-// allocator; on a CPU, in host memory outside the device's allocator (the memory a run reports is
-// the model's). A copy's device must exist: the device registry initialises with default options
+// Every copy is updated by its device's fused update (sgd_update_ / adam_update_ of
+// core/tensor/device_ops.h, one formula and one validation for every device): on a GPU, on the
+// same stream as the device's tensor ops, with state in tensors from the same allocator; on a
+// CPU, in host memory outside the device's allocator (the memory a run reports is the model's). A copy's device must exist: the device registry initialises with default options
 // at the first use of a device, as for tensors (core/platform/registry.h). optim/ sees no CUDA.
 // step() returns once the update is complete on the device.
 // The gradients must be complete when step() is called (the tower trainer's forward_backward
@@ -32,10 +31,6 @@
 
 #include "optim/parameters.h"
 #include "optim/schedule.h"
-
-namespace towerflow {
-class Backend;
-}
 
 namespace towerflow::optim {
 
@@ -75,11 +70,11 @@ class Optimizer {
  protected:
   Optimizer(ParameterSet params, double lr, std::vector<std::string> state_names);
 
-  // Queues one copy's update on `backend` (the copy's device's tensor backend, its fused
-  // kOptimizerUpdate op): n floats each of parameters, gradients and every state buffer
-  // (state_names() order), all in that device's memory. step is 1 for the first update.
-  virtual void apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
-                     double lr, std::int64_t step) = 0;
+  // Queues one copy's update on `device` (its fused update, core/tensor/device_ops.h): as many
+  // floats of parameters, gradients and every state buffer (state_names() order), all in that
+  // device's memory. step is 1 for the first update.
+  virtual void apply(const Device& device, std::span<float> p, std::span<const float> g,
+                     std::span<const std::span<float>> state, double lr, std::int64_t step) = 0;
 
  private:
   struct CopyState;  // one copy's state buffers, on its device

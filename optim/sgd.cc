@@ -1,6 +1,6 @@
 #include "optim/sgd.h"
 
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/optimizer_update.h"
 
 namespace towerflow::optim {
@@ -27,10 +27,10 @@ Sgd::Sgd(ParameterSet params, SgdOptions options)
 
 std::string Sgd::name() const { return options_.nesterov ? "SGD (Nesterov)" : "SGD"; }
 
-void Sgd::apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
-                double lr, std::int64_t step) {
-  backend.sgd_update(n, p, g, options_.momentum != 0 ? state[0] : nullptr,
-                     as_update(options_, lr, step));
+void Sgd::apply(const Device& device, std::span<float> p, std::span<const float> g,
+                std::span<const std::span<float>> state, double lr, std::int64_t step) {
+  sgd_update_(device, p, g, options_.momentum != 0 ? state[0] : std::span<float>(),
+              as_update(options_, lr, step));
 }
 
 }  // namespace towerflow::optim

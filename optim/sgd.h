@@ -28,8 +28,8 @@ class Sgd final : public Optimizer {
   std::string name() const override;
 
  private:
-  void apply(Backend& backend, std::int64_t n, float* p, const float* g, float* const* state,
-             double lr, std::int64_t step) override;
+  void apply(const Device& device, std::span<float> p, std::span<const float> g,
+             std::span<const std::span<float>> state, double lr, std::int64_t step) override;
   SgdOptions options_;
 };
 

@@ -7,7 +7,7 @@
 #include "core/collectives/process_group.h"
 #include "core/log.h"
 #include "core/platform/registry.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "tower/workers.h"
 
 namespace towerflow::tower {
@@ -76,7 +76,7 @@ optim::ParameterSet replica_parameter_set(const ReducerSetup& setup) {
 void scale_replica_gradients(const ReducerSetup& setup, float factor) {
   setup.workers->run([&](int i) {
     const Tensor g = (*setup.replicas)[static_cast<std::size_t>(i)]->flat_gradients();
-    backend_for(setup.devices[static_cast<std::size_t>(i)]).scale(g.numel(), factor, g.data<float>(), g.data<float>());
+    scale_(g, factor);
   });
 }
 

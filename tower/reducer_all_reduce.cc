@@ -2,7 +2,7 @@
 // finished, one sum all-reduce of its replica's flat gradient buffer; the optimizer then steps
 // every replica alike.
 #include "core/collectives/communicator.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/trace.h"
 #include "tower/reducer.h"
 
@@ -20,7 +20,7 @@ class AllReduceReducer final : public GradientReducer {
   void after_backward(int i) override {
     const trace::Span span("reduction", "all-reduce");
     const Device& dev = setup_.devices[static_cast<std::size_t>(i)];
-    if (!dev.is_cpu()) backend_for(dev).synchronize();  // the gradients are written
+    if (!dev.is_cpu()) synchronize(dev);  // the gradients are written
     const Tensor g = (*setup_.replicas)[static_cast<std::size_t>(i)]->flat_gradients();
     comm_->all_reduce_sum(i, {g.data<float>(), static_cast<std::size_t>(g.numel())});
   }

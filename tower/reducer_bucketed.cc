@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "core/collectives/communicator.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/trace.h"
 #include "tower/reducer.h"
 
@@ -25,7 +25,7 @@
 // buckets in the same order, so the collectives match across towers.
 // "Final" is the host's view: on a GPU, backward has only queued the kernels that write the
 // bucket on the device's compute stream, and NCCL runs on a stream of its own. So when a bucket
-// becomes ready the tower thread records an event on its backend's queue (Backend::record_event;
+// becomes ready the tower thread records an event on its backend's queue (record_event, core/tensor/device_ops.h;
 // null on the CPU, whose kernels are done when they return), and the all-reduce of the bucket is
 // ordered after that event (the NCCL stream waits for it on the GPU). Without the event NCCL would
 // sum partly written gradients and replicas would drift.
@@ -68,7 +68,7 @@ class BucketedReducer final : public GradientReducer {
     plan_buckets(sizes, bucket_bytes, buckets_, bucket_of_);
     for (std::size_t i = 0; i < setup.devices.size(); ++i) {
       auto t = std::make_unique<Tower>();
-      t->backend = &backend_for(setup.devices[i]);
+      t->device = setup.devices[i];
       std::size_t p = 0;
       for (auto& [name, param] : (*setup.replicas)[i]->named_parameters()) t->param_of[param.impl()] = p++;
       towers_.push_back(std::move(t));
@@ -108,7 +108,7 @@ class BucketedReducer final : public GradientReducer {
       std::unique_lock lock(t.mu);
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         if (!t.ready[b]) {
-          if (!event) event = t.backend->record_event();
+          if (!event) event = record_event(t.device);
           t.ready[b] = true;
           t.events[b] = event;
         }
@@ -156,7 +156,7 @@ class BucketedReducer final : public GradientReducer {
 
  private:
   struct Tower {
-    Backend* backend = nullptr;
+    Device device;
     std::unordered_map<const TensorImpl*, std::size_t> param_of;  // parameter index
     std::thread thread;
     mutable std::mutex mu;
@@ -197,7 +197,7 @@ class BucketedReducer final : public GradientReducer {
     {
       std::lock_guard lock(t.mu);
       if (--t.pending[b] > 0 || t.ready[b]) return;
-      t.events[b] = t.backend->record_event();
+      t.events[b] = record_event(t.device);
       t.ready[b] = true;
       ++t.early;
     }

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "core/collectives/process_group.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/trace.h"
 #include "tower/reducer.h"
 #include "tower/workers.h"
@@ -45,10 +45,8 @@ class ParameterDeviceReducer final : public GradientReducer {
   void finish() override {
     const trace::Span span("reduction", "sum on the parameter device");
     master_grads_.copy_(staging_[0]);
-    Backend& be = backend_for(device_);
-    for (std::size_t i = 1; i < staging_.size(); ++i)
-      be.axpy(static_cast<std::int64_t>(setup_.numel), 1.0f, staging_[i].data<float>(), master_grads_.data<float>());
-    be.synchronize();
+    for (std::size_t i = 1; i < staging_.size(); ++i) axpy_(master_grads_, 1.0f, staging_[i]);
+    synchronize(device_);
     if (setup_.processes->size() > 1) {  // then across processes, through host memory
       const trace::Span cross("reduction", "across processes");
       if (device_.is_cpu()) {
@@ -73,8 +71,7 @@ class ParameterDeviceReducer final : public GradientReducer {
 
   Tensor reduced_gradients() override { return master_grads_; }
   void scale_gradients(float factor) override {
-    backend_for(device_).scale(static_cast<std::int64_t>(setup_.numel), factor, master_grads_.data<float>(),
-                               master_grads_.data<float>());
+    scale_(master_grads_, factor);
   }
 
   optim::ParameterSet parameters() override {

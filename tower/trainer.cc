@@ -21,7 +21,7 @@
 #include "core/nn/layers.h"
 #include "core/platform/registry.h"
 #include "core/tensor/autograd.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/ops.h"
 #include "core/trace.h"
 #include "data/batch.h"
@@ -127,11 +127,10 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
     // Not left to soft placement: every such tower would run its layers on /cpu:0 at once, and a
     // CPU device's context serves one thread at a time.
     for (const Device& d : devices_) {
-      Backend& be = backend_for(d);
-      if (!be.supports(OpKind::kBatchNormSync))
+      if (!has_kernel(d, OpKind::kBatchNormSync))
         raise<InvalidArgument>("synchronised batch norm (batch_norm = sync, op ",
                                to_string(OpKind::kBatchNormSync), ") has no kernel on ", d, " (",
-                               be.name(), "); use per-tower batch norm (TrainerOptions::batch_norm = BatchNormMode::PerTower) "
+                               backend_name(d), "); use per-tower batch norm (TrainerOptions::batch_norm = BatchNormMode::PerTower) "
                                "for towers on this device");
     }
   }
@@ -259,7 +258,7 @@ std::string Trainer::describe() const {
     std::string how;
     std::vector<std::string> seen;
     for (const Device& d : devices_) {
-      const std::string what = backend_for(d).describe_products(options_.precision);
+      const std::string what = describe_products(d, options_.precision);
       if (std::find(seen.begin(), seen.end(), what) != seen.end()) continue;
       seen.push_back(what);
       how += str(how.empty() ? "" : "; ", what);

@@ -6,7 +6,7 @@
 
 #include "core/collectives/communicator.h"
 #include "core/error.h"
-#include "core/tensor/backend_impl.h"
+#include "core/tensor/device_ops.h"
 #include "core/trace.h"
 
 namespace towerflow::tower {
@@ -35,8 +35,8 @@ struct DeviceWorkers::Impl {
     // that cannot be used says so when the tower first uses it, not here.
     if (device.is_gpu()) {
       try {
-        Backend& be = backend_for(device);
-        trace::set_thread_device_queue(str(device.str(), " stream"), [&be] { return be.record_timing_event(); });
+        (void)backend_name(device);  // builds the device's backend, or says why it cannot
+        trace::set_thread_device_queue(str(device.str(), " stream"), [device] { return record_timing_event(device); });
       } catch (const Error&) {
       }
     }

@@ -20,21 +20,9 @@
 #include <string>
 
 #include "core/cpu/context.h"
+#include "core/shapes.h"
 
 namespace towerflow::cpu {
-
-struct Conv2dShape {
-  int n, h, w, c_in, c_out, kh, kw, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  int out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
-  int out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
-
-  // Throws InvalidArgument when the shape cannot describe a convolution.
-  void validate() const;
-  // "n=128 h=32 w=32 c_in=16 c_out=16 k=3x3 stride=1x1 pad=1x1", for messages and benchmarks.
-  std::string to_string() const;
-  // Multiply-adds of one forward pass (each of the three kernels does this many).
-  std::int64_t macs() const;
-};
 
 // y[n, oh, ow, c_out] = sum_{ci, i, j} x[n, oh*sh - ph + i, ow*sw - pw + j, ci] * w[c_out, ci, i, j]
 // (no bias; positions outside the input count as zero).

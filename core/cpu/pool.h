@@ -18,17 +18,9 @@
 #include <string>
 
 #include "core/cpu/context.h"
+#include "core/shapes.h"
 
 namespace towerflow::cpu {
-
-struct Pool2dShape {
-  int n, h, w, c, kh, kw, stride_h, stride_w, pad_h = 0, pad_w = 0;
-  int out_h() const { return (h + 2 * pad_h - kh) / stride_h + 1; }
-  int out_w() const { return (w + 2 * pad_w - kw) / stride_w + 1; }
-
-  void validate() const;
-  std::string to_string() const;
-};
 
 // Max pool. argmax (nullable) receives, per output element, the flat input index h*w_in + w of
 // the chosen element within its image and channel (what PyTorch's return_indices gives).

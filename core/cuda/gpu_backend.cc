@@ -11,7 +11,6 @@
 #include "core/cuda/copy.h"
 #include "core/cuda/ops.h"
 #include "core/cuda/optimizer_kernels.h"
-#include "core/platform/registry.h"
 #include "core/tensor/backend_impl.h"
 
 namespace towerflow {
@@ -167,18 +166,18 @@ class GpuBackend final : public Backend {
   }
 
   // ---- 16-bit products on tensor cores (kBf16Products, kFp16Products) -------------------------
-  void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x, const float* w,
+  void conv2d_forward_half(Precision p, const Conv2dShape& s, const float* x, const float* w,
                            const float* bias_or_null, float* y) override {
     gpu::conv2d_forward_half(ctx_, half(p), s, x, w, y);
     if (bias_or_null != nullptr)
       gpu::bias_add(ctx_, static_cast<std::int64_t>(s.n) * s.out_h() * s.out_w(), s.c_out, y,
                     bias_or_null, y);
   }
-  void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
+  void conv2d_backward_input_half(Precision p, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx) override {
     gpu::conv2d_backward_input_half(ctx_, half(p), s, dy, w, dx);
   }
-  void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+  void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw) override {
     gpu::conv2d_backward_weight_half(ctx_, half(p), s, x, dy, dw);
   }
@@ -219,35 +218,35 @@ class GpuBackend final : public Backend {
   }
 
   // ---- convolution -------------------------------------------------------------------------
-  void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+  void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                       const float* bias_or_null, float* y) override {
     gpu::conv2d_forward_bias(ctx_, s, x, w, bias_or_null, y);
   }
-  void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+  void conv2d_backward_input(const Conv2dShape& s, const float* dy, const float* w,
                              float* dx) override {
     gpu::conv2d_backward_input(ctx_, s, dy, w, dx);
   }
-  void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+  void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                               float* dw) override {
     gpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
   }
-  void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {
+  void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) override {
     gpu::conv2d_backward_bias(ctx_, s, dy, db);
   }
 
   // ---- pooling -----------------------------------------------------------------------------
-  void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+  void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
                         std::int32_t* argmax) override {
     gpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
-  void max_pool_backward(const cpu::Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+  void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {
     gpu::max_pool_backward(ctx_, s, dy, argmax, dx);
   }
-  void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) override {
+  void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) override {
     gpu::avg_pool_forward(ctx_, s, x, y);
   }
-  void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) override {
+  void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) override {
     gpu::avg_pool_backward(ctx_, s, dy, dx);
   }
 
@@ -327,11 +326,11 @@ class GpuBackend final : public Backend {
 
 namespace towerflow {
 
-std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator& allocator) {
-  // The registry maps the logical device to its physical GPU (after CUDA_VISIBLE_DEVICES and
-  // virtual-device splitting); each logical device gets its own context and stream.
-  const int ordinal = device_info(device).physical_index;
-  return std::make_unique<GpuBackend>(device, ordinal, allocator);
+// The registry maps the logical device to its physical GPU (after CUDA_VISIBLE_DEVICES and
+// virtual-device splitting); each logical device gets its own context and stream.
+std::unique_ptr<Backend> make_gpu_backend(const Device& device, int cuda_ordinal,
+                                          Allocator& allocator) {
+  return std::make_unique<GpuBackend>(device, cuda_ordinal, allocator);
 }
 
 }  // namespace towerflow

@@ -19,14 +19,10 @@
 
 #include <cstdint>
 
-#include "core/cpu/conv.h"
-#include "core/cpu/pool.h"
 #include "core/cuda/context.h"
+#include "core/shapes.h"
 
 namespace towerflow::gpu {
-
-using cpu::Conv2dShape;
-using cpu::Pool2dShape;
 
 // ---- convolution (cuDNN; algorithm chosen once per shape and cached in the context) ----------
 

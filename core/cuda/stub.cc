@@ -1,10 +1,13 @@
-// The CUDA backend of a build without CUDA: the same declarations, each a clear error.
-// cuda_availability() is the exception: it answers that there is no CUDA.
+// The CUDA library of a build without CUDA: the same declarations, each a clear error. Two
+// answer rather than throw: cuda_availability() (there is no CUDA) and query_cuda_gpus() (no
+// GPUs, and why).
 
 #include "core/cuda/copy.h"
 #include "core/cuda/ops.h"
 #include "core/cuda/optimizer_kernels.h"
 #include "core/cuda/status.h"
+#include "core/memory/sub_allocators.h"
+#include "core/platform/cuda_query.h"
 #include "core/tensor/backend_impl.h"
 
 namespace towerflow::gpu {
@@ -250,8 +253,39 @@ void adam_update(const GpuContext&, std::int64_t, float*, const float*, float*, 
 namespace towerflow {
 
 // A GPU device in a build without CUDA: the backend cannot exist.
-std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator&) {
+std::unique_ptr<Backend> make_gpu_backend(const Device& device, int, Allocator&) {
   raise<DeviceError>("cannot use ", device, ": ", gpu::kNoCudaBuildMessage);
+}
+
+}  // namespace towerflow
+
+// ---- device discovery (core/platform/cuda_query.h) and memory (core/memory/sub_allocators.h) --
+
+namespace towerflow::detail {
+
+std::vector<GpuDescription> query_cuda_gpus(std::string* why) {
+  if (why) *why = "this build has no CUDA support (rebuild with -DTOWERFLOW_CUDA=ON to use GPUs)";
+  return {};
+}
+
+GpuMemoryInfo query_cuda_memory(int ordinal) {
+  raise<DeviceError>("cannot read the free memory of CUDA device ", ordinal, ": ",
+                     gpu::kNoCudaBuildMessage);
+}
+
+}  // namespace towerflow::detail
+
+namespace towerflow {
+
+std::unique_ptr<SubAllocator> make_cuda_sub_allocator(int cuda_ordinal) {
+  if (cuda_ordinal < 0)
+    raise<InvalidArgument>("CUDA device ordinal ", cuda_ordinal, " is negative; use 0 or above");
+  raise<DeviceError>("cannot allocate memory on CUDA device ", cuda_ordinal, ": ",
+                     gpu::kNoCudaBuildMessage);
+}
+
+std::unique_ptr<SubAllocator> make_pinned_host_sub_allocator() {
+  raise<DeviceError>("cannot allocate pinned host memory: ", gpu::kNoCudaBuildMessage);
 }
 
 }  // namespace towerflow

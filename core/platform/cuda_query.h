@@ -1,6 +1,6 @@
 #pragma once
-// Private to core/platform: the CUDA half of make_system_platform(). Implemented by
-// core/cuda/cuda_platform.cc in CUDA builds and by core/platform/cuda_query_stub.cc otherwise.
+// Private to core/platform: the CUDA half of make_system_platform(). Implemented by towerflow_cuda
+// (core/cuda/cuda_platform.cc in CUDA builds, core/cuda/stub.cc otherwise).
 
 #include <cstddef>
 #include <string>

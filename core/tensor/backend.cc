@@ -12,25 +12,6 @@
 
 namespace towerflow {
 
-std::string_view to_string(OpKind op) {
-  switch (op) {
-    case OpKind::kConv2d: return "conv2d";
-    case OpKind::kMaxPool: return "max_pool";
-    case OpKind::kAvgPool: return "avg_pool";
-    case OpKind::kBatchNorm: return "batch_norm";
-    case OpKind::kBatchNormSync: return "batch_norm_sync";
-    case OpKind::kGemm: return "gemm";
-    case OpKind::kElementwise: return "elementwise";
-    case OpKind::kDropout: return "dropout";
-    case OpKind::kSoftmaxXent: return "softmax_cross_entropy";
-    case OpKind::kTopK: return "top_k";
-    case OpKind::kOptimizerUpdate: return "optimizer_update";
-    case OpKind::kBf16Products: return "bf16_products";
-    case OpKind::kFp16Products: return "fp16_products";
-  }
-  return "?";
-}
-
 namespace {
 
 struct BackendTable {
@@ -58,7 +39,7 @@ Backend& backend_for(const Device& device) {
   if (device.is_cpu()) {
     be = make_cpu_backend(device, device_allocator(device), info.intra_op_threads);
   } else {
-    be = make_gpu_backend(device, device_allocator(device));
+    be = make_gpu_backend(device, info.physical_index, device_allocator(device));
   }
   Backend& ref = *be;
   t.backends.emplace(device, std::move(be));

@@ -30,11 +30,11 @@
 #include <string>
 #include <string_view>
 
-#include "core/cpu/conv.h"
-#include "core/cpu/pool.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/queue_event.h"
+#include "core/shapes.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/optimizer_update.h"
 #include "core/tensor/precision.h"
 
@@ -42,23 +42,7 @@ namespace towerflow {
 
 class Allocator;
 
-// The op kinds a backend may or may not implement; one per group of methods below.
-enum class OpKind {
-  kConv2d,          // conv2d_* including the bias variants
-  kMaxPool,         // max_pool_*
-  kAvgPool,         // avg_pool_*
-  kBatchNorm,       // batch_norm_* including the fused relu / add_relu variants
-  kBatchNormSync,   // batch_norm_moments / _forward_apply / _backward_reduce / _backward_apply
-  kGemm,            // gemm
-  kElementwise,     // fill, add, mul, scale, axpy, relu_*, bias_add, sum_rows, sum, transposes
-  kDropout,         // dropout_*
-  kSoftmaxXent,     // softmax_cross_entropy_*
-  kTopK,            // top_k_correct
-  kOptimizerUpdate, // sgd_update, adam_update (fused updates over a flat parameter buffer)
-  kBf16Products,    // conv2d_*_half, gemm_half in bf16 (kernels that read bf16 operands themselves)
-  kFp16Products,    // the same in fp16
-};
-std::string_view to_string(OpKind op);
+// OpKind (which op kinds a backend has kernels for) is public: core/tensor/device_ops.h.
 
 class Backend {
  public:
@@ -68,6 +52,9 @@ class Backend {
   virtual Allocator& allocator() const = 0;  // where tensors of this device get their memory
   virtual std::string name() const = 0;      // "CPU (2 threads, Eigen)", "CUDA (cuDNN 9)"
   virtual bool supports(OpKind op) const = 0;
+  // What it computes with, for the start-up block: the CPU's kernel instruction set and
+  // libraries, a GPU's. The default is name().
+  virtual std::string describe_kernels() const { return name(); }
 
   // ---- memory ----------------------------------------------------------------------------
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
@@ -120,15 +107,15 @@ class Backend {
   // precision ops.cc calls these where supports(kBf16Products / kFp16Products); elsewhere it
   // rounds the operands itself (round_to_bf16 / round_to_fp16) for the float32 kernels. The base
   // class has none.
-  virtual void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+  virtual void conv2d_forward_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* w, const float* bias_or_null, float* y) {
     no_half_products(p, "conv2d_forward_half");
   }
-  virtual void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
+  virtual void conv2d_backward_input_half(Precision p, const Conv2dShape& s, const float* dy,
                                           const float* w, float* dx) {
     no_half_products(p, "conv2d_backward_input_half");
   }
-  virtual void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+  virtual void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                            const float* dy, float* dw) {
     no_half_products(p, "conv2d_backward_weight_half");
   }
@@ -157,22 +144,22 @@ class Backend {
   virtual void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) = 0;
   virtual void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) = 0;
 
-  // ---- convolution (kConv2d); the arguments of core/cpu/conv.h ----------------------------
-  virtual void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+  // ---- convolution (kConv2d); core/shapes.h's shapes, core/cpu/conv.h's arithmetic ----------
+  virtual void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                               const float* bias_or_null, float* y) = 0;
-  virtual void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+  virtual void conv2d_backward_input(const Conv2dShape& s, const float* dy, const float* w,
                                      float* dx) = 0;
-  virtual void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+  virtual void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                                       float* dw) = 0;
-  virtual void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) = 0;
+  virtual void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) = 0;
 
-  // ---- pooling (kMaxPool, kAvgPool); the arguments of core/cpu/pool.h ----------------------
-  virtual void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+  // ---- pooling (kMaxPool, kAvgPool); core/shapes.h's shapes, core/cpu/pool.h's rules --------
+  virtual void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
                                 std::int32_t* argmax) = 0;
-  virtual void max_pool_backward(const cpu::Pool2dShape& s, const float* dy,
+  virtual void max_pool_backward(const Pool2dShape& s, const float* dy,
                                  const std::int32_t* argmax, float* dx) = 0;
-  virtual void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) = 0;
-  virtual void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) = 0;
+  virtual void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) = 0;
+  virtual void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) = 0;
 
   // ---- batch norm (kBatchNorm); the arguments of core/cpu/batch_norm.h --------------------
   // Training also updates the running statistics when running_mean is not null:
@@ -321,10 +308,12 @@ inline bool dropout_keeps(std::uint64_t seed, std::uint64_t index, float p) {
   return u >= p;
 }
 
-// The backend of a GPU device, defined by core/cuda. `allocator` is that device's allocator
-// (the registry's) and outlives the backend. In a build without CUDA: throws DeviceError with
+// The backend of a GPU device, defined by core/cuda: `device` on the CUDA device `cuda_ordinal`
+// (the registry's physical index for it). `allocator` is that device's allocator (the
+// registry's) and outlives the backend. In a build without CUDA: throws DeviceError with
 // gpu::kNoCudaBuildMessage.
-std::unique_ptr<Backend> make_gpu_backend(const Device& device, Allocator& allocator);
+std::unique_ptr<Backend> make_gpu_backend(const Device& device, int cuda_ordinal,
+                                          Allocator& allocator);
 
 // The backend of a logical device (created on first use, one per device, thread-safe; lives
 // until the process ends). Throws NotFound for a device the registry does not know (placement

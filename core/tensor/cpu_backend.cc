@@ -10,6 +10,7 @@
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/elementwise.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/pool.h"
@@ -37,6 +38,7 @@ class CpuBackend final : public Backend {
   std::string name() const override {
     return str("CPU (", ctx_.threads(), " threads, Eigen)");
   }
+  std::string describe_kernels() const override { return cpu::describe_active_isa(); }
   bool supports(OpKind op) const override {
     if (op == OpKind::kBf16Products && !cpu::bf16_products_in_kernels(cpu::active_bf16_kernels()))
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
@@ -184,30 +186,30 @@ class CpuBackend final : public Backend {
   }
 
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
-  void conv2d_forward(const cpu::Conv2dShape& s, const float* x, const float* w,
+  void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                       const float* bias, float* y) override {
     cpu::conv2d_forward_bias(ctx_, s, x, w, bias, y);
   }
-  void conv2d_backward_input(const cpu::Conv2dShape& s, const float* dy, const float* w,
+  void conv2d_backward_input(const Conv2dShape& s, const float* dy, const float* w,
                              float* dx) override {
     cpu::conv2d_backward_input(ctx_, s, dy, w, dx);
   }
-  void conv2d_backward_weight(const cpu::Conv2dShape& s, const float* x, const float* dy,
+  void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                               float* dw) override {
     cpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
   }
   // bf16 only (supports(kFp16Products) is false).
-  void conv2d_forward_half(Precision p, const cpu::Conv2dShape& s, const float* x, const float* w,
+  void conv2d_forward_half(Precision p, const Conv2dShape& s, const float* x, const float* w,
                            const float* bias, float* y) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_forward_half");
     cpu::conv2d_forward_bf16(ctx_, s, x, w, bias, y);
   }
-  void conv2d_backward_input_half(Precision p, const cpu::Conv2dShape& s, const float* dy,
+  void conv2d_backward_input_half(Precision p, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_input_half");
     cpu::conv2d_backward_input_bf16(ctx_, s, dy, w, dx);
   }
-  void conv2d_backward_weight_half(Precision p, const cpu::Conv2dShape& s, const float* x,
+  void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_weight_half");
     cpu::conv2d_backward_weight_bf16(ctx_, s, x, dy, dw);
@@ -217,21 +219,21 @@ class CpuBackend final : public Backend {
     if (p != Precision::Bf16) no_half_products(p, "gemm_half");
     cpu::gemm_bf16(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   }
-  void conv2d_backward_bias(const cpu::Conv2dShape& s, const float* dy, float* db) override {
+  void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) override {
     cpu::conv2d_backward_bias(ctx_, s, dy, db);
   }
-  void max_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y,
+  void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
                         std::int32_t* argmax) override {
     cpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
-  void max_pool_backward(const cpu::Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+  void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {
     cpu::max_pool_backward(ctx_, s, dy, argmax, dx);
   }
-  void avg_pool_forward(const cpu::Pool2dShape& s, const float* x, float* y) override {
+  void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) override {
     cpu::avg_pool_forward(ctx_, s, x, y);
   }
-  void avg_pool_backward(const cpu::Pool2dShape& s, const float* dy, float* dx) override {
+  void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) override {
     cpu::avg_pool_backward(ctx_, s, dy, dx);
   }
 

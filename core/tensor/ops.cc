@@ -31,8 +31,6 @@ const std::string& OpScope::current() { return t_scope; }
 
 namespace {
 
-using cpu::Conv2dShape;
-using cpu::Pool2dShape;
 
 std::mutex g_log_mu;
 std::set<std::string> g_logged;  // placement lines already printed

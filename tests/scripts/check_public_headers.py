@@ -2,7 +2,9 @@
 """The installed headers (TW_PUBLIC_HEADERS in cmake/TowerflowInstall.cmake) are exactly the
 umbrella headers and every project header they include, directly or not: a public header that
 includes a private one would not compile once installed, and a header outside the closure is an
-internal one that must not become API by being installed.
+internal one that must not become API by being installed. The private headers (the backend
+interface) are included from core/ and the tests only: the other areas reach devices through
+core/tensor/device_ops.h.
 
     check_public_headers.py SOURCE_DIR
 """
@@ -39,6 +41,25 @@ def listed(root):
     return set(m.group(1).split())
 
 
+def outside_core(root):
+    """(file, private header) for every source outside core/ and tests/ that includes one."""
+    found = []
+    for area in sorted(os.listdir(root)):
+        if area in ("core", "tests") or area.startswith((".", "build")) or not os.path.isdir(os.path.join(root, area)):
+            continue
+        for folder, _, files in os.walk(os.path.join(root, area)):
+            for name in files:
+                if not name.endswith((".h", ".cc", ".cu")):
+                    continue
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    for line in f:
+                        m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+                        if m and m.group(1) in PRIVATE:
+                            found.append((os.path.relpath(path, root), m.group(1)))
+    return found
+
+
 def main():
     root = sys.argv[1]
     want, have = closure(root), listed(root)
@@ -47,6 +68,7 @@ def main():
     problems += [f"{h}: installed but no umbrella header includes it; remove it from TW_PUBLIC_HEADERS "
                  f"or include it from its area's umbrella header" for h in sorted(have - want)]
     problems += [f"{h}: a private header is public" for h in PRIVATE if h in have or h in want]
+    problems += [f"{f}: includes the private {h}; use core/tensor/device_ops.h" for f, h in outside_core(root)]
     for p in problems:
         print(p)
     print(f"check_public_headers: {len(have)} public headers, {len(problems)} problems")

@@ -19,6 +19,8 @@
 #include "kernel_test_util.h"
 
 using namespace towerflow::cpu;
+using towerflow::Conv2dShape;
+using towerflow::Pool2dShape;
 using namespace towerflow::cpu::testing;
 
 namespace {

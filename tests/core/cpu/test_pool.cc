@@ -7,6 +7,8 @@
 #include "core/error.h"
 
 using namespace towerflow::cpu;
+using towerflow::Conv2dShape;
+using towerflow::Pool2dShape;
 using namespace towerflow::cpu::testing;
 
 namespace {

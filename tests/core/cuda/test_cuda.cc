@@ -117,7 +117,11 @@ TEST_CASE("a GPU backend where no GPU exists fails with an error naming the devi
   // Without CUDA: the stub's rebuild hint. With CUDA but no driver or device: the registry has
   // no /gpu:0 and says so (NotFound), before any CUDA call.
   try {
-    (void)tw::make_gpu_backend(tw::Device::gpu(0), memory);
+    if (gpu::built_with_cuda()) {
+      (void)tw::backend_for(tw::Device::gpu(0));
+    } else {
+      (void)tw::make_gpu_backend(tw::Device::gpu(0), 0, memory);
+    }
     FAIL("a GPU backend was made without a GPU");
   } catch (const tw::Error& e) {
     const std::string what = e.what();

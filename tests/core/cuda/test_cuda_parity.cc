@@ -42,6 +42,8 @@
 namespace tw = towerflow;
 namespace gpu = towerflow::gpu;
 namespace cpu = towerflow::cpu;
+using towerflow::Conv2dShape;
+using towerflow::Pool2dShape;
 
 namespace {
 
@@ -130,7 +132,7 @@ void expect_close(const char* op, const std::vector<float>& got, const std::vect
 
 // ---- convolution -------------------------------------------------------------------------------
 
-void conv_parity(const cpu::Conv2dShape& s, std::uint32_t seed) {
+void conv_parity(const Conv2dShape& s, std::uint32_t seed) {
   auto& ctx = *the_gpu().ctx;
   const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
   const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
@@ -187,12 +189,12 @@ TEST_CASE("conv2d forward and backward match the CPU kernels", "[cuda]") {
 
 TEST_CASE("max and average pooling match the CPU kernels", "[cuda]") {
   auto& ctx = *the_gpu().ctx;
-  for (const cpu::Pool2dShape s :
-       {cpu::Pool2dShape{.n = 3, .h = 9, .w = 8, .c = 5, .kh = 3, .kw = 3, .stride_h = 2,
+  for (const Pool2dShape s :
+       {Pool2dShape{.n = 3, .h = 9, .w = 8, .c = 5, .kh = 3, .kw = 3, .stride_h = 2,
                          .stride_w = 2, .pad_h = 1, .pad_w = 1},
-        cpu::Pool2dShape{.n = 2, .h = 8, .w = 8, .c = 4, .kh = 2, .kw = 2, .stride_h = 2,
+        Pool2dShape{.n = 2, .h = 8, .w = 8, .c = 4, .kh = 2, .kw = 2, .stride_h = 2,
                          .stride_w = 2},
-        cpu::Pool2dShape{.n = 2, .h = 7, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1,
+        Pool2dShape{.n = 2, .h = 7, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1,
                          .stride_w = 1, .pad_h = 1, .pad_w = 1}}) {
     INFO(s.to_string());
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c;
@@ -478,7 +480,7 @@ double output_rounding(gpu::Half t) { return t == gpu::Half::Bf16 ? 0x1p-8 : 0x1
 // products, summed in another order (atol as the fp32 parity test's), and then the output rounded
 // to t once (rtol). `tensor_cores` also asks that every output went through t, i.e. that cuDNN
 // offered a 16-bit algorithm and the shape did not fall back to the emulated path.
-void half_conv_parity(gpu::Half t, const char* name, const cpu::Conv2dShape& s, bool tensor_cores,
+void half_conv_parity(gpu::Half t, const char* name, const Conv2dShape& s, bool tensor_cores,
                       std::uint32_t seed) {
   auto& ctx = *the_gpu().ctx;
   const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
@@ -551,7 +553,7 @@ TEST_CASE("bf16 and fp16 convolutions on tensor cores match the CPU on rounded o
           "[cuda][bf16]") {
   struct Case {
     const char* name;
-    cpu::Conv2dShape s;
+    Conv2dShape s;
     bool tensor_cores;  // channels in multiples of 8: cuDNN's tensor-core kernels take them
   };
   const std::vector<Case> cases = {

@@ -1,16 +1,37 @@
-// The shapes the CPU kernels take: validation and printing, compiled once (the kernels
-// themselves are compiled once per instruction set: see isa.h).
+// The kernels' shapes (shapes.h): validation and printing.
+#include "core/shapes.h"
+
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
-#include "core/cpu/conv.h"
-#include "core/cpu/pool.h"
 #include "core/error.h"
 
-namespace towerflow::cpu {
+namespace towerflow {
 
-// ---- shape ---------------------------------------------------------------------------------
+namespace {
+
+// A field's lower bound: `value` >= `minimum`, else InvalidArgument naming the shape, the field
+// and the fix.
+class Bounds {
+ public:
+  Bounds(const char* kind, std::string shape) : kind_(kind), shape_(std::move(shape)) {}
+  const Bounds& at_least(const char* field, int value, int minimum, const char* fix) const {
+    if (value < minimum)
+      raise<InvalidArgument>(kind_, " shape {", shape_, "}: ", field, " = ", value,
+                             " must be at least ", minimum, "; ", fix);
+    return *this;
+  }
+
+ private:
+  const char* kind_;
+  std::string shape_;
+};
+
+}  // namespace
+
+// ---- convolution ---------------------------------------------------------------------------
 
 std::string Conv2dShape::to_string() const {
   return str("n=", n, " h=", h, " w=", w, " c_in=", c_in, " c_out=", c_out, " k=", kh, "x", kw,
@@ -22,22 +43,18 @@ std::int64_t Conv2dShape::macs() const {
 }
 
 void Conv2dShape::validate() const {
-  auto at_least = [&](const char* field, int value, int minimum, const char* fix) {
-    if (value < minimum)
-      raise<InvalidArgument>("conv2d shape {", to_string(), "}: ", field, " = ", value,
-                             " must be at least ", minimum, "; ", fix);
-  };
-  at_least("n", n, 1, "pass the batch size");
-  at_least("h", h, 1, "pass the input height");
-  at_least("w", w, 1, "pass the input width");
-  at_least("c_in", c_in, 1, "pass the input channels");
-  at_least("c_out", c_out, 1, "pass the output channels");
-  at_least("kh", kh, 1, "pass the kernel height");
-  at_least("kw", kw, 1, "pass the kernel width");
-  at_least("stride_h", stride_h, 1, "strides start at 1");
-  at_least("stride_w", stride_w, 1, "strides start at 1");
-  at_least("pad_h", pad_h, 0, "padding cannot be negative");
-  at_least("pad_w", pad_w, 0, "padding cannot be negative");
+  Bounds("conv2d", to_string())
+      .at_least("n", n, 1, "pass the batch size")
+      .at_least("h", h, 1, "pass the input height")
+      .at_least("w", w, 1, "pass the input width")
+      .at_least("c_in", c_in, 1, "pass the input channels")
+      .at_least("c_out", c_out, 1, "pass the output channels")
+      .at_least("kh", kh, 1, "pass the kernel height")
+      .at_least("kw", kw, 1, "pass the kernel width")
+      .at_least("stride_h", stride_h, 1, "strides start at 1")
+      .at_least("stride_w", stride_w, 1, "strides start at 1")
+      .at_least("pad_h", pad_h, 0, "padding cannot be negative")
+      .at_least("pad_w", pad_w, 0, "padding cannot be negative");
   if (kh > h + 2 * pad_h)
     raise<InvalidArgument>("conv2d shape {", to_string(), "}: kernel height kh = ", kh,
                            " is larger than the padded input height h + 2*pad_h = ", h + 2 * pad_h,
@@ -64,21 +81,17 @@ std::string Pool2dShape::to_string() const {
 }
 
 void Pool2dShape::validate() const {
-  auto at_least = [&](const char* field, int value, int minimum, const char* fix) {
-    if (value < minimum)
-      raise<InvalidArgument>("pool2d shape {", to_string(), "}: ", field, " = ", value,
-                             " must be at least ", minimum, "; ", fix);
-  };
-  at_least("n", n, 1, "pass the batch size");
-  at_least("h", h, 1, "pass the input height");
-  at_least("w", w, 1, "pass the input width");
-  at_least("c", c, 1, "pass the channels");
-  at_least("kh", kh, 1, "pass the window height");
-  at_least("kw", kw, 1, "pass the window width");
-  at_least("stride_h", stride_h, 1, "strides start at 1 (PyTorch's default stride is the window)");
-  at_least("stride_w", stride_w, 1, "strides start at 1 (PyTorch's default stride is the window)");
-  at_least("pad_h", pad_h, 0, "padding cannot be negative");
-  at_least("pad_w", pad_w, 0, "padding cannot be negative");
+  Bounds("pool2d", to_string())
+      .at_least("n", n, 1, "pass the batch size")
+      .at_least("h", h, 1, "pass the input height")
+      .at_least("w", w, 1, "pass the input width")
+      .at_least("c", c, 1, "pass the channels")
+      .at_least("kh", kh, 1, "pass the window height")
+      .at_least("kw", kw, 1, "pass the window width")
+      .at_least("stride_h", stride_h, 1, "strides start at 1 (PyTorch's default stride is the window)")
+      .at_least("stride_w", stride_w, 1, "strides start at 1 (PyTorch's default stride is the window)")
+      .at_least("pad_h", pad_h, 0, "padding cannot be negative")
+      .at_least("pad_w", pad_w, 0, "padding cannot be negative");
   if (2 * pad_h > kh || 2 * pad_w > kw)
     raise<InvalidArgument>("pool2d shape {", to_string(), "}: padding ", pad_h, "x", pad_w,
                            " is more than half the window ", kh, "x", kw,
@@ -94,4 +107,4 @@ void Pool2dShape::validate() const {
                            "elements; split the batch");
 }
 
-}  // namespace towerflow::cpu
+}  // namespace towerflow
