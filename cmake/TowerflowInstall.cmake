@@ -81,8 +81,9 @@ set(TW_PUBLIC_HEADERS
     models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h optim/parameters.h
     optim/schedule.h optim/sgd.h tower/batch_norm_sync.h tower/devices.h tower/loss_scale.h
     tower/reduction.h tower/split.h tower/tower.h tower/trainer.h tower/workers.h train/checkpoint.h
-    train/fit.h train/hook.h train/metrics_file.h train/monitor.h train/reporter.h
-    train/stop_on_signal.h train/tensorboard.h train/trace.h train/train.h)
+    train/fit.h train/hook.h train/metrics_file.h train/monitor.h train/records.h train/reporter.h
+    train/startup.h train/step_window.h train/stop_on_signal.h train/tensorboard.h train/time_left.h
+    train/trace.h train/train.h)
 foreach(header IN LISTS TW_PUBLIC_HEADERS)
   get_filename_component(dir ${header} DIRECTORY)
   install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/towerflow/${dir})

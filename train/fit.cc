@@ -21,7 +21,7 @@
 #include "io/train_dir_lock.h"
 #include "optim/optimizer.h"
 #include "tower/trainer.h"
-#include "train/time_left.h"
+#include "train/step_window.h"
 
 namespace towerflow::train {
 namespace fs = std::filesystem;
@@ -223,8 +223,7 @@ class Loop {
   std::string run_id_;
   std::map<fs::path, std::string> run_of_;  // checkpoint directory -> its run_id
   FitResult result_;
-  TimeLeft time_left_;
-  double optimizer_seconds_ = 0, window_optimizer_ = 0;
+  double optimizer_seconds_ = 0;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation during training
   std::int64_t tested_at_ = -1;     // with a validation set: the step of the test set's evaluation
   std::int64_t saved_at_ = -1;      // the step of the last checkpoint this run wrote or resumed from
@@ -370,8 +369,6 @@ void Loop::final_evaluation(std::int64_t step) {
   }
 }
 
-std::string_view metric_prefix(EvalSet set) { return set == EvalSet::Validation ? "val" : "test"; }
-
 void Loop::evaluate_set(std::int64_t step, EvalSet which) {
   const data::Dataset& set = which == EvalSet::Validation ? *o_.validation_set : *test_set_;
   auto t0 = Clock::now();
@@ -380,7 +377,6 @@ void Loop::evaluate_set(std::int64_t step, EvalSet which) {
   tower::EvalResult e =
       evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads, transform);
   const double seconds = seconds_since(t0);
-  time_left_.add_eval(seconds);
   if (which == EvalSet::Validation) {
     result_.val_loss = e.loss;
     result_.val_acc = e.accuracy;
@@ -504,9 +500,12 @@ FitResult Loop::run() {
 
   // ---- the loop -----------------------------------------------------------------------------
   const std::int64_t spe = plan_.steps_per_epoch;
-  double window_loss = 0, window_acc = 0, window_seconds = 0, window_data_wait = 0;
-  std::int64_t window_steps = 0, window_images = 0;
-  tower::TrainerTimings window_timings = trainer_.timings();
+  const auto counters = [&] {
+    const tower::TrainerTimings& t = trainer_.timings();
+    return StepCounters{.compute_s = t.compute_seconds, .reduction_s = t.reduction_seconds,
+                        .optimizer_s = optimizer_seconds_};
+  };
+  StepWindow window(counters());
   double train_seconds = 0;
   std::int64_t train_images = 0;
   std::int64_t step = pos.step;
@@ -524,7 +523,7 @@ FitResult Loop::run() {
     loader.start();
     for (const data::Batch* next = wait_for_batch(loader); next; next = wait_for_batch(loader)) {
       const data::Batch& b = *next;
-      window_data_wait += seconds_since(waiting_since);
+      window.add_data_wait(seconds_since(waiting_since));
       last_index = b.index_in_epoch;
       float loss;
       {
@@ -563,46 +562,26 @@ FitResult Loop::run() {
                   .accuracy = m.accuracy,
                   .rows = m.rows,
                   .lr = optimizer_.lr()};
-      window_loss += loss;
-      window_acc += m.accuracy;
-      window_images += m.rows;
-      ++window_steps;
+      window.add_step(loss, m.accuracy, m.rows);
       each([&](Hook& h) { h.on_step(si); });
       agree_on_stop();
 
       const bool last = step >= plan_.total_steps || stop_.requested;
       if (step % o_.log_every == 0 || last || b.index_in_epoch + 1 == spe) {
-        double dt = seconds_since(t0);
-        window_seconds += dt;
+        const double dt = seconds_since(t0);
         train_seconds += dt;
-        train_images += window_images;
-        time_left_.add_steps(window_steps, window_seconds);
-        const tower::TrainerTimings& now = trainer_.timings();
-        const double n = static_cast<double>(window_steps);
-        TrainRecord r{.step = step,
-                      .total_steps = plan_.total_steps,
-                      .epoch = static_cast<double>(epoch) + static_cast<double>(b.index_in_epoch + 1) / spe,
-                      .epochs = plan_.epochs,
-                      .loss = window_loss / window_steps,
-                      .acc = window_acc / window_steps,
-                      .lr = optimizer_.lr(),
-                      .img_per_s = window_seconds > 0 ? static_cast<double>(window_images) / window_seconds : 0,
-                      .eta_s = time_left_.seconds(plan_.total_steps - step,
-                                                  test_set_ || o_.validation_set ? evals_left(step / spe, plan_.epochs, o_.eval_every) : 0),
-                      .step_s = dt > 0 ? window_seconds / n : 0,
-                      .compute_s = (now.compute_seconds - window_timings.compute_seconds) / n,
-                      .reduction_s = (now.reduction_seconds - window_timings.reduction_seconds) / n,
-                      .optimizer_s = (optimizer_seconds_ - window_optimizer_) / n,
-                      .data_wait_s = window_data_wait / n};
+        train_images += window.images();
+        TrainRecord r = window.close(dt, counters());
+        r.step = step;
+        r.total_steps = plan_.total_steps;
+        r.epoch = static_cast<double>(epoch) + static_cast<double>(b.index_in_epoch + 1) / spe;
+        r.epochs = plan_.epochs;
+        r.lr = optimizer_.lr();
         if (const tower::LossScaler* ls = trainer_.loss_scaler()) {
           r.loss_scale = ls->scale();
           r.skipped_steps = ls->state().skipped_steps;
         }
         each([&](Hook& h) { h.on_log(r); });
-        window_loss = window_acc = window_seconds = window_data_wait = 0;
-        window_steps = window_images = 0;
-        window_timings = trainer_.timings();
-        window_optimizer_ = optimizer_seconds_;
         t0 = Clock::now();
       }
       TrainingPosition here{step, epoch, b.index_in_epoch + 1};

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "train/checkpoint.h"
+#include "train/records.h"
 
 namespace towerflow::data {
 class Dataset;
@@ -80,63 +81,6 @@ struct StartInfo {
   int removed_files = 0;                  // a new run: files of an earlier run deleted from train_dir
   std::filesystem::path moved_aside = {}; // a new run: where an earlier run's files were moved
   std::string run_id;                     // new for a new run, the checkpoint's for a resumed one
-};
-
-struct StepInfo {
-  std::int64_t step = 0;            // optimizer steps done (1 after the first)
-  std::int64_t epoch = 0;           // the step's epoch (0-based)
-  std::int64_t index_in_epoch = 0;  // the step's batch within its epoch (0-based)
-  float loss = 0;                   // global-batch mean
-  double accuracy = 0;              // top-1 over the global batch, in training mode
-  int rows = 0;
-  double lr = 0;                    // the rate this step applied
-};
-
-struct TrainRecord {
-  std::int64_t step = 0;        // steps done (1 after the first)
-  std::int64_t total_steps = 0;
-  double epoch = 0;             // fractional: 2.5 is half-way through the third epoch
-  int epochs = 0;
-  double loss = 0;              // mean over the steps since the last record
-  double acc = 0;               // training top-1 over the same steps, in [0, 1]
-  double lr = 0;
-  double img_per_s = 0;         // over the same steps, checkpoint writing excluded
-  double eta_s = 0;             // training and evaluations still to come
-  // Where a step's time went, per step over the same steps (seconds).
-  double step_s = 0;            // from one batch to the next: data wait, step, optimizer, hooks
-  double compute_s = 0;         // forward and backward (the slowest tower)
-  double reduction_s = 0;       // gradient reduction not hidden behind backward
-  double optimizer_s = 0;       // the optimizer's update
-  double data_wait_s = 0;       // waiting for the loader's next batch
-  // fp16 only (0 otherwise): the loss scale after the record's last step, and the steps skipped
-  // for overflowing gradients since the run began (tower/loss_scale.h).
-  double loss_scale = 0;
-  std::int64_t skipped_steps = 0;
-};
-
-// Which set an evaluation measured: "val" or "test" in metric names (val_acc, test_loss).
-enum class EvalSet { Validation, Test };
-std::string_view metric_prefix(EvalSet set);
-
-struct EvalRecord {
-  std::int64_t step = 0;
-  double epoch = 0;
-  EvalSet set = EvalSet::Test;
-  // The set's loss and accuracy (the names are the test set's; `set` says which was measured).
-  double test_loss = 0;
-  double test_acc = 0;          // top-1 in [0, 1]
-  std::int64_t examples = 0;
-  double seconds = 0;
-  double test_top5 = 0;         // top-5 in [0, 1] (top-k with k = the classes, where fewer than 5)
-  // [true label][top-1 prediction] counts, classes x classes, row-major (tower::EvalResult).
-  int classes = 0;
-  std::vector<std::int64_t> confusion = {};
-};
-
-struct CheckpointRecord {
-  std::filesystem::path path;   // the checkpoint's directory
-  TrainingPosition position;
-  double seconds = 0;           // time taken to write it
 };
 
 struct FitResult {

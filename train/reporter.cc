@@ -9,31 +9,19 @@
 
 #include <nlohmann/json.hpp>
 
-#include "core/cpu/isa.h"
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/platform/registry.h"
-#include "core/version.h"
-#include "data/dataset.h"
-#include "optim/optimizer.h"
 #include "tower/trainer.h"
 #include "train/fit.h"
+#include "train/json_line.h"
 
 namespace towerflow::train {
 namespace {
 
 using nlohmann::ordered_json;
-
-// One JSON line. Names and paths come from the user's files and may not be UTF-8: such bytes
-// become U+FFFD instead of an exception in the middle of a run.
-std::string text_of(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
-
-// Short numbers in JSON: 0.4321 rather than 0.43210000000000004.
-double round_to(double x, int digits) {
-  if (!std::isfinite(x)) return x;
-  double scale = std::pow(10.0, digits);
-  return std::round(x * scale) / scale;
-}
+using detail::json_line;
+using detail::round_to;
 
 const char* level_name(LogLevel level) {
   switch (level) {
@@ -45,134 +33,20 @@ const char* level_name(LogLevel level) {
   return "info";
 }
 
-ordered_json number_or_null(double x) { return std::isfinite(x) ? ordered_json(x) : ordered_json(nullptr); }
 
-ordered_json json_of(const TrainRecord& r) {
-  ordered_json j;
-  j["step"] = r.step;
-  j["epoch"] = round_to(r.epoch, 3);
-  j["loss"] = number_or_null(round_to(r.loss, 5));
-  j["acc"] = round_to(r.acc, 5);
-  j["lr"] = round_to(r.lr, 8);
-  j["img_per_s"] = round_to(r.img_per_s, 1);
-  if (r.loss_scale > 0) {  // fp16
-    j["loss_scale"] = r.loss_scale;
-    j["skipped_steps"] = r.skipped_steps;
-  }
-  return j;
-}
 
 }  // namespace
 
-std::vector<std::optional<double>> class_accuracy(int classes, const std::vector<std::int64_t>& confusion) {
-  std::vector<std::optional<double>> out(static_cast<std::size_t>(std::max(classes, 0)));
-  if (confusion.size() != out.size() * out.size()) return out;
-  for (std::size_t t = 0; t < out.size(); ++t) {
-    std::int64_t rows = 0;
-    for (std::size_t p = 0; p < out.size(); ++p) rows += confusion[t * out.size() + p];
-    if (rows > 0) out[t] = static_cast<double>(confusion[t * out.size() + t]) / static_cast<double>(rows);
-  }
-  return out;
-}
 
 namespace {
 
-ordered_json json_of(const EvalRecord& r) {
-  ordered_json j;
-  j["step"] = r.step;
-  j["epoch"] = round_to(r.epoch, 3);
-  const std::string p(metric_prefix(r.set));
-  j[p + "_loss"] = number_or_null(round_to(r.test_loss, 5));
-  j[p + "_acc"] = round_to(r.test_acc, 5);
-  j[p + "_top5"] = round_to(r.test_top5, 5);
-  if (r.classes > 0) {
-    ordered_json per_class = ordered_json::array();
-    for (const auto& a : class_accuracy(r.classes, r.confusion))
-      per_class.push_back(a ? ordered_json(round_to(*a, 5)) : ordered_json(nullptr));
-    j[p + "_class_acc"] = per_class;
-  }
-  j["examples"] = r.examples;
-  return j;
-}
 
 }  // namespace
 
-std::string to_json(const TrainRecord& r) { return text_of(json_of(r)); }
-std::string to_json(const EvalRecord& r) { return text_of(json_of(r)); }
 
-void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after) {
-  for (auto& [k, v] : fields)
-    if (k == key) {
-      v = std::move(value);
-      return;
-    }
-  auto at = fields.end();
-  if (!after.empty())
-    for (auto it = fields.begin(); it != fields.end(); ++it)
-      if (it->first == after) at = it + 1;
-  fields.insert(at, {key, std::move(value)});
-}
 
-std::string describe_augment(const data::Augment& a, const data::MixOptions& mix) {
-  std::vector<std::string> parts;
-  if (a.crop_padding > 0) parts.push_back(str("random crops of the image padded by ", a.crop_padding));
-  if (a.flip) parts.push_back("horizontal flips");
-  if (a.cutout > 0) parts.push_back(str("cutout ", a.cutout, "x", a.cutout));
-  if (mix.mixup_alpha > 0) parts.push_back(str("mixup alpha ", mix.mixup_alpha));
-  if (mix.cutmix_alpha > 0) parts.push_back(str("CutMix alpha ", mix.cutmix_alpha));
-  if (mix.mixup_alpha > 0 && mix.cutmix_alpha > 0) parts.back() += " (one of the two per batch)";
-  std::string out;
-  for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
-  return out.empty() ? "none" : out;
-}
 
-std::string describe_normalisation(const data::Augment& a) {
-  auto triple = [](const std::array<float, 3>& v) { return str("(", v[0], ", ", v[1], ", ", v[2], ")"); };
-  const bool cifar10 = a.mean == data::kCifar10Mean && a.std == data::kCifar10Std;
-  return str("(x/255 - mean) / std per channel, mean ", triple(a.mean), ", std ", triple(a.std),
-             cifar10 ? " (CIFAR-10's)" : "");
-}
 
-Fields start_fields(const StartInfo& s) {
-  const FitOptions& o = s.options;
-  const auto& devices = s.trainer.devices();
-  Fields f{{"version", str(version(), " (commit ", commit(), ")")},
-           {"model", str(s.trainer.model().num_parameters(), " parameters, ", s.train_set.num_classes(), " classes")},
-           {"train data", s.train_set.describe()}};
-  if (s.validation_set) f.emplace_back("validation data", s.validation_set->describe());
-  if (s.test_set) f.emplace_back("test data", str(s.test_set->describe(), s.validation_set ? " (evaluated at the end)" : ""));
-  f.emplace_back("augmentation", describe_augment(o.augment, o.mix));
-  f.emplace_back("normalisation", describe_normalisation(o.augment));
-  f.emplace_back("towers", s.trainer.describe());
-  for (const auto& d : devices) f.emplace_back("device " + d.str(), device_info(d).description);
-  if (std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_cpu(); }))
-    f.emplace_back("cpu kernels", cpu::describe_active_isa());
-  f.emplace_back("device options", to_string(process_options()));
-  const auto& t = s.trainer.options();
-  std::string per_tower;
-  try {
-    std::vector<Device> towers;  // of every process
-    for (int r = 0; r < s.trainer.processes().size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
-    for (int r : tower::split_batch(o.batch, towers, t.split, t.remainder))
-      per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
-  } catch (const InvalidArgument& e) {  // the first step will say so; the block shows it too
-    per_tower = str("does not split: ", e.what());
-  }
-  f.emplace_back("batch", str(o.batch, " global (", per_tower, per_tower.starts_with("does not") ? "" : " per tower", ")",
-                              t.accumulation_steps > 1 ? str(", in ", t.accumulation_steps, " micro-batches") : ""));
-  f.emplace_back("optimizer", str(s.optimizer.name(), ", lr ", s.optimizer.lr()));
-  const Plan& p = s.plan;
-  f.emplace_back("length", str(p.total_steps, " steps (", p.epochs, p.epochs == 1 ? " epoch" : " epochs", " of ",
-                               p.steps_per_epoch, " steps)"));
-  if (!o.train_dir.empty()) {
-    const std::string when = o.save_every > 0 ? str("every ", o.save_every, " steps and at the end") : "at the end only";
-    const std::string kept = o.keep_checkpoints > 0 ? str("newest ", o.keep_checkpoints, " kept") : "all kept";
-    f.emplace_back("checkpoints", str(o.train_dir.string(), ", ", when, ", ", kept));
-    f.emplace_back("resumed", s.resumed ? str(s.resumed_from.string(), " (step ", s.position.step, ")")
-                                        : std::string("no (a new run)"));
-  }
-  return f;
-}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -251,7 +125,7 @@ void Reporter::block(const std::string& event, const std::string& title, const F
     ordered_json j;
     j["event"] = event;
     for (const auto& [k, v] : fields) j[k] = v;
-    write_locked(text_of(j));
+    write_locked(json_line(j));
     return;
   }
   write_locked(title);
@@ -265,54 +139,15 @@ void Reporter::set_start_block(std::string title, std::function<void(const Start
   options_.describe = std::move(describe);
 }
 
-// The start event's machine-readable part (JSON progress): the run's shape as numbers and lists,
-// and what its checkpoints record (FitOptions::metadata; a value that is JSON, such as
-// cifar10_train's options, as an object).
-namespace {
-ordered_json structured_start(const StartInfo& s) {
-  const FitOptions& o = s.options;
-  ordered_json run;
-  run["run_id"] = s.run_id;
-  std::vector<Device> towers;  // of every process
-  for (int r = 0; r < s.trainer.processes().size(); ++r)
-    towers.insert(towers.end(), s.trainer.devices().begin(), s.trainer.devices().end());
-  ordered_json names = ordered_json::array();
-  for (const auto& d : towers) names.push_back(d.str());
-  run["towers"] = names;
-  run["processes"] = s.trainer.processes().size();
-  run["global_batch"] = o.batch;
-  const auto& t = s.trainer.options();
-  try {
-    run["rows_per_tower"] = tower::split_batch(o.batch, towers, t.split, t.remainder);
-  } catch (const InvalidArgument&) {
-    run["rows_per_tower"] = nullptr;  // the first step says why
-  }
-  run["accumulation_steps"] = t.accumulation_steps;
-  run["total_steps"] = s.plan.total_steps;
-  run["steps_per_epoch"] = s.plan.steps_per_epoch;
-  run["epochs"] = s.plan.epochs;
-  run["start_step"] = s.position.step;
-  run["resumed_from"] = s.resumed ? ordered_json(s.resumed_from.string()) : ordered_json(nullptr);
-  run["parameters"] = s.trainer.model().num_parameters();
-  run["num_classes"] = s.train_set.num_classes();
-  run["train_examples"] = s.train_set.size();
-  run["test_examples"] = s.test_set ? ordered_json(s.test_set->size()) : ordered_json(nullptr);
-  run["val_examples"] = s.validation_set ? ordered_json(s.validation_set->size()) : ordered_json(nullptr);
-  ordered_json out;
-  out["towerflow"] = {{"version", version()}, {"commit", commit()}};
-  out["run"] = run;
-  ordered_json meta = ordered_json::object();
-  for (const auto& [k, v] : o.metadata) {
-    ordered_json parsed = ordered_json::parse(v, nullptr, false);
-    meta[k] = !parsed.is_discarded() && parsed.is_object() ? parsed : ordered_json(v);
-  }
-  out["metadata"] = meta;
-  return out;
-}
-}  // namespace
 
 void Reporter::on_start(const StartInfo& start) {
   devices_ = start.trainer.devices();
+  time_left_ = TimeLeft();
+  last_step_ = start.position.step;
+  steps_per_epoch_ = std::max<std::int64_t>(1, start.plan.steps_per_epoch);
+  epochs_ = start.plan.epochs;
+  eval_every_ = start.options.eval_every;
+  evaluates_ = start.test_set != nullptr || start.validation_set != nullptr;
   Fields fields = start_fields(start);
   if (options_.describe) options_.describe(start, fields);
   if (progress_ != Progress::Json) return block("start", options_.title, fields);
@@ -320,10 +155,10 @@ void Reporter::on_start(const StartInfo& start) {
   ordered_json j;
   j["event"] = "start";
   for (const auto& [k, v] : fields) j[k] = v;
-  const ordered_json facts = structured_start(start);
+  const ordered_json facts = ordered_json::parse(start_facts(start));
   for (const auto& [k, v] : facts.items()) j[k] = v;
   std::lock_guard lock(mu_);
-  write_locked(text_of(j));
+  write_locked(json_line(j));
 }
 
 void Reporter::on_end(const FitResult& r) {
@@ -367,22 +202,35 @@ void Reporter::on_end(const FitResult& r) {
   if (r.stopped_early) f.emplace_back("stopped early", r.stop_reason);
   if (!devices_.empty()) f.emplace_back("peak memory", peak_text);
   if (!r.last_checkpoint.empty()) f.emplace_back("checkpoint", r.last_checkpoint.string());
-  summary(f, text_of(j));
+  summary(f, json_line(j));
 }
 
-void Reporter::train(const TrainRecord& r) {
-  ordered_json j = json_of(r);
+void Reporter::on_log(const TrainRecord& r) {
+  const std::int64_t steps = r.step - last_step_;
+  time_left_.add_steps(steps, r.step_s * static_cast<double>(steps));
+  last_step_ = r.step;
+  const std::int64_t evals = evaluates_ ? evals_left(r.step / steps_per_epoch_, epochs_, eval_every_) : 0;
+  train(r, time_left_.seconds(r.total_steps - r.step, evals));
+}
+
+void Reporter::on_eval(const EvalRecord& r) {
+  time_left_.add_eval(r.seconds);
+  eval(r);
+}
+
+void Reporter::train(const TrainRecord& r, double eta_s) {
+  ordered_json j = ordered_json::parse(to_json(r));
   std::lock_guard lock(mu_);
   if (progress_ == Progress::Json) {
-    j["eta_s"] = round_to(r.eta_s, 1);
-    write_locked(text_of(j));
+    j["eta_s"] = round_to(eta_s, 1);
+    write_locked(json_line(j));
     return;
   }
   char line[256];
   std::snprintf(line, sizeof line,
                 "epoch %.2f/%d  step %lld/%lld  loss %.4f  acc %5.1f%%  lr %.4g  %.0f img/s  ETA %s", r.epoch,
                 r.epochs, static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss,
-                100.0 * r.acc, r.lr, r.img_per_s, format_duration(r.eta_s).c_str());
+                100.0 * r.acc, r.lr, r.img_per_s, format_duration(eta_s).c_str());
   if (r.loss_scale > 0) {  // fp16
     const std::size_t used = std::strlen(line);
     std::snprintf(line + used, sizeof line - used, "  loss scale %g  skipped %lld", r.loss_scale,
@@ -399,11 +247,11 @@ void Reporter::train(const TrainRecord& r) {
 }
 
 void Reporter::eval(const EvalRecord& r) {
-  ordered_json j = json_of(r);
+  ordered_json j = ordered_json::parse(to_json(r));
   std::lock_guard lock(mu_);
   if (progress_ == Progress::Json) {
     j["eval_s"] = round_to(r.seconds, 2);
-    write_locked(text_of(j));
+    write_locked(json_line(j));
     return;
   }
   const char* p = r.set == EvalSet::Validation ? "val" : "test";
@@ -427,7 +275,7 @@ void Reporter::message(LogLevel level, std::string_view text) {
     j["event"] = level >= LogLevel::Error ? "error" : "log";
     j["level"] = level_name(level);
     j["message"] = std::string(text);
-    write_locked(text_of(j));
+    write_locked(json_line(j));
     return;
   }
   clear_live_locked();
@@ -447,7 +295,7 @@ void Reporter::summary(const Fields& fields, const std::string& json_object) {
     ordered_json out;
     out["event"] = "summary";
     for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value();
-    write_locked(text_of(out));
+    write_locked(json_line(out));
     return;
   }
   block("summary", "summary", fields);

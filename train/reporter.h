@@ -6,18 +6,17 @@
 //   carriage return and ESC[K, kept as a normal line at the end of each epoch; other lines go
 //   above it.
 // - Plain: the same progress as plain lines, one per report; no carriage returns, no escape codes.
-// - Json: one JSON object per line on the output, nothing else; training lines carry
-//   "step", "epoch", "loss", "acc", "lr", "img_per_s", "eta_s", evaluation lines "test_loss",
-//   "test_acc", "test_top5", "test_class_acc" (each class's top-1, null for a class without
-//   rows), "examples", "eval_s" (val_ in place of test_ for the validation set); start-up, summary and log lines carry "event": "start" |
-//   "summary" | "log" | "error". The start line also holds the block's facts as values:
-//   "towerflow" {version, commit}, "run" {run_id, towers, processes, global_batch,
-//   rows_per_tower, accumulation_steps, total_steps, steps_per_epoch, epochs, start_step,
-//   resumed_from, parameters, num_classes, train_examples, test_examples, val_examples} and "metadata" (what the
-//   checkpoints record; a JSON value, such as cifar10_train's options, as an object).
-// As a hook it prints the start-up block (the model, data, towers, devices, batch split,
-// optimizer, length, checkpoints; ReporterOptions::describe edits it), each on_log record, each
-// evaluation, and a summary at the end (test accuracy, throughput, every device's peak memory).
+// - Json: one JSON object per line on the output, nothing else: the records' JSON (records.h),
+//   training lines with "eta_s" and evaluation lines with "eval_s" added; start-up, summary and
+//   log lines carry "event": "start" | "summary" | "log" | "error". The start line also holds
+//   the run's facts as values (start_facts(), startup.h).
+// As a hook it prints the start-up block (startup.h; ReporterOptions::describe edits it), each
+// on_log record with its estimate of the time left, each evaluation, and a summary at the end
+// (test accuracy, throughput, every device's peak memory).
+//
+// The estimate (ETA, "eta_s") is the reporter's own (train/time_left.h): the training steps left
+// at the pace of the recent records, plus the evaluations still to come at the measured cost of
+// those it has seen.
 //
 // While a Reporter lives, library log messages (core/log.h) are routed through it, so they do not
 // tear the live line and are JSON in json mode; the previous sink is restored on destruction.
@@ -36,15 +35,11 @@
 
 #include "core/device.h"
 #include "core/log.h"
-#include "data/augment.h"
 #include "train/hook.h"
+#include "train/startup.h"
+#include "train/time_left.h"
 
 namespace towerflow::train {
-
-// A titled block's key/value lines (start-up, summary), in order.
-using Fields = std::vector<std::pair<std::string, std::string>>;
-// Sets `key` to `value`: in place if present, else inserted after `after` (or at the end).
-void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after = {});
 
 // How progress is shown (see the top of this file).
 enum class Progress {
@@ -70,16 +65,6 @@ struct ReporterOptions {
   std::function<void(const StartInfo&, Fields&)> describe = {};
 };
 
-// The start-up block's fields for a run.
-Fields start_fields(const StartInfo& start);
-// "random crops of the image padded by 4, horizontal flips, cutout 12x12", or "none".
-std::string describe_augment(const data::Augment& a, const data::MixOptions& mix = {});
-// "(x/255 - mean) / std per channel, mean (0.4914, 0.4822, 0.4465), std (...) (CIFAR-10's)".
-std::string describe_normalisation(const data::Augment& a);
-// Each class's top-1 accuracy from a [true][predicted] confusion matrix (EvalRecord): nullopt for
-// a class with no rows; all nullopt when the matrix is not classes x classes.
-std::vector<std::optional<double>> class_accuracy(int classes, const std::vector<std::int64_t>& confusion);
-
 class Reporter : public Hook {
  public:
   explicit Reporter(ReporterOptions options = {});
@@ -89,14 +74,15 @@ class Reporter : public Hook {
 
   // The hook (see above).
   void on_start(const StartInfo& start) override;
-  void on_log(const TrainRecord& r) override { train(r); }
+  void on_log(const TrainRecord& r) override;
   void on_epoch_end(std::int64_t) override { epoch_end(); }
-  void on_eval(const EvalRecord& r) override { eval(r); }
+  void on_eval(const EvalRecord& r) override;
   void on_end(const FitResult& result) override;
 
   // A titled block of key/value lines. JSON: one object with "event".
   void block(const std::string& event, const std::string& title, const Fields& fields);
-  void train(const TrainRecord& r);
+  // A training record with the time left (eta_s: seconds), an evaluation.
+  void train(const TrainRecord& r, double eta_s);
   void eval(const EvalRecord& r);
   void epoch_end();                   // keeps the live line as a normal line
   void message(LogLevel level, std::string_view text);
@@ -122,13 +108,14 @@ class Reporter : public Hook {
   std::mutex mu_;
   LogSink previous_sink_;
   std::vector<Device> devices_;  // of the run being reported, for the summary's peak memory
+  // The estimate of the time left (on_start sets the run's shape).
+  TimeLeft time_left_;
+  std::int64_t last_step_ = 0;            // of the previous record
+  std::int64_t steps_per_epoch_ = 1;
+  int epochs_ = 0, eval_every_ = 0;
+  bool evaluates_ = false;                // the run has a validation or test set
 };
 
 std::string format_duration(double seconds);  // "1:02:03", "4:05"
-
-// The JSON objects of the records, as metrics.jsonl and the json mode write them (short numbers;
-// a non-finite loss is null).
-std::string to_json(const TrainRecord& r);
-std::string to_json(const EvalRecord& r);
 
 }  // namespace towerflow::train

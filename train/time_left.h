@@ -1,6 +1,6 @@
 #pragma once
-// The time a run has left, for the records' eta_s (TrainRecord, train/hook.h): fit() feeds it
-// each window of steps and each evaluation it times.
+// The time a run has left, the reporter's estimate (train/reporter.h): it feeds it each record's
+// window of steps and each evaluation's time.
 
 #include <cstdint>
 

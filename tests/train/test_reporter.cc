@@ -11,6 +11,7 @@
 
 #include "train/fit_test_util.h"
 #include "train/reporter.h"
+#include "train/step_window.h"
 #include "train/time_left.h"
 
 using namespace towerflow::train;
@@ -22,7 +23,7 @@ using Captured = testing::Output;  // reporter output in a temporary file
 
 TrainRecord record(std::int64_t step) {
   return {.step = step, .total_steps = 100, .epoch = step / 10.0, .epochs = 10, .loss = 1.5, .acc = 0.25,
-          .lr = 0.1, .img_per_s = 812.3, .eta_s = 65};
+          .lr = 0.1, .img_per_s = 812.3};
 }
 
 }  // namespace
@@ -32,7 +33,7 @@ TEST_CASE("json mode prints one object per line with the documented keys", "[tra
   {
     Reporter r({.progress = Progress::Json, .out = out.file});
     r.block("start", "towerflow", {{"model", "tfcnn"}});
-    r.train(record(10));
+    r.train(record(10), 65);
     r.eval({.step = 10, .epoch = 1, .test_loss = 0.75, .test_acc = 0.625, .examples = 1000, .seconds = 1,
             .test_top5 = 0.875, .classes = 3, .confusion = {3, 1, 0, 0, 0, 0, 1, 1, 2}});
     tw::log_warning("a warning from the library");
@@ -65,8 +66,8 @@ TEST_CASE("plain mode prints whole lines, live mode redraws one line in place", 
     Captured out;
     {
       Reporter r({.progress = Progress::Plain, .out = out.file});
-      r.train(record(10));
-      r.train(record(20));
+      r.train(record(10), 65);
+      r.train(record(20), 65);
     }
     auto text = out.text();
     CHECK(text.find('\r') == std::string::npos);
@@ -80,10 +81,10 @@ TEST_CASE("plain mode prints whole lines, live mode redraws one line in place", 
     Captured out;
     {
       Reporter r({.progress = Progress::Live, .out = out.file});
-      r.train(record(10));
-      r.train(record(20));
+      r.train(record(10), 65);
+      r.train(record(20), 65);
       r.eval({.step = 20, .epoch = 2, .test_loss = 1, .test_acc = 0.5});
-      r.train(record(30));
+      r.train(record(30), 65);
       r.epoch_end();
     }
     auto text = out.text();
@@ -94,6 +95,28 @@ TEST_CASE("plain mode prints whole lines, live mode redraws one line in place", 
     CHECK_THAT(lines[1], Catch::StartsWith("eval") && Catch::Contains("50.00%"));
     CHECK_THAT(lines[2], Catch::Contains("step 30/100"));
   }
+}
+
+TEST_CASE("the reporter estimates the time left from the records' pace", "[train][reporter]") {
+  Captured out;
+  {
+    Reporter r({.progress = Progress::Json, .out = out.file});
+    TrainRecord a = record(10);
+    a.step_s = 0.5;  // 10 steps at 0.5 s: 90 steps left take 45 s
+    r.on_log(a);
+    TrainRecord b = record(20);
+    b.step_s = 2.0;  // a slower window moves the pace by its weight (train/time_left.h)
+    r.on_log(b);
+  }
+  auto lines = out.lines();
+  REQUIRE(lines.size() == 2);
+  CHECK(nlohmann::json::parse(lines[0])["eta_s"] == 45.0);
+  tw::train::TimeLeft reference;  // the second estimate: the same arithmetic, fed by hand
+  reference.add_steps(10, 5.0);
+  reference.add_steps(10, 20.0);
+  const double expected = std::round(reference.seconds(80, 0) * 10) / 10;
+  CHECK(expected > 40.5);  // not the first window's pace alone (80 steps at 0.5 s)
+  CHECK(nlohmann::json::parse(lines[1])["eta_s"] == expected);
 }
 
 TEST_CASE("progress: auto is live on a terminal outside a launcher, plain elsewhere, names parse", "[train][reporter]") {
@@ -197,4 +220,32 @@ TEST_CASE("the start-up block says how images are normalised, naming CIFAR-10's 
   imagenet.mean = {0.485f, 0.456f, 0.406f};
   imagenet.std = {0.229f, 0.224f, 0.225f};
   CHECK(describe_normalisation(imagenet) == "(x/255 - mean) / std per channel, mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225)");
+}
+
+TEST_CASE("a step window reports its steps' means and per-step times, then starts over", "[train][records]") {
+  StepWindow w({.compute_s = 1.0, .reduction_s = 0.5, .optimizer_s = 0.25});
+  w.add_data_wait(0.3);
+  w.add_step(2.0, 0.25, 64);
+  w.add_data_wait(0.1);
+  w.add_step(1.0, 0.75, 32);
+  CHECK(w.steps() == 2);
+  CHECK(w.images() == 96);
+  const TrainRecord r = w.close(4.0, {.compute_s = 3.0, .reduction_s = 1.5, .optimizer_s = 1.25});
+  CHECK(r.loss == 1.5);
+  CHECK(r.acc == 0.5);
+  CHECK(r.img_per_s == 24.0);     // 96 images in 4 s
+  CHECK(r.step_s == 2.0);
+  CHECK(r.compute_s == 1.0);      // (3 - 1) / 2 steps
+  CHECK(r.reduction_s == 0.5);
+  CHECK(r.optimizer_s == 0.5);
+  CHECK(r.data_wait_s == Approx(0.2));
+  CHECK(w.steps() == 0);          // the next window opens at the closing counters
+  w.add_step(3.0, 1.0, 10);
+  const TrainRecord next = w.close(1.0, {.compute_s = 4.0, .reduction_s = 1.5, .optimizer_s = 1.25});
+  CHECK(next.compute_s == 1.0);
+  CHECK(next.reduction_s == 0.0);
+  CHECK(next.data_wait_s == 0.0);
+  const TrainRecord empty = w.close(1.0, {});
+  CHECK(empty.loss == 0.0);
+  CHECK(empty.img_per_s == 0.0);
 }
