@@ -113,8 +113,9 @@ ScheduleFactory schedule(std::string spec, double lr, double warmup_epochs) {
     auto warmup = static_cast<std::int64_t>(std::llround(warmup_epochs * static_cast<double>(p.steps_per_epoch)));
     if (warmup >= p.total_steps)
       raise<InvalidArgument>("a warm-up of ", warmup_epochs, " epochs (", warmup, " steps) is not shorter than the run (",
-                             p.total_steps, " steps): the learning rate would never reach ", lr,
-                             "; shorten the warm-up or lengthen the run");
+                             p.total_steps, " steps of ", p.steps_per_epoch, " per epoch): the learning rate would never reach ", lr,
+                             "; shorten the warm-up (schedule()'s warmup_epochs) or lengthen the run (FitOptions::epochs, "
+                             "or FitOptions::max_steps)");
     if (warmup > 0) s = str("warmup:", warmup, ",", s);
     return optim::parse_schedule(s, lr, p.total_steps);
   };
@@ -644,13 +645,20 @@ FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::
       throw;
     }
   } catch (const OutOfMemory& e) {
-    const auto& devices = trainer.devices();
-    bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_gpu(); });
-    throw OutOfMemory(str(e.what(), "\nallocators:\n", allocator_report(devices), "\nto fit: a smaller global batch (",
-                          std::max(1, options.batch / 2), ", now ", options.batch, ")",
-                          any_gpu ? ", GPU pools that grow on demand (allow_growth), a larger share of GPU memory" : "",
-                          ", or a larger memory limit for ", devices.front().str()));
+    throw explain_out_of_memory(e, trainer.devices(), options.batch);
   }
+}
+
+OutOfMemory explain_out_of_memory(const OutOfMemory& e, const std::vector<Device>& devices, int global_batch) {
+  const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_gpu(); });
+  const std::string first = devices.empty() ? std::string("/cpu:0") : devices.front().str();
+  return OutOfMemory(str(
+      e.what(), "\nallocators:\n", allocator_report(devices), "\nto fit: a smaller global batch (FitOptions::batch = ",
+      std::max(1, global_batch / 2), ", now ", global_batch, ")",
+      any_gpu ? ", GPU pools that grow on demand (ProcessOptions::allow_growth = true), a larger share of GPU memory "
+                "(ProcessOptions::per_process_gpu_memory_fraction = 0.95)"
+              : "",
+      ", or a larger memory limit for ", first, " (ProcessOptions::memory_limit_mb[", first, "])"));
 }
 
 }  // namespace towerflow::train

@@ -155,6 +155,11 @@ FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::
 tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads = 1,
                            const data::Augment& transform = data::eval_transform());
 
+// `e` with every device's allocator report and what would make the run fit (a smaller
+// FitOptions::batch, GPU pool options, a larger ProcessOptions::memory_limit_mb), as fit() throws
+// it; for an application whose out-of-memory happens before fit(), while building the model.
+OutOfMemory explain_out_of_memory(const OutOfMemory& e, const std::vector<Device>& devices, int global_batch);
+
 // Every device's allocator statistics as lines "  /cpu:0: in use ..., peak ..., limit ...", for
 // out-of-memory reports.
 std::string allocator_report(const std::vector<Device>& devices);

@@ -446,9 +446,10 @@ std::string as_flags(std::string_view message) {
     if (!m.value.empty() && m.value != "true") out += " " + flag_value(m.value);
     return out;
   });
-  // The data set's kind is --dataset's value.
+  // The data set's kind is --dataset's value; train::schedule()'s warm-up is --warmup_epochs.
   for (auto [from, to] : {std::pair<std::string_view, std::string_view>{"DatasetKind::Builtin", "--dataset builtin"},
-                          {"(DatasetKind)", "(--dataset)"}})
+                          {"(DatasetKind)", "(--dataset)"},
+                          {"schedule()'s warmup_epochs", "--warmup_epochs"}})
     for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
       text.replace(at, from.size(), to);
   return text;

@@ -7,7 +7,6 @@
 #include <set>
 #include <thread>
 #include <variant>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -208,21 +207,6 @@ tower::TrainerOptions trainer_options(const TrainOptions& o) {
   return t;
 }
 
-// The flags that make an out-of-memory run fit, after fit()'s report.
-[[noreturn]] void raise_out_of_memory(const OutOfMemory& e, const std::vector<Device>& devices, const TrainOptions& o,
-                                      bool reported) {
-  std::ostringstream os;
-  os << e.what();
-  if (!reported) os << "\nallocators:\n" << train::allocator_report(devices);
-  bool any_gpu = std::any_of(devices.begin(), devices.end(), [](const Device& d) { return d.is_gpu(); });
-  const Device& first = devices.front();
-  os << "\nflags that help: a smaller batch (--batch_size " << std::max(1, o.batch_size / 2) << ", now " << o.batch_size
-     << ")";
-  if (any_gpu) os << ", --allow_growth, --per_process_gpu_memory_fraction 0.95";
-  os << ", or a larger per-device limit (--memory_limit " << (first.is_gpu() ? "gpu:" : "cpu:") << first.index
-     << "=<MiB>)";
-  throw OutOfMemory(os.str());
-}
 
 // What a run trained on, as recorded in its checkpoints ("data") and compared on --resume: the
 // kind of data set, its training images and classes. A data_dir that moved keeps it.
@@ -320,7 +304,10 @@ std::string describe_changes(const std::vector<OptionChange>& changed) {
 FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
                   const data::Dataset* test_set, const train::FitOptions& fopts, const Resumption& resumption,
                   Reporter& reporter) {
-  trainer.check_batch(fopts.batch);  // as fit() would, before its first step
+  // As fit() would, before its first step: the batch split and the schedule over the run.
+  trainer.check_batch(fopts.batch);
+  const train::Plan plan = train::plan(train_set, fopts);
+  if (fopts.schedule) (void)fopts.schedule(plan);
   collectives::ProcessGroup& world = collectives::world();
   std::optional<train::CheckpointInfo> resumed;
   train::TrainingPosition position;
@@ -330,7 +317,7 @@ FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const da
   }
   const train::StartInfo start{.trainer = trainer, .optimizer = optimizer, .train_set = train_set, .test_set = test_set,
                                .validation_set = fopts.validation_set,
-                               .options = fopts, .plan = train::plan(train_set, fopts), .position = position,
+                               .options = fopts, .plan = plan, .position = position,
                                .resumed = resumed, .resumed_from = resumption.checkpoint, .run_id = "(a dry run)"};
   if (world.rank() == 0) reporter.on_start(start);
   data::Loader loader(train_set, {.batch = fopts.batch, .augment = fopts.augment, .seed = fopts.seed,
@@ -525,12 +512,6 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   if (const data::ImageShape shape = train_set->shape(); o.cutout > std::max(shape.h, shape.w))
     raise<InvalidArgument>("--cutout ", o.cutout, " is larger than the ", shape.h, "x", shape.w,
                            " training images; use 0 (none) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");
-  if (const std::int64_t spe = train_set->size() / fopts.batch,
-      total = o.max_steps > 0 ? o.max_steps : o.epochs * spe;
-      std::llround(o.warmup_epochs * static_cast<double>(spe)) >= total)
-    raise<InvalidArgument>("--warmup_epochs ", o.warmup_epochs, " is not shorter than the run (", total, " steps of ",
-                           spe, " per epoch): the learning rate would never reach --lr ", o.lr,
-                           "; use a shorter --warmup_epochs or a longer --epochs");
   fopts.seed = o.seed;
   fopts.loader_threads = o.loader_threads;
   fopts.epochs = o.epochs;
@@ -588,7 +569,7 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                                                               .beta2 = o.adam_beta2,
                                                               .eps = o.adam_epsilon});
   } catch (const OutOfMemory& e) {
-    raise_out_of_memory(e, devices, o, false);
+    throw train::explain_out_of_memory(e, devices, fopts.batch);
   }
   // --init_from: a new run from a checkpoint's (or a state_dict's) weights.
   fs::path initial_weights;
@@ -688,8 +669,6 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
 
   try {
     return train::fit(*trainer, *optimizer, *train_set, test_set.get(), fopts, hooks);
-  } catch (const OutOfMemory& e) {
-    raise_out_of_memory(e, devices, o, true);
   } catch (const NumericalError& e) {
     throw NumericalError(str(e.what(), " (flags: --lr, --warmup_epochs, --resume)"));
   } catch (const io::TrainDirLocked& e) {

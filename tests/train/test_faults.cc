@@ -166,7 +166,7 @@ TEST_CASE("out of memory in one tower mid-step leaves the model and the optimize
     for (std::size_t i = 0; i < state.tensors.size(); ++i) CHECK(after.tensors[i].values == state.tensors[i].values);
   }
   CHECK_THAT(message, Catch::Contains("/cpu:1") && Catch::Contains("allocators:") &&
-                          Catch::Contains("a smaller global batch (64, now 128)"));
+                          Catch::Contains("a smaller global batch (FitOptions::batch = 64, now 128)"));
   CHECK_THAT(message, !Catch::Contains("allow_growth"));  // no GPU advice for CPU towers
   fresh_devices();
 }

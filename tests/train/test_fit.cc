@@ -401,7 +401,8 @@ TEST_CASE("out of memory in a step reports every allocator and leaves the model 
     CHECK(params_of(s.trainer) == before);
   }
   CHECK_THAT(message, Catch::Contains("allocators:") && Catch::Contains("/cpu:0: in use") &&
-                          Catch::Contains("/cpu:1: in use") && Catch::Contains("a smaller global batch (64, now 128)"));
+                          Catch::Contains("/cpu:1: in use") && Catch::Contains("a smaller global batch (FitOptions::batch = 64, now 128)") &&
+                          Catch::Contains("a larger memory limit for /cpu:0 (ProcessOptions::memory_limit_mb[/cpu:0])"));
   CHECK_THAT(message, !Catch::Contains("allow_growth"));  // no GPU advice for CPU towers
   fresh_devices();
 }
