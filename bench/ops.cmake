@@ -4,3 +4,14 @@ tw_add_bench(towerflow_bench_ops
   LIBS towerflow_cpu_kernels CLI11::CLI11 nlohmann_json::nlohmann_json)
 # The peak loops carry their own target attributes (see kernels.cmake).
 target_compile_options(towerflow_bench_ops PRIVATE -Wno-psabi)
+# The same benchmark over towerflow_cpu_kernels_bf16_timing (core/cpu/CMakeLists.txt): the
+# emulated bf16 kernels with vdpbf16ps timed as one FMA and AMX without its tiles, wrong values, to
+# time towerflow's own bf16 kernels on a CPU without those instructions (docs/precision.md). Built
+# only on request: cmake --build build --target towerflow_bench_ops_bf16_timing.
+if(TARGET towerflow_cpu_kernels_bf16_timing)
+  tw_add_bench(towerflow_bench_ops_bf16_timing
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/bench_ops.cc ${CMAKE_CURRENT_SOURCE_DIR}/peak.cc
+    LIBS towerflow_cpu_kernels_bf16_timing CLI11::CLI11 nlohmann_json::nlohmann_json)
+  target_compile_options(towerflow_bench_ops_bf16_timing PRIVATE -Wno-psabi)
+  set_target_properties(towerflow_bench_ops_bf16_timing PROPERTIES EXCLUDE_FROM_ALL TRUE)
+endif()

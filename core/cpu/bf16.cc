@@ -265,7 +265,7 @@ std::string describe_bf16_kernels() {
 #if defined(TW_BF16_DOT_TIMING)
   if (k == Bf16Kernels::Avx512Bf16Emulated)
     return "towerflow's AVX512-BF16 kernels with vdpbf16ps timed as one FMA (" + why +
-           "; -DTOWERFLOW_BF16_DOT_TIMING=ON): for timing only, the values are wrong";
+           "; the bf16 timing benchmark): for timing only, the values are wrong";
 #endif
   if (k == Bf16Kernels::Avx512Bf16Emulated)
     return "towerflow's AVX512-BF16 kernels with vdpbf16ps emulated by AVX-512F FMAs (" + why +
@@ -274,7 +274,7 @@ std::string describe_bf16_kernels() {
 #if defined(TW_BF16_DOT_TIMING)
   if (k == Bf16Kernels::AmxEmulated)
     return "towerflow's AMX kernels without their tile instructions (" + why +
-           "; -DTOWERFLOW_BF16_DOT_TIMING=ON): for timing their cost besides the tiles only, the values are wrong";
+           "; the bf16 timing benchmark): for timing their cost besides the tiles only, the values are wrong";
 #endif
   if (k == Bf16Kernels::AmxEmulated)
     return "towerflow's AMX kernels with the tiles emulated by AVX-512F FMAs (" + why +

@@ -151,8 +151,8 @@ void release_tiles() {}
 
 #if defined(TW_BF16_DOT_TIMING)
 
-// -DTOWERFLOW_BF16_DOT_TIMING=ON: no tiles at all, so that the kernels time what they cost
-// besides the tile instructions (docs/precision.md). The values are wrong.
+// The timing object (towerflow_bench_ops_bf16_timing only): no tiles at all, so that the kernels
+// time what they cost besides the tile instructions (docs/precision.md). The values are wrong.
 void tile_load(int, const void*, std::int64_t) { __asm__ volatile("" ::: "memory"); }
 void tile_store(int, void*, std::int64_t) { __asm__ volatile("" ::: "memory"); }
 void tile_zero(int) {}

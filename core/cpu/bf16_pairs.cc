@@ -42,11 +42,11 @@
 // high products, then the low). A product of two bf16 is exact in fp32, so each FMA rounds as
 // the instruction's accumulation does and the emulation gives the same bits, except that the
 // instruction treats denormal inputs as zero and flushes denormal results. The emulation exists
-// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. A build with
-// -DTOWERFLOW_BF16_DOT_TIMING=ON computes each vdpbf16ps of the emulated object as one FMA on
-// the raw pairs instead: wrong values, but the instruction's cost if it issues at the FMA's rate
-// (the premise of its twice-fp32 throughput), so that the kernels can be timed and tuned on CPUs
-// without it (docs/precision.md, which has the figures and their commands).
+// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. The timing object
+// (TW_BF16_DOT_TIMING, linked only into towerflow_bench_ops_bf16_timing) computes each vdpbf16ps
+// as one FMA on the raw pairs instead: wrong values, but the instruction's cost if it issues at
+// the FMA's rate (the premise of its twice-fp32 throughput), so that the kernels can be timed and
+// tuned on CPUs without it (docs/precision.md, which has the figures and their commands).
 
 namespace towerflow::cpu::TW_ISA {
 
