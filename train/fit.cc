@@ -17,6 +17,7 @@
 #include "core/version.h"
 #include "core/platform/registry.h"
 #include "data/data.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint_dir.h"
 #include "io/train_dir_lock.h"
 #include "optim/optimizer.h"
@@ -631,6 +632,21 @@ FitResult Loop::run() {
   return result_;
 }
 
+namespace {
+// A run across processes that fails leaves each rank's last collectives (Note [Stall reports] in
+// core/collectives/mpi_process_group.cc) in train_dir/collectives.rank<R>.json for the
+// post-mortem. Best effort: the run's own error is the one to report.
+void record_collectives(collectives::ProcessGroup& processes, const fs::path& train_dir) noexcept {
+  if (processes.size() < 2 || train_dir.empty()) return;
+  try {
+    const fs::path path = train_dir / str("collectives.rank", processes.rank(), ".json");
+    io::write_file_atomically(path, processes.recent_collectives() + "\n");
+    log_warning(str("rank ", processes.rank(), "'s last collectives: ", path.string()));
+  } catch (const std::exception&) {
+  }
+}
+}  // namespace
+
 FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::Dataset& train_set,
               const data::Dataset* test_set, const FitOptions& options, const std::vector<Hook*>& hooks) {
   try {
@@ -638,10 +654,13 @@ FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::
       Loop loop(trainer, optimizer, train_set, test_set, options, hooks);
       return loop.run();
     } catch (const collectives::PeerFailed&) {
-      throw;  // another rank's failure: that rank has told everyone
+      // Another rank's failure (that rank has told everyone), or a collective that timed out.
+      record_collectives(trainer.processes(), options.train_dir);
+      throw;
     } catch (const std::exception& e) {
       // Every other rank stops too, naming this one and the cause (Note [Collectives that cannot hang]).
       trainer.processes().announce_failure(e.what());
+      record_collectives(trainer.processes(), options.train_dir);
       throw;
     }
   } catch (const OutOfMemory& e) {

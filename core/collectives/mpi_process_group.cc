@@ -3,15 +3,24 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <limits>
+#include <list>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
+#include <utility>
+
+#include <nlohmann/json.hpp>
 
 #include "core/collectives/process_group_impl.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace towerflow::collectives::detail {
 
@@ -34,14 +43,40 @@ namespace {
 // slept between tests (libnbc advances only inside MPI calls); the blocking call on a thread runs
 // at MPI_Allreduce's speed but for the hand-over to and from the thread.
 
+// Note [Stall reports]: a rank whose collective has waited half of stall_warning() sends every
+// other rank a note on the failure channel ("I wait in collective #seq of group g", tag
+// kStallTag); every waiting rank reads the notes while it polls for failures. At stall_warning()
+// it logs what it knows: the ranks whose latest note names the same collective are waiting in it
+// too, those with no note for it have not arrived (a rank busy elsewhere reads nothing and sends
+// nothing, which is what names it), and those waiting in another group's collective are named
+// with it. It says so again after 2x, 4x, ... the warning, until the collective completes or the
+// timeout breaks the group. Collectives are numbered per group, in the order every rank calls
+// them; groups are numbered in the order duplicate() makes them (the world is 0), the same on
+// every rank since MPI_Comm_dup is collective. Every rank also keeps its last kRecent
+// collectives (recent_collectives()) for the post-mortem.
 constexpr int kFailureTag = 7301;
 constexpr int kAckTag = 7302;
+constexpr int kStallTag = 7303;
+constexpr std::size_t kRecent = 64;
 
 std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return str("MPI error ", code);
   return std::string(text, static_cast<std::size_t>(len));
+}
+
+// A text message with `tag` on `comm` from any rank, if one has arrived: its text and sender.
+std::optional<std::pair<std::string, int>> receive_text(MPI_Comm comm, int tag) {
+  int flag = 0;
+  MPI_Message message;
+  MPI_Status status;
+  if (MPI_Improbe(MPI_ANY_SOURCE, tag, comm, &flag, &message, &status) != MPI_SUCCESS || !flag) return std::nullopt;
+  int count = 0;
+  MPI_Get_count(&status, MPI_CHAR, &count);
+  std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
+  MPI_Mrecv(text.data(), count, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+  return std::pair{std::move(text), status.MPI_SOURCE};
 }
 
 // What the world and its duplicates share: the failure channel and what is known of failures.
@@ -54,6 +89,90 @@ struct Shared {
   bool announced = false;
   std::string library;
 
+  // Stall reports and the recent collectives (Note [Stall reports]); under mu.
+  struct Note {
+    int group = 0;
+    std::int64_t seq = 0;
+    std::string op;
+  };
+  struct Entered {
+    int group = 0;
+    std::int64_t seq = 0;
+    std::string op;
+    std::size_t bytes = 0;
+    double started_s = 0, waited_s = 0;
+    bool done = false;
+  };
+  int next_group = 1;
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::map<int, Note> waiting;  // rank -> the collective its latest note names
+  std::deque<Entered> recent;
+  std::list<std::pair<std::string, MPI_Request>> notes_out;  // notes being sent, with their bytes
+
+  // Reads every stall note that has arrived; frees the notes this rank has finished sending.
+  void poll_stalls() {
+    while (auto received = receive_text(failures, kStallTag)) {
+      Note note;
+      std::istringstream in(received->first);
+      in >> note.group >> note.seq >> std::ws;
+      std::getline(in, note.op);
+      std::lock_guard lock(mu);
+      waiting[received->second] = std::move(note);
+    }
+    std::lock_guard lock(mu);
+    for (auto it = notes_out.begin(); it != notes_out.end();) {
+      int done = 0;
+      MPI_Test(&it->second, &done, MPI_STATUS_IGNORE);
+      it = done ? notes_out.erase(it) : std::next(it);
+    }
+  }
+
+  // Tells every other rank that this one waits in collective `seq` of `group`.
+  void send_stall_note(int group, std::int64_t seq, const std::string& op) {
+    std::lock_guard lock(mu);
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      auto& [text, request] = notes_out.emplace_back(str(group, " ", seq, " ", op), MPI_REQUEST_NULL);
+      if (MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kStallTag, failures, &request) !=
+          MPI_SUCCESS)
+        notes_out.pop_back();
+    }
+  }
+
+  // The stall report of this rank, waiting `waited` in collective `seq` of `group`.
+  std::string stall_report(int group, std::int64_t seq, const std::string& op, std::size_t bytes, double waited,
+                           double timeout_s) {
+    std::lock_guard lock(mu);
+    std::vector<int> here, absent;
+    std::string elsewhere;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const auto it = waiting.find(r);
+      if (it == waiting.end() || (it->second.group == group && it->second.seq < seq)) {
+        absent.push_back(r);
+      } else if (it->second.group == group && it->second.seq == seq) {
+        here.push_back(r);
+      } else {
+        elsewhere += str(elsewhere.empty() ? "" : ", ", "rank ", r, " in ", it->second.op, " #", it->second.seq,
+                         " of ", group_name(it->second.group));
+      }
+    }
+    auto ranks = [](const std::vector<int>& v) {
+      std::string s;
+      for (int r : v) s += str(s.empty() ? "" : ", ", r);
+      return s.empty() ? std::string("none") : s;
+    };
+    return str("stall: rank ", rank, " has waited ", std::round(waited * 10) / 10, " s in ", op, " #", seq, " of ",
+               group_name(group), bytes > 0 ? str(" (", bytes, " bytes)") : std::string(), "; waiting in it too: ", ranks(here),
+               "; not arrived: ", ranks(absent), elsewhere.empty() ? "" : "; waiting elsewhere: " + elsewhere,
+               ". The collective gives up ", timeout_s, " s after it began (TOWERFLOW_COLLECTIVE_TIMEOUT); "
+               "TOWERFLOW_STALL_WARNING sets when this is said");
+  }
+
+  static std::string group_name(int group) {
+    return group == 0 ? std::string("the world") : str("group ", group, " (a duplicate of the world)");
+  }
+
   [[noreturn]] void raise_broken() {
     std::lock_guard lock(mu);
     raise<PeerFailed>(failure);
@@ -63,20 +182,14 @@ struct Shared {
   // raises PeerFailed.
   void poll_failures() {
     if (broken.load(std::memory_order_acquire)) raise_broken();
-    int flag = 0;
-    MPI_Message message;
-    MPI_Status status;
-    if (MPI_Improbe(MPI_ANY_SOURCE, kFailureTag, failures, &flag, &message, &status) != MPI_SUCCESS || !flag) return;
-    int count = 0;
-    MPI_Get_count(&status, MPI_CHAR, &count);
-    std::string text(static_cast<std::size_t>(std::max(count, 0)), '\0');
-    MPI_Mrecv(text.data(), count, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+    const auto received = receive_text(failures, kFailureTag);
+    if (!received) return;
+    const auto& [text, source] = *received;
     MPI_Request ack;
-    if (MPI_Isend(nullptr, 0, MPI_CHAR, status.MPI_SOURCE, kAckTag, failures, &ack) == MPI_SUCCESS)
-      MPI_Request_free(&ack);
+    if (MPI_Isend(nullptr, 0, MPI_CHAR, source, kAckTag, failures, &ack) == MPI_SUCCESS) MPI_Request_free(&ack);
     {
       std::lock_guard lock(mu);
-      if (failure.empty()) failure = str("rank ", status.MPI_SOURCE, " failed: ", text);
+      if (failure.empty()) failure = str("rank ", source, " failed: ", text);
     }
     broken.store(true, std::memory_order_release);
     raise_broken();
@@ -153,7 +266,12 @@ class CallThread {
 class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, std::shared_ptr<Shared> shared, bool world)
-      : comm_(comm), shared_(std::move(shared)), world_(world), calls_(std::make_unique<CallThread>()) {}
+      : comm_(comm), shared_(std::move(shared)), world_(world), calls_(std::make_unique<CallThread>()) {
+    if (!world_) {
+      std::lock_guard lock(shared_->mu);
+      group_ = shared_->next_group++;
+    }
+  }
 
   ~MpiProcessGroup() override {
     calls_.reset();
@@ -166,6 +284,9 @@ class MpiProcessGroup final : public ProcessGroup {
     }
     // After a failure a collective may still be pending: MPI_Finalize could wait for it forever.
     if (shared_->broken.load()) return;
+    // Stall notes still on their way: MPI_Finalize completes them (their bytes live in Shared,
+    // which outlives it).
+    for (auto& note : shared_->notes_out) MPI_Request_free(&note.second);
     MPI_Comm_free(&comm_);
     MPI_Comm_free(&shared_->failures);
     MPI_Finalize();
@@ -216,6 +337,7 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
     auto g = std::make_unique<MpiProcessGroup>(dup, shared_, false);
     g->set_timeout(timeout());
+    g->set_stall_warning(stall_warning());
     return g;
   }
 
@@ -258,6 +380,15 @@ class MpiProcessGroup final : public ProcessGroup {
     for (MPI_Request& q : sends) MPI_Request_free(&q);
   }
 
+  std::string recent_collectives() const override {
+    nlohmann::ordered_json out = nlohmann::ordered_json::array();
+    std::lock_guard lock(shared_->mu);
+    for (const Shared::Entered& e : shared_->recent)
+      out.push_back({{"group", e.group}, {"seq", e.seq}, {"op", e.op}, {"bytes", e.bytes},
+                     {"started_s", e.started_s}, {"waited_s", e.waited_s}, {"done", e.done}});
+    return out.dump();
+  }
+
   std::string name() const override {
     return str("MPI (", shared_->library, "), ", size(), " processes on ", shared_->hosts,
                shared_->hosts == 1 ? " host" : " hosts");
@@ -282,31 +413,71 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   // Note [Collectives that cannot hang]: runs `mpi_call` on the group's thread and waits for it.
+  // Note [Stall reports]: notes and reports while it waits; the entry in the recent collectives.
   void call(const char* what, std::size_t bytes, std::function<int()> mpi_call) {
     shared_->poll_failures();
-    calls_->post(std::move(mpi_call));
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
+    const std::int64_t seq = ++seq_;
+    {
+      std::lock_guard lock(shared_->mu);
+      shared_->recent.push_back({.group = group_, .seq = seq, .op = what, .bytes = bytes,
+                                 .started_s = std::chrono::duration<double>(start - shared_->start).count()});
+      if (shared_->recent.size() > kRecent) shared_->recent.pop_front();
+    }
+    const auto finish = [&](bool done) {
+      std::lock_guard lock(shared_->mu);
+      for (auto it = shared_->recent.rbegin(); it != shared_->recent.rend(); ++it)
+        if (it->group == group_ && it->seq == seq) {
+          it->waited_s = std::chrono::duration<double>(Clock::now() - start).count();
+          it->done = done;
+          break;
+        }
+    };
+    calls_->post(std::move(mpi_call));
+    bool noted = false;
+    auto next_report = stall_warning();
     // Most collectives return within microseconds: wait briefly before polling for failures.
     auto slice = std::chrono::microseconds(200);
     for (;;) {
       if (const auto status = calls_->wait_for(slice)) {
+        finish(true);
         check(*status, what);
         return;
       }
       slice = std::chrono::microseconds(1000);
-      shared_->poll_failures();
-      if (Clock::now() - start > timeout())
+      try {
+        shared_->poll_failures();
+      } catch (...) {
+        finish(false);
+        throw;
+      }
+      const auto waited = Clock::now() - start;
+      if (shared_->size > 1 && waited >= stall_warning() / 2) {
+        if (!noted) shared_->send_stall_note(group_, seq, what);
+        noted = true;
+        shared_->poll_stalls();
+        if (waited >= next_report) {
+          log_warning(shared_->stall_report(group_, seq, what, bytes, std::chrono::duration<double>(waited).count(),
+                                            timeout().count() / 1000.0));
+          next_report *= 2;
+        }
+      }
+      if (waited > timeout()) {
+        finish(false);
         shared_->break_with(str("an MPI ", what, bytes > 0 ? str(" of ", bytes, " bytes") : std::string(),
                                 " did not complete within ", timeout().count() / 1000.0, " s on rank ", rank(),
                                 ": another rank died, hangs or is far behind (raise "
                                 "TOWERFLOW_COLLECTIVE_TIMEOUT, in seconds, if a rank is legitimately that slow)"));
+      }
     }
   }
 
   MPI_Comm comm_;
   std::shared_ptr<Shared> shared_;
   bool world_;
+  int group_ = 0;         // Note [Stall reports]
+  std::int64_t seq_ = 0;  // collectives entered on this group
   std::unique_ptr<CallThread> calls_;
 };
 

@@ -164,15 +164,27 @@ bool launched_by_mpi() {
   return false;
 }
 
-std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback) {
-  const char* v = std::getenv("TOWERFLOW_COLLECTIVE_TIMEOUT");
+namespace {
+// A duration in seconds from the environment variable `name`, else `fallback`.
+std::chrono::milliseconds seconds_from_environment(const char* name, std::chrono::milliseconds fallback,
+                                                   const char* example) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
   const double s = std::strtod(v, &end);
   if (end == v || *end != '\0' || !(s > 0) || s > 86400)
-    raise<InvalidArgument>("TOWERFLOW_COLLECTIVE_TIMEOUT='", v, "' is not a number of seconds between 0 and 86400; "
-                           "set it to e.g. 30, or unset it for the default of ", fallback.count() / 1000.0, " seconds");
+    raise<InvalidArgument>(name, "='", v, "' is not a number of seconds between 0 and 86400; set it to e.g. ", example,
+                           ", or unset it for the default of ", fallback.count() / 1000.0, " seconds");
   return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+}
+}  // namespace
+
+std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback) {
+  return seconds_from_environment("TOWERFLOW_COLLECTIVE_TIMEOUT", fallback, "30");
+}
+
+std::chrono::milliseconds stall_warning(std::chrono::milliseconds fallback) {
+  return seconds_from_environment("TOWERFLOW_STALL_WARNING", fallback, "5");
 }
 
 ProcessGroup& world() {
@@ -180,8 +192,10 @@ ProcessGroup& world() {
   static std::unique_ptr<ProcessGroup> group;
   std::call_once(once, [] {
     const auto timeout = timeout_from_environment();
+    const auto warning = stall_warning(std::chrono::milliseconds(5'000));
     group = launched_by_mpi() ? detail::make_mpi_world() : make_single_process_group();
     group->set_timeout(timeout);
+    group->set_stall_warning(warning);
   });
   return *group;
 }

@@ -25,6 +25,13 @@
 //   or next collective raises PeerFailed("rank R failed: reason"). A rank killed outright is
 //   noticed by the launcher (mpirun ends the job) or, failing that, by the timeout. After
 //   PeerFailed a group is broken: every later collective raises PeerFailed again at once.
+// - Stalls are reported while they happen (Note [Stall reports] in mpi_process_group.cc): a
+//   collective that has waited stall_warning() (TOWERFLOW_STALL_WARNING in seconds; default 5 s)
+//   logs a warning on every waiting rank naming the collective (its group, number, kind and
+//   bytes), the ranks waiting in it too and the ranks that have not arrived, and again after
+//   twice as long each time, until it completes or the timeout ends it.
+// - recent_collectives(): the last collectives this rank entered, as JSON, for a post-mortem
+//   (train::fit writes it into the train dir when a run across processes fails).
 
 #include <chrono>
 #include <cstddef>
@@ -76,6 +83,13 @@ class ProcessGroup {
   virtual std::string name() const = 0;
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds stall_warning() const { return stall_warning_; }
+  void set_stall_warning(std::chrono::milliseconds t) { stall_warning_ = t; }
+
+  // The last collectives this rank entered (up to 64, oldest first), as a JSON array of objects
+  // {"group", "seq", "op", "bytes", "started_s" (since the group's start), "waited_s", "done"};
+  // "[]" in a world of one.
+  virtual std::string recent_collectives() const { return "[]"; }
 
   // Helpers on the collectives above.
   std::string broadcast(std::string value, int root);  // root's string on every rank
@@ -83,6 +97,7 @@ class ProcessGroup {
 
  protected:
   std::chrono::milliseconds timeout_{30'000};
+  std::chrono::milliseconds stall_warning_{5'000};
 };
 
 // Environment variables of MPI launchers (Open MPI, MPICH/Hydra, PMIx, Slurm's srun with PMI)
@@ -97,6 +112,10 @@ ProcessGroup& world();
 // (the process group's, 30 s by default; the NCCL communicator's inside one process, 5 minutes by
 // default). InvalidArgument naming a bad value.
 std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback);
+
+// TOWERFLOW_STALL_WARNING when set, else `fallback`: how long a collective waits before its first
+// stall report. InvalidArgument naming a bad value.
+std::chrono::milliseconds stall_warning(std::chrono::milliseconds fallback);
 
 // A world of one process: every collective returns at once.
 std::unique_ptr<ProcessGroup> make_single_process_group();

@@ -14,19 +14,25 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "core/collectives/process_group.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/nn/layers.h"
 #include "core/tensor/ops.h"
 #include "data/builtin.h"
 #include "data/loader.h"
 #include "models/models.h"
 #include "optim/optim.h"
+#include "io/atomic_file.h"
 #include "tower/tower.h"
+#include "train/train.h"
 #include "tests/tower/four_cpu_devices.h"
 
 using namespace towerflow;
@@ -118,7 +124,7 @@ std::vector<float> all_buffers(nn::Module& m) {
 
 // K steps of SGD with momentum over consecutive global batches of B rows, with `local` devices
 // in each process of `processes`.
-Trained train(nn::ModelFactory factory, int local, TrainerOptions options, collectives::ProcessGroup& processes,
+Trained train_towers(nn::ModelFactory factory, int local, TrainerOptions options, collectives::ProcessGroup& processes,
               const Data& data, int B, int K) {
   options.processes = &processes;
   Trainer trainer(factory, cpus(local), options);
@@ -166,8 +172,8 @@ void run_cases(const std::vector<Case>& cases, int B, int K, unsigned seed) {
   const Data data = make_data(B * K, seed);
   auto one = collectives::make_single_process_group();
   for (const Case& c : cases) {
-    const Trained multi = train(c.factory, c.local, c.options, world(), data, B, K);
-    const Trained ref = train(c.factory, c.reference_towers, c.reference, *one, data, B, K);
+    const Trained multi = train_towers(c.factory, c.local, c.options, world(), data, B, K);
+    const Trained ref = train_towers(c.factory, c.reference_towers, c.reference, *one, data, B, K);
     require_same_on_every_rank(multi.params);
     const double e_p = max_rel_diff(multi.params, ref.params);
     const double e_b = multi.buffers.empty() ? 0.0 : max_rel_diff(multi.buffers, ref.buffers);
@@ -238,8 +244,8 @@ TEST_CASE("bf16 across 2 processes trains as bf16 towers of one process", "[np2]
   run_cases(cases, 24, 3, 13);
   // And bf16 is not fp32: the same 2-process run in fp32 differs (the comparison can fail).
   const Data data = make_data(24 * 3, 13);
-  const Trained b = train(net(false), 1, bf16, world(), data, 24, 3);
-  const Trained f = train(net(false), 1, {}, world(), data, 24, 3);
+  const Trained b = train_towers(net(false), 1, bf16, world(), data, 24, 3);
+  const Trained f = train_towers(net(false), 1, {}, world(), data, 24, 3);
   CHECK(max_rel_diff(b.params, f.params) > 1e-4);
 }
 
@@ -259,8 +265,8 @@ TEST_CASE("the comparison can fail: per-tower batch norm over 2 processes is not
   if (!need_world(2)) return;
   const Data data = make_data(48, 5);
   auto one = collectives::make_single_process_group();
-  const Trained multi = train(net(true), 1, {}, world(), data, 16, 3);
-  const Trained ref = train(net(true), 1, {}, *one, data, 16, 3);
+  const Trained multi = train_towers(net(true), 1, {}, world(), data, 16, 3);
+  const Trained ref = train_towers(net(true), 1, {}, *one, data, 16, 3);
   CHECK(max_rel_diff(multi.params, ref.params) > 2e-4);  // 10x the equivalence tolerance
 }
 
@@ -375,4 +381,86 @@ TEST_CASE("a rank that does not come is reported after the timeout, not waited f
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3));
   // Stay until rank 1 is done: leaving a broken job ends it, and rank 1 with it.
   std::this_thread::sleep_for(std::chrono::seconds(4));
+}
+
+TEST_CASE("a collective that waits names the ranks waiting in it and the rank that has not arrived", "[np3]") {
+  if (!need_world(3)) return;
+  world().set_stall_warning(std::chrono::milliseconds(400));
+  world().barrier();  // every rank starts here
+  if (world().rank() == 2) {  // stays away for 2.5 s: the others report it, then it comes
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    world().barrier();
+    world().set_stall_warning(std::chrono::milliseconds(5000));
+    SUCCEED("rank 2 came to the barrier 2.5 s late");
+    return;
+  }
+  std::vector<std::string> warnings;
+  std::mutex mu;
+  const LogSink previous = set_log_sink([&](LogLevel level, std::string_view text) {
+    std::lock_guard lock(mu);
+    if (level == LogLevel::Warning) warnings.emplace_back(text);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  world().barrier();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  set_log_sink(previous);
+  world().set_stall_warning(std::chrono::milliseconds(5000));
+  CHECK(waited > 2.0);
+  // At 0.4 s, 0.8 s and 1.6 s: the first within the warning threshold of its start.
+  REQUIRE(warnings.size() >= 2);
+  const int other = 1 - world().rank();
+  for (const auto& w : warnings) {
+    INFO(w);
+    CHECK_THAT(w, Catch::StartsWith(str("stall: rank ", world().rank(), " has waited ")) &&
+                      Catch::Contains(" in barrier #") && Catch::Contains("of the world") &&
+                      Catch::Contains("not arrived: 2"));
+  }
+  // Both waiting ranks' notes have crossed by the second report.
+  CHECK_THAT(warnings[1], Catch::Contains(str("waiting in it too: ", other)));
+  // The recent collectives: the barrier, done, after its wait.
+  const auto recent = nlohmann::json::parse(world().recent_collectives());
+  REQUIRE(recent.is_array());
+  REQUIRE_FALSE(recent.empty());
+  const auto& last = recent.back();
+  CHECK(last["op"] == "barrier");
+  CHECK(last["group"] == 0);
+  CHECK(last["done"] == true);
+  CHECK(last["waited_s"].get<double>() > 2.0);
+  CHECK(last["seq"].get<std::int64_t>() == recent[recent.size() - 2]["seq"].get<std::int64_t>() + 1);
+}
+
+TEST_CASE("a run across processes that fails leaves each rank's last collectives in its train dir", "[np2-record]") {
+  if (!need_world(2)) return;
+  // One train dir for the job, named by rank 0.
+  std::string dir;
+  if (world().rank() == 0) {
+    char name[] = "/tmp/towerflow-collectives-XXXXXX";
+    REQUIRE(::mkdtemp(name) != nullptr);
+    dir = name;
+  }
+  dir = world().broadcast(dir, 0);
+  data::Builtin train_set{data::Split::Train, {.train_size = 64, .test_size = 16}};
+  Trainer trainer(net(false), cpus(1), {});
+  optim::Sgd sgd(trainer.parameters(), {.lr = 0.01});
+  towerflow::train::LambdaHook fail;
+  fail.step = [&](const towerflow::train::StepInfo& s) {
+    if (world().rank() == 1 && s.step == 2) throw std::runtime_error("a hook failed (injected)");
+  };
+  const towerflow::train::FitOptions options{.batch = 16, .loader_threads = 0, .max_steps = 6, .train_dir = dir, .save_every = 100};
+  CHECK_THROWS(towerflow::train::fit(trainer, sgd, train_set, nullptr, options, {&fail}));
+  const std::filesystem::path file = std::filesystem::path(dir) / str("collectives.rank", world().rank(), ".json");
+  REQUIRE(std::filesystem::exists(file));
+  const auto recent = nlohmann::json::parse(io::read_file(file));
+  REQUIRE(recent.is_array());
+  REQUIRE_FALSE(recent.empty());
+  // The gradients' all-reduce of the steps done, in order.
+  bool reduced = false;
+  for (std::size_t i = 0; i < recent.size(); ++i) {
+    if (recent[i]["op"] == "all-reduce") reduced = true;
+    if (i > 0 && recent[i]["group"] == recent[i - 1]["group"])
+      CHECK(recent[i]["seq"].get<std::int64_t>() > recent[i - 1]["seq"].get<std::int64_t>());
+  }
+  CHECK(reduced);
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // both ranks have read their files
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
 }
