@@ -14,11 +14,17 @@ Cases (all by default):
   failure    a rank that fails at start-up is named, with its error, by the other rank.
   kill       a rank killed with SIGKILL mid-run ends the job within the bound, non-zero.
   sigterm    SIGTERM to every rank: each says where rank 0 wrote the checkpoint (not an empty path).
+  chaos      a run killed at random moments (SIGKILL to a random rank, SIGTERM to mpirun) and
+             resumed each time on another number of processes and devices until its last step:
+             every checkpoint stays intact, and the final model is the uninterrupted run's within
+             the tolerance of summation order. Seeded (TOWERFLOW_CHAOS_SEED, printed), so a
+             failure reproduces.
 Exit status 0 when every case passes; 77 (skipped) when MPIEXEC cannot start 2 processes.
 """
 import json
 import os
 import pathlib
+import random
 import signal
 import struct
 import subprocess
@@ -27,7 +33,7 @@ import tempfile
 import time
 
 MPIEXEC, TRAIN = sys.argv[1], sys.argv[2]
-CASES = sys.argv[3:] or ["same", "resume", "mismatch", "failure", "kill", "sigterm"]
+CASES = sys.argv[3:] or ["same", "resume", "mismatch", "failure", "kill", "sigterm", "chaos"]
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
 if "ASAN_OPTIONS" in ENV:  # Open MPI's unloaded components leak unattributably (tests/tower/CMakeLists.txt)
@@ -200,6 +206,70 @@ if "sigterm" in CASES:
           all(str(ckpts[-1]) + ";" in l for l in stopped),
           "rank 1 (and rank 0, if it got that far) names the checkpoint rank 0 wrote:\n" + "\n".join(stopped) +
           "\n" + out[-1500:])
+
+if "chaos" in CASES:
+    seed = int(os.environ.get("TOWERFLOW_CHAOS_SEED") or random.SystemRandom().randrange(1 << 30))
+    rng = random.Random(seed)
+    print(f"chaos: seed {seed} (TOWERFLOW_CHAOS_SEED={seed} repeats this case)", flush=True)
+    CKPT = str(pathlib.Path(TRAIN).parent / "towerflow_ckpt")
+    steps = 24
+    base = ["--max_steps", str(steps), "--save_every", "2", "--json"] + COMMON
+    code, _ = run([TRAIN, "--devices", "/cpu:0", "--train_dir", str(tmp / "calm")] + base, np=2)
+    check(code == 0, "the uninterrupted run (2 processes x 1 device)")
+    # Each attempt on another shape of the same global batch: processes x devices.
+    shapes = [(2, ["--devices", "/cpu:0"]), (1, ["--devices", "/cpu:0,/cpu:1"]),
+              (3, ["--devices", "/cpu:0", "--split_remainder", "spread"])]
+    chaos, shape, attempts, intact = tmp / "chaos", rng.randrange(3), [], True
+    t_start = time.time()
+    for attempt in range(8):
+        shape = (shape + rng.randrange(1, 3)) % 3  # never the previous shape
+        np_, devices = shapes[shape]
+        resume = ["--resume"] if attempt > 0 else []
+        final = attempt == 7  # the last attempt runs to the end
+        log = open(tmp / f"chaos{attempt}.log", "w+")
+        cmd = [MPIEXEC, "-n", str(np_), TRAIN, "--train_dir", str(chaos)] + devices + resume + base
+        p = subprocess.Popen(cmd, env=ENV, stdout=log, stderr=subprocess.STDOUT)
+        before = {c.name for c in chaos.glob("ckpt-*")}
+        how = "none"
+        if not final:
+            # Once this attempt has begun a checkpoint of its own (its temporary directory counts, so
+            # a kill may land while it is being written), at a random moment after that.
+            deadline = time.time() + 60
+            while time.time() < deadline and p.poll() is None and not ({c.name for c in chaos.glob("ckpt-*")} - before):
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.4))
+            if p.poll() is None:
+                ranks = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "cifar10_train"], capture_output=True,
+                                       text=True).stdout.split()
+                if rng.random() < 0.5 and ranks:
+                    how = "SIGKILL to a rank"
+                    os.kill(int(rng.choice(ranks)), signal.SIGKILL)
+                else:
+                    how = "SIGTERM to mpirun"
+                    p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            check(False, f"chaos attempt {attempt} ended within 120 s of {how}")
+        newest = max((c.name for c in chaos.glob("ckpt-" + "[0-9]" * 10)), default="none")
+        attempts.append(f"{np_} process(es) {' '.join(devices[1:])}: {how}, exit {p.returncode}, newest {newest}")
+        code, out = run([CKPT, "verify", str(chaos)], timeout=60)
+        if code != 0:
+            intact = False
+            check(False, f"every checkpoint intact after attempt {attempt} ({how}):\n{out[-1500:]}")
+        if (chaos / f"ckpt-{steps:010d}").exists() and p.returncode == 0:
+            break
+    print("chaos attempts:\n  " + "\n  ".join(attempts), flush=True)
+    check(intact, "no checkpoint was ever unreadable")
+    check((chaos / f"ckpt-{steps:010d}").exists(), f"the run reached step {steps} (seed {seed})")
+    if (chaos / f"ckpt-{steps:010d}").exists():
+        d = max_diff(final_model(chaos), final_model(tmp / "calm"))
+        # The same samples in the same global batches, split over 2, 3 or 2 towers in turn: only
+        # the order of summation differs.
+        check(d < 1e-4, f"the interrupted run = the uninterrupted one (max difference {d:.3g}, seed {seed})")
+    check(time.time() - t_start < 180, f"chaos within its bound ({time.time() - t_start:.1f} s)")
 
 print(f"{len(failures)} failure(s)" if failures else "all cases passed")
 sys.exit(1 if failures else 0)
