@@ -15,6 +15,7 @@
 #include "core/tensor/autograd.h"
 #include "core/tensor/backend_impl.h"
 #include "core/tensor/cpu_backend.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/ops.h"
 
 namespace towerflow {
@@ -84,6 +85,25 @@ TEST_CASE("tensors: bad sizes and dtypes raise errors that name both sides", "[t
   CHECK_THAT(message_of([&] { Tensor().numel(); }), Catch::Contains("undefined"));
   CHECK_THAT(message_of([&] { Tensor::empty({-1}, kCpu); }), Catch::Contains("[-1]"));
   CHECK_THAT(message_of([&] { ramp({2, 3}).item(); }), Catch::Contains("one-element"));
+}
+
+TEST_CASE("in-place device ops refuse mismatched tensors and spans, naming both", "[ops][errors]") {
+  const Device cpu = Device::cpu(0);
+  const Tensor y = Tensor::from_host(std::vector<float>{1, 2, 3}, {3}, cpu);
+  axpy_(y, 2.0f, Tensor::from_host(std::vector<float>{1, 1, 1}, {3}, cpu));
+  scale_(y, 0.5f);
+  CHECK(y.to_host() == std::vector<float>{1.5f, 2.0f, 2.5f});
+  CHECK_THROWS_WITH(axpy_(y, 1.0f, Tensor::zeros({4}, cpu)),
+                    Catch::Contains("axpy_: y float32[3] on /cpu:0 and x float32[4] on /cpu:0") &&
+                        Catch::Contains("the same shape and device"));
+  CHECK_THROWS_WITH(scale_(Tensor::zeros({3}, cpu, DType::kInt32), 2.0f), Catch::Contains("int32"));
+  std::vector<float> p(3, 1.0f), g(3, 1.0f), momentum(2, 0.0f);
+  CHECK_THROWS_WITH(sgd_update_(cpu, p, g, momentum, {.lr = 0.1f, .momentum = 0.9f}),
+                    Catch::Contains("sgd_update_: momentum has 2 floats and the parameters 3"));
+  CHECK(p == std::vector<float>(3, 1.0f));  // nothing changed
+  std::vector<float> m(3, 0.0f), v(3, 0.0f);
+  CHECK_THROWS_WITH(adam_update_(cpu, p, std::span<const float>(g).first(2), m, v, {}),
+                    Catch::Contains("adam_update_: grads has 2 floats and the parameters 3"));
 }
 
 TEST_CASE("ops: shape mismatches print both shapes", "[ops][errors]") {
