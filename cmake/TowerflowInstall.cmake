@@ -66,7 +66,7 @@ install(EXPORT towerflowTargets
 # tests/scripts/check_public_headers.py keeps this list equal to that closure. Headers keep their
 # place in the tree, so installed code includes them as the library does.
 set(TW_PUBLIC_HEADERS
-    core/collectives/collectives.h core/collectives/communicator.h
+    core/collectives/collectives.h core/collectives/communicator.h core/collectives/context.h
     core/collectives/local_communicator.h core/collectives/nccl_communicator.h
     core/collectives/process_group.h core/core.h core/device.h core/error.h core/log.h
     core/memory/allocator.h core/memory/memory.h core/memory/stats.h core/memory/sub_allocators.h

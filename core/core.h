@@ -3,6 +3,7 @@
 // logging, tensors and their ops, modules and layers, allocators, process groups, traces and the
 // version. The other areas have their own: tower/tower.h, optim/optim.h, data/data.h,
 // models/models.h, io/io.h, train/train.h.
+#include "core/collectives/context.h"        // IWYU pragma: export
 #include "core/collectives/process_group.h"  // IWYU pragma: export
 #include "core/device.h"                     // IWYU pragma: export
 #include "core/error.h"                      // IWYU pragma: export

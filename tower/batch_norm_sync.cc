@@ -6,7 +6,9 @@
 #include <mutex>
 
 #include "core/collectives/process_group.h"
+#include "core/collectives/tower_waits.h"
 #include "core/error.h"
+#include "core/log.h"
 
 namespace towerflow::tower {
 
@@ -17,10 +19,16 @@ namespace towerflow::tower {
 
 struct BatchNormSyncGroup::State {
   State(std::vector<Device> d, collectives::ProcessGroup* p)
-      : devices(std::move(d)), processes(p), sends(devices.size()) {}
+      : devices(std::move(d)),
+        processes(p),
+        limits(collectives::WaitLimits::from_environment()),
+        sends(devices.size()),
+        arrived_in(devices.size(), 0),
+        exchanges(devices.size(), 0) {}
 
   std::vector<Device> devices;
   collectives::ProcessGroup* processes;  // null: this process's towers only
+  collectives::WaitLimits limits;        // Note [Stall reports among towers] in core/collectives/tower_waits.cc
   std::vector<double> block, gathered;   // member 0's exchange across processes
   std::mutex mu;
   std::condition_variable cv;
@@ -30,23 +38,49 @@ struct BatchNormSyncGroup::State {
   bool aborted = false;
   std::string reason;
   std::vector<std::span<const double>> sends;
+  std::vector<std::uint64_t> arrived_in;  // per member: the generation + 1 it waits in
+  std::vector<std::int64_t> exchanges;    // per member: all_gather calls so far
 
   [[noreturn]] void throw_aborted() const {
     raise<collectives::CollectiveAborted>(
         "synchronised batch norm aborted: ", reason.empty() ? "another tower failed" : reason);
   }
 
-  // Returns when every member has arrived (the last one to arrive releases the others).
-  void wait(std::unique_lock<std::mutex>& lock) {
+  // Returns when every member has arrived (the last one to arrive releases the others). The first
+  // to arrive reports a stall and, at the timeout, aborts the exchange naming the absent members.
+  void wait(std::unique_lock<std::mutex>& lock, int rank) {
     if (aborted) throw_aborted();
     const std::uint64_t gen = generation;
+    arrived_in[rank] = gen + 1;
     if (++arrived == static_cast<int>(devices.size())) {
       arrived = 0;
       ++generation;
       cv.notify_all();
       return;
     }
-    cv.wait(lock, [&] { return aborted || generation != gen; });
+    const auto released = [&] { return aborted || generation != gen; };
+    if (arrived > 1) {
+      cv.wait(lock, released);
+    } else {
+      collectives::StallSchedule schedule(limits, collectives::StallSchedule::Clock::now());
+      while (!cv.wait_until(lock, schedule.next(), released)) {
+        std::vector<bool> here(devices.size());
+        for (std::size_t i = 0; i < devices.size(); ++i) here[i] = arrived_in[i] == gen + 1;
+        const std::string what = str("synchronised batch norm's exchange #", exchanges[rank]);
+        const collectives::TowerWait wait{.what = what, .context = collectives::current_context(),
+                                          .devices = devices, .arrived = here};
+        const auto now = collectives::StallSchedule::Clock::now();
+        if (schedule.timed_out(now)) {
+          reason = collectives::timeout_reason(wait, schedule.waited_s(now));
+          aborted = true;
+          cv.notify_all();
+          log_error(reason);
+        } else {
+          log_warning(collectives::stall_report(wait, schedule.waited_s(now), limits));
+          schedule.reported();
+        }
+      }
+    }
     if (aborted) throw_aborted();
   }
 
@@ -68,7 +102,8 @@ struct BatchNormSyncGroup::State {
                              "exchange statistics only inside forward_backward; put the replica "
                              "in eval mode to run it alone");
     sends[rank] = send;
-    wait(lock);
+    ++exchanges[rank];
+    wait(lock, rank);
     for (std::size_t i = 0; i < n; ++i)  // the same decision on every member
       if (sends[i].size() != send.size())
         raise<InvalidArgument>("synchronised batch norm: member ", i, " (", devices[i], ") sent ",
@@ -77,7 +112,7 @@ struct BatchNormSyncGroup::State {
     if (p == 1) {
       for (std::size_t i = 0; i < n; ++i)
         std::copy(sends[i].begin(), sends[i].end(), out.begin() + static_cast<std::ptrdiff_t>(i * send.size()));
-      wait(lock);
+      wait(lock, rank);
       return;
     }
     // Across processes: member 0 sends this process's vectors and receives every process's;
@@ -100,7 +135,7 @@ struct BatchNormSyncGroup::State {
       }
       lock.lock();
     }
-    wait(lock);
+    wait(lock, rank);
     std::copy(gathered.begin(), gathered.end(), out.begin());
   }
 };

@@ -90,6 +90,9 @@ class GradientReducer {
   // Buckets whose reduction started before their tower's backward() returned, since
   // construction, summed over towers (the bucketed reducer; 0 for the others).
   virtual std::int64_t reduced_during_backward() const { return 0; }
+
+  // The towers' last collectives (Communicator::recent_collectives of the reducer's communicator).
+  virtual std::string recent_collectives() const { return "[]"; }
 };
 
 // The communicator a strategy needs, built before the replicas so that NCCL connects before the

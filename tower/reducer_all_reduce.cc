@@ -2,6 +2,7 @@
 // finished, one sum all-reduce of its replica's flat gradient buffer; the optimizer then steps
 // every replica alike.
 #include "core/collectives/communicator.h"
+#include "core/collectives/context.h"
 #include "core/tensor/device_ops.h"
 #include "core/trace.h"
 #include "tower/reducer.h"
@@ -22,6 +23,7 @@ class AllReduceReducer final : public GradientReducer {
     const Device& dev = setup_.devices[static_cast<std::size_t>(i)];
     if (!dev.is_cpu()) synchronize(dev);  // the gradients are written
     const Tensor g = (*setup_.replicas)[static_cast<std::size_t>(i)]->flat_gradients();
+    const collectives::ContextScope gradients({.purpose = "gradients"});
     comm_->all_reduce_sum(i, {g.data<float>(), static_cast<std::size_t>(g.numel())});
   }
 
@@ -31,6 +33,7 @@ class AllReduceReducer final : public GradientReducer {
   Tensor reduced_gradients() override { return (*setup_.replicas)[0]->flat_gradients(); }
   void scale_gradients(float factor) override { scale_replica_gradients(setup_, factor); }
   optim::ParameterSet parameters() override { return replica_parameter_set(setup_); }
+  std::string recent_collectives() const override { return comm_->recent_collectives(); }
 
  private:
   ReducerSetup setup_;

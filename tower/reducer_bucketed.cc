@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/collectives/communicator.h"
+#include "core/collectives/context.h"
 #include "core/tensor/device_ops.h"
 #include "core/trace.h"
 #include "tower/reducer.h"
@@ -144,6 +145,7 @@ class BucketedReducer final : public GradientReducer {
   Tensor reduced_gradients() override { return (*setup_.replicas)[0]->flat_gradients(); }
   void scale_gradients(float factor) override { scale_replica_gradients(setup_, factor); }
   optim::ParameterSet parameters() override { return replica_parameter_set(setup_); }
+  std::string recent_collectives() const override { return comm_->recent_collectives(); }
 
   std::int64_t reduced_during_backward() const override {
     std::int64_t n = 0;
@@ -167,6 +169,7 @@ class BucketedReducer final : public GradientReducer {
     std::vector<std::shared_ptr<const QueueEvent>> events;
     bool started = false, busy = false, cancelled = false, stopping = false;
     std::uint64_t step = 0;
+    collectives::CollectiveContext context;  // the tower thread's, for the collectives' reports
     std::exception_ptr error;
     std::int64_t early = 0;
   };
@@ -183,6 +186,7 @@ class BucketedReducer final : public GradientReducer {
       t.events.assign(buckets_.size(), nullptr);
       t.error = nullptr;
       t.started = t.busy = true;
+      t.context = collectives::current_context();
       ++t.step;
     }
     t.cv.notify_all();
@@ -211,12 +215,15 @@ class BucketedReducer final : public GradientReducer {
     const Tensor grads = (*setup_.replicas)[static_cast<std::size_t>(i)]->flat_gradients();
     std::uint64_t seen = 0;
     for (;;) {
+      collectives::CollectiveContext context;
       {
         std::unique_lock lock(t.mu);
         t.cv.wait(lock, [&] { return t.stopping || t.step != seen; });
         if (t.stopping) return;
         seen = t.step;
+        context = t.context;
       }
+      const collectives::ContextScope in_step(context);
       std::exception_ptr error;
       try {
         for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -229,6 +236,7 @@ class BucketedReducer final : public GradientReducer {
           }
           const Bucket& bk = buckets_[b];
           const trace::Span span("reduction", trace::enabled() ? str("bucket ", b) : std::string());
+          const collectives::ContextScope bucket({.purpose = "gradient bucket", .index = static_cast<int>(b)});
           comm_->all_reduce_sum_queued(i, {grads.data<float>() + bk.begin, bk.end - bk.begin}, ready.get());
         }
         comm_->wait_queued(i);

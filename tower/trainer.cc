@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "core/collectives/communicator.h"
+#include "core/collectives/context.h"
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -296,6 +297,8 @@ int Trainer::global_towers() const { return static_cast<int>(impl_->global_devic
 
 collectives::ProcessGroup& Trainer::processes() const { return *impl_->processes; }
 
+std::string Trainer::tower_collectives() const { return impl_->reducer->recent_collectives(); }
+
 void Trainer::broadcast_from_rank0() {
   Impl& im = *impl_;
   if (im.world == 1) return;
@@ -366,7 +369,10 @@ float Trainer::forward_backward(const HostBatch& batch) {
     sums[0] += ran.loss[i];
     sums[1] += static_cast<double>(ran.correct[i]);
   }
-  im.processes->all_reduce_sum(std::span<double>(sums));
+  {
+    const collectives::ContextScope what({.purpose = "loss and accuracy"});
+    im.processes->all_reduce_sum(std::span<double>(sums));
+  }
   last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / plan.global_n,
            .rows = plan.global_n, .split = plan.total, .loss_scale = loss_scale, .skipped = skipped,
            .grad_norm = grad_norm, .clipped = clipped};
@@ -392,6 +398,7 @@ int Trainer::global_rows(const HostBatch& batch) {
   if (batch.global_n > 0) return batch.global_n;
   if (impl_->world == 1) return batch.n;
   double rows_everywhere = batch.n;
+  const collectives::ContextScope what({.purpose = "rows of the global batch"});
   impl_->processes->all_reduce_sum(std::span<double>(&rows_everywhere, 1));
   return static_cast<int>(rows_everywhere);
 }
@@ -411,9 +418,11 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
                    .correct = std::vector<std::int64_t>(n, 0)};
   std::atomic<bool> stop{false};  // set by the first tower that fails
   const bool mixed = !batch.mix_labels.empty() && batch.mix > 0 && batch.mix < 1;
+  const collectives::CollectiveContext context = collectives::current_context();  // the caller's step
 
   auto tower = [&](int i) {
     const PrecisionScope precision(options_.precision);
+    const collectives::ContextScope in_step(context);
     nn::Module& model = *im.replicas[i];
     const Device& dev = devices_[i];
     auto t0 = Clock::now();
@@ -458,6 +467,7 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
     out.reduce_s[i] = since(t0);
     if (global_towers() > 1 && !im.buffers_synced) {
       const trace::Span span("sync", "read batch-norm statistics");
+      const collectives::ContextScope what({.purpose = "batch-norm statistics"});
       t0 = Clock::now();
       im.buffers->gather(i);
       out.sync_s[i] += since(t0);

@@ -222,6 +222,9 @@ class Trainer {
   // Towers of every process, and the processes.
   int global_towers() const;
   collectives::ProcessGroup& processes() const;
+  // The last collectives each of this process's towers entered, for a post-mortem (JSON, as
+  // collectives::Communicator::recent_collectives; "[]" where the reduction keeps none).
+  std::string tower_collectives() const;
   // The rows of a global batch of `global_n` rows that this process's towers take, as
   // [begin, end) ranges of the batch in the order forward_backward expects them: one range per
   // micro-batch (merged when contiguous). In one process: {{0, global_n}}.

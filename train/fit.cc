@@ -10,6 +10,9 @@
 #include <random>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "core/collectives/context.h"
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -530,6 +533,7 @@ FitResult Loop::run() {
       float loss;
       {
         const trace::Span span("phase", "forward_backward");
+        const collectives::ContextScope at_step({.step = step + 1});  // for stall reports
         loss = trainer_.forward_backward(b);
       }
       if (!std::isfinite(loss)) {
@@ -633,15 +637,23 @@ FitResult Loop::run() {
 }
 
 namespace {
-// A run across processes that fails leaves each rank's last collectives (Note [Stall reports] in
-// core/collectives/mpi_process_group.cc) in train_dir/collectives.rank<R>.json for the
-// post-mortem. Best effort: the run's own error is the one to report.
-void record_collectives(collectives::ProcessGroup& processes, const fs::path& train_dir) noexcept {
-  if (processes.size() < 2 || train_dir.empty()) return;
+// A run that fails in its collectives (any failure across processes; among one process's towers,
+// a collective that was aborted) leaves the last collectives it entered in the train dir for the
+// post-mortem: train_dir/collectives.rank<R>.json across processes, train_dir/collectives.json in
+// one, holding {"processes": ProcessGroup::recent_collectives, "towers":
+// Trainer::tower_collectives} (Note [Stall reports] in core/collectives/mpi_process_group.cc,
+// Note [Stall reports among towers] in core/collectives/tower_waits.cc). Best effort: the run's
+// own error is the one to report.
+void record_collectives(const tower::Trainer& trainer, const fs::path& train_dir) noexcept {
+  if (train_dir.empty()) return;
   try {
-    const fs::path path = train_dir / str("collectives.rank", processes.rank(), ".json");
-    io::write_file_atomically(path, processes.recent_collectives() + "\n");
-    log_warning(str("rank ", processes.rank(), "'s last collectives: ", path.string()));
+    collectives::ProcessGroup& processes = trainer.processes();
+    const bool across = processes.size() > 1;
+    const fs::path path = train_dir / (across ? str("collectives.rank", processes.rank(), ".json") : "collectives.json");
+    nlohmann::ordered_json record = {{"processes", nlohmann::json::parse(processes.recent_collectives())},
+                                     {"towers", nlohmann::json::parse(trainer.tower_collectives())}};
+    io::write_file_atomically(path, record.dump() + "\n");
+    log_warning(str(across ? str("rank ", processes.rank(), "'s") : std::string("the"), " last collectives: ", path.string()));
   } catch (const std::exception&) {
   }
 }
@@ -655,12 +667,13 @@ FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::
       return loop.run();
     } catch (const collectives::PeerFailed&) {
       // Another rank's failure (that rank has told everyone), or a collective that timed out.
-      record_collectives(trainer.processes(), options.train_dir);
+      record_collectives(trainer, options.train_dir);
       throw;
     } catch (const std::exception& e) {
       // Every other rank stops too, naming this one and the cause (Note [Collectives that cannot hang]).
       trainer.processes().announce_failure(e.what());
-      record_collectives(trainer.processes(), options.train_dir);
+      if (trainer.processes().size() > 1 || dynamic_cast<const collectives::CollectiveAborted*>(&e))
+        record_collectives(trainer, options.train_dir);
       throw;
     }
   } catch (const OutOfMemory& e) {

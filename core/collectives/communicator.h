@@ -83,6 +83,12 @@ class Communicator {
 
   // "local shared-memory (2 CPU participants)", "NCCL 2.x (4 GPUs)".
   virtual std::string name() const = 0;
+
+  // The last collectives each participant entered (up to 64 each, oldest first), as a JSON array
+  // with one object per participant: {"participant", "device", "recent": [{"seq", "op", "bytes",
+  // "step" and "purpose" (where known), "started_s" (since the communicator was made),
+  // "waited_s", "done"}]}; "[]" where the implementation keeps none.
+  virtual std::string recent_collectives() const { return "[]"; }
 };
 
 // Which implementation make_communicator() picks.

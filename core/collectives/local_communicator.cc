@@ -5,9 +5,17 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <array>
+#include <chrono>
+#include <condition_variable>
 #include <set>
+#include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "core/collectives/tower_waits.h"
 #include "core/cpu/context.h"
+#include "core/log.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -33,33 +41,59 @@ namespace {
 constexpr std::int64_t kBlock = 2048;               // floats per block: 8 KiB per buffer
 constexpr std::int64_t kMinParallelChunk = 1 << 15; // floats a context thread gets at least
 
-// A reusable barrier for n threads that spins briefly, then sleeps on a futex (std::atomic::wait),
-// and can be aborted: an aborted barrier releases every waiter and reports false.
+// A reusable barrier for n threads that spins briefly, then sleeps on a condition variable, and
+// can be aborted: an aborted barrier releases every waiter and reports false. Each arrival is
+// marked, and the first participant to arrive sleeps with a deadline so that it can say who is
+// missing (Note [Stall reports among towers] in tower_waits.cc); the last to arrive takes the lock
+// to wake the others only when someone sleeps.
 class Barrier {
  public:
-  Barrier(int n, int spin) : n_(n), spin_(spin) {}
+  using Clock = std::chrono::steady_clock;
+  Barrier(int n, int spin) : n_(n), spin_(spin), arrived_in_(static_cast<std::size_t>(n)) {}
 
-  // Returns false when the barrier was aborted (before or while waiting).
-  bool arrive_and_wait() {
+  // Returns false when the barrier was aborted (before or while waiting). The first participant
+  // to arrive calls on_long_wait(schedule, arrived) at each of the schedule's times, without the
+  // lock; it reports, or aborts the barrier.
+  template <class OnLongWait>
+  bool arrive_and_wait(int participant, const WaitLimits& limits, OnLongWait&& on_long_wait) {
     const std::uint32_t gen = generation_.load(std::memory_order_acquire);
     if (aborted_.load(std::memory_order_acquire)) return false;
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) == n_ - 1) {
+    arrived_in_[participant].store(gen + 1, std::memory_order_relaxed);
+    const int before = arrived_.fetch_add(1, std::memory_order_acq_rel);
+    if (before == n_ - 1) {
       arrived_.store(0, std::memory_order_relaxed);  // before the release below: no one passes yet
-      generation_.fetch_add(1, std::memory_order_acq_rel);
-      generation_.notify_all();
-    } else {
-      for (int i = 0; i < spin_ && generation_.load(std::memory_order_acquire) == gen; ++i)
-        TW_CPU_RELAX();
-      while (generation_.load(std::memory_order_acquire) == gen)
-        generation_.wait(gen, std::memory_order_acquire);
+      release();
+      return !aborted_.load(std::memory_order_acquire);
     }
+    const auto start = before == 0 ? Clock::now() : Clock::time_point{};
+    for (int i = 0; i < spin_ && generation_.load(std::memory_order_acquire) == gen; ++i) TW_CPU_RELAX();
+    if (generation_.load(std::memory_order_acquire) != gen) return !aborted_.load(std::memory_order_acquire);
+
+    const auto released = [&] { return generation_.load(std::memory_order_seq_cst) != gen; };
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    {
+      std::unique_lock lock(mu_);
+      if (before != 0) {
+        cv_.wait(lock, released);
+      } else {
+        StallSchedule schedule(limits, start);
+        while (!cv_.wait_until(lock, schedule.next(), released)) {
+          lock.unlock();
+          std::vector<bool> arrived(static_cast<std::size_t>(n_));
+          for (int i = 0; i < n_; ++i)
+            arrived[i] = arrived_in_[i].load(std::memory_order_relaxed) == gen + 1;
+          on_long_wait(schedule, arrived);
+          lock.lock();
+        }
+      }
+    }
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
     return !aborted_.load(std::memory_order_acquire);
   }
 
   void abort() {
     aborted_.store(true, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_acq_rel);
-    generation_.notify_all();
+    release();
   }
 
   void reset() {
@@ -70,11 +104,43 @@ class Barrier {
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
 
  private:
+  // A sleeper counts itself before it checks the generation, and the releaser bumps the
+  // generation before it reads the count (both sequentially consistent): either the releaser
+  // sees the sleeper and wakes it under the lock, or the sleeper sees the new generation.
+  void release() {
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard lock(mu_);
+      cv_.notify_all();
+    }
+  }
+
   const int n_;
   const int spin_;
   std::atomic<int> arrived_{0};
   std::atomic<std::uint32_t> generation_{0};
   std::atomic<bool> aborted_{false};
+  std::atomic<int> sleepers_{0};
+  std::vector<std::atomic<std::uint32_t>> arrived_in_;  // per participant: the generation + 1 it waits in
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+// The last collectives a participant entered, for the post-mortem (recent_collectives()).
+struct Entered {
+  std::int64_t seq = 0;
+  const char* op = "";  // literals and the thread's context: entering allocates nothing
+  std::size_t bytes = 0;
+  CollectiveContext context;
+  double started_s = 0, waited_s = 0;
+  bool done = false;
+};
+constexpr std::size_t kRecent = 64;
+
+struct Recent {
+  std::mutex mu;
+  std::array<Entered, kRecent> ring;
+  std::int64_t entered = 0;  // collectives entered: the next one is ring[entered % kRecent]
 };
 
 // What a participant publishes for the collective in flight.
@@ -119,11 +185,23 @@ void reduce_block(float* const* bufs, int n, std::int64_t b, std::int64_t e) {
 }  // namespace
 
 struct LocalCommunicator::State {
-  State(int n, LocalCommunicatorOptions o)
-      : options(std::move(o)), barrier(n, options.spin_iterations), slots(n) {}
+  State(const std::vector<Device>& d, LocalCommunicatorOptions o)
+      : devices(d),
+        options(std::move(o)),
+        limits(WaitLimits::from_environment()),
+        barrier(static_cast<int>(d.size()), options.spin_iterations),
+        slots(d.size()),
+        recent(d.size()) {
+    if (options.stall_warning) limits.stall_warning = *options.stall_warning;
+    if (options.timeout) limits.timeout = *options.timeout;
+  }
+  const std::vector<Device>& devices;
   LocalCommunicatorOptions options;
+  WaitLimits limits;
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   Barrier barrier;
   std::vector<Slot> slots;
+  std::vector<Recent> recent;
   std::mutex reason_mu;
   std::string reason;
 
@@ -131,8 +209,57 @@ struct LocalCommunicator::State {
     std::lock_guard lock(reason_mu);
     raise<CollectiveAborted>("collective aborted: ", reason.empty() ? "another participant failed" : reason);
   }
-  void wait() {
-    if (!barrier.arrive_and_wait()) throw_aborted();
+
+  void abort(const std::string& why) {
+    {
+      std::lock_guard lock(reason_mu);
+      if (reason.empty()) reason = why;
+    }
+    barrier.abort();
+  }
+
+  double since_start() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // Participant p enters collective `op` of `bytes`: its entry in the recent collectives.
+  void enter(int p, const char* op, std::size_t bytes) {
+    Recent& r = recent[p];
+    std::lock_guard lock(r.mu);
+    r.ring[r.entered % kRecent] = {.seq = r.entered + 1, .op = op, .bytes = bytes, .context = current_context(),
+                                   .started_s = since_start()};
+    ++r.entered;
+  }
+  void leave(int p) {
+    Recent& r = recent[p];
+    std::lock_guard lock(r.mu);
+    Entered& e = r.ring[(r.entered - 1) % kRecent];
+    e.waited_s = since_start() - e.started_s;
+    e.done = true;
+  }
+
+  // Every wait of participant p inside its current collective (Note [Stall reports among towers]).
+  void wait(int p) {
+    const auto on_long_wait = [&](StallSchedule& schedule, const std::vector<bool>& arrived) {
+      Entered e;
+      {
+        std::lock_guard lock(recent[p].mu);
+        e = recent[p].ring[(recent[p].entered - 1) % kRecent];
+      }
+      const std::string what = str(e.op, " #", e.seq, " of the local communicator",
+                                   e.bytes > 0 ? str(" (", e.bytes, " bytes)") : std::string());
+      const TowerWait wait{.what = what, .context = e.context, .devices = devices, .arrived = arrived};
+      const auto now = std::chrono::steady_clock::now();
+      if (schedule.timed_out(now)) {
+        const std::string why = timeout_reason(wait, schedule.waited_s(now));
+        log_error(why);
+        abort(why);
+      } else {
+        log_warning(stall_report(wait, schedule.waited_s(now), limits));
+        schedule.reported();
+      }
+    };
+    if (!barrier.arrive_and_wait(p, limits, on_long_wait)) throw_aborted();
   }
 };
 
@@ -149,7 +276,11 @@ LocalCommunicator::LocalCommunicator(std::vector<Device> devices, LocalCommunica
   if (!options.contexts.empty() && options.contexts.size() != devices_.size())
     raise<InvalidArgument>("LocalCommunicatorOptions.contexts has ", options.contexts.size(),
                            " entries for ", devices_.size(), " devices; give one per device or none");
-  state_ = std::make_unique<State>(static_cast<int>(devices_.size()), std::move(options));
+  for (const auto& [name, limit] : {std::pair{"stall_warning", options.stall_warning}, std::pair{"timeout", options.timeout}})
+    if (limit && limit->count() <= 0)
+      raise<InvalidArgument>("LocalCommunicatorOptions.", name, " is ", limit->count(),
+                             " ms; give a positive duration, or leave it unset for the environment's or the default");
+  state_ = std::make_unique<State>(devices_, std::move(options));
 }
 
 LocalCommunicator::~LocalCommunicator() = default;
@@ -159,13 +290,7 @@ std::string LocalCommunicator::name() const {
              devices_.size() == 1 ? "" : "s", ")");
 }
 
-void LocalCommunicator::abort(const std::string& reason) {
-  {
-    std::lock_guard lock(state_->reason_mu);
-    if (state_->reason.empty()) state_->reason = reason;
-  }
-  state_->barrier.abort();
-}
+void LocalCommunicator::abort(const std::string& reason) { state_->abort(reason); }
 
 void LocalCommunicator::reset() {
   std::lock_guard lock(state_->reason_mu);
@@ -175,7 +300,9 @@ void LocalCommunicator::reset() {
 
 void LocalCommunicator::barrier(int participant) {
   TW_CHECK(participant >= 0 && participant < size(), "participant ", participant, " of ", size());
-  state_->wait();
+  state_->enter(participant, "barrier", 0);
+  state_->wait(participant);
+  state_->leave(participant);
 }
 
 void LocalCommunicator::all_reduce_sum(int participant, std::span<float> data) {
@@ -183,9 +310,10 @@ void LocalCommunicator::all_reduce_sum(int participant, std::span<float> data) {
   TW_CHECK(participant >= 0 && participant < n, "participant ", participant, " of ", n);
   State& st = *state_;
   if (st.barrier.aborted()) st.throw_aborted();
+  st.enter(participant, "all-reduce", data.size_bytes());
   st.slots[participant].data = data.data();
   st.slots[participant].count = data.size();
-  st.wait();
+  st.wait(participant);
   // Every participant sees every slot now; all make the same decision about mismatches.
   for (int i = 0; i < n; ++i) {
     if (st.slots[i].count != data.size())
@@ -220,7 +348,8 @@ void LocalCommunicator::all_reduce_sum(int participant, std::span<float> data) {
       reduce_block(b, n, begin, end);
     }
   }
-  st.wait();
+  st.wait(participant);
+  st.leave(participant);
 }
 
 void LocalCommunicator::broadcast(int participant, std::span<float> data, int root) {
@@ -231,7 +360,8 @@ void LocalCommunicator::broadcast(int participant, std::span<float> data, int ro
   st.slots[participant].data = data.data();
   st.slots[participant].count = data.size();
   st.slots[participant].root = root;
-  st.wait();
+  st.enter(participant, "broadcast", data.size_bytes());
+  st.wait(participant);
   if (root < 0 || root >= n)
     raise<InvalidArgument>("broadcast root ", root, " is not a participant; use 0..", n - 1);
   for (int i = 0; i < n; ++i) {
@@ -243,7 +373,8 @@ void LocalCommunicator::broadcast(int participant, std::span<float> data, int ro
   }
   if (participant != root && !data.empty())
     std::memcpy(data.data(), st.slots[root].data, data.size() * sizeof(float));
-  st.wait();
+  st.wait(participant);
+  st.leave(participant);
 }
 
 void LocalCommunicator::all_gather(int participant, std::span<const float> send,
@@ -255,7 +386,8 @@ void LocalCommunicator::all_gather(int participant, std::span<const float> send,
   st.slots[participant].send = send.data();
   st.slots[participant].count = send.size();
   st.slots[participant].out_count = out.size();
-  st.wait();
+  st.enter(participant, "all-gather", send.size_bytes());
+  st.wait(participant);
   // Checked after the entry barrier, on every participant alike, so that no one is left waiting.
   for (int i = 0; i < n; ++i) {
     if (st.slots[i].out_count != st.slots[i].count * static_cast<std::size_t>(n))
@@ -273,7 +405,27 @@ void LocalCommunicator::all_gather(int participant, std::span<const float> send,
   for (int i = 0; i < n && !send.empty(); ++i)
     std::memcpy(out.data() + static_cast<std::size_t>(i) * send.size(), st.slots[i].send,
                 send.size() * sizeof(float));
-  st.wait();
+  st.wait(participant);
+  st.leave(participant);
+}
+
+std::string LocalCommunicator::recent_collectives() const {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (int p = 0; p < size(); ++p) {
+    Recent& r = state_->recent[p];
+    nlohmann::ordered_json entries = nlohmann::ordered_json::array();
+    std::lock_guard lock(r.mu);
+    for (std::int64_t k = std::max<std::int64_t>(0, r.entered - static_cast<std::int64_t>(kRecent)); k < r.entered; ++k) {
+      const Entered& e = r.ring[k % kRecent];
+      nlohmann::ordered_json entry = {{"seq", e.seq}, {"op", e.op}, {"bytes", e.bytes}};
+      if (e.context.step > 0) entry["step"] = e.context.step;
+      if (e.context.purpose) entry["purpose"] = describe({.purpose = e.context.purpose, .index = e.context.index});
+      entry.update({{"started_s", e.started_s}, {"waited_s", e.waited_s}, {"done", e.done}});
+      entries.push_back(std::move(entry));
+    }
+    out.push_back({{"participant", p}, {"device", str(devices_[p])}, {"recent", std::move(entries)}});
+  }
+  return out.dump();
 }
 
 }  // namespace towerflow::collectives

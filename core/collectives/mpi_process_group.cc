@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/collectives/context.h"
 #include "core/collectives/process_group_impl.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -100,6 +101,7 @@ struct Shared {
     std::int64_t seq = 0;
     const char* op = "";  // a literal: entering a collective allocates nothing
     std::size_t bytes = 0;
+    CollectiveContext context;  // the step and what it carries, from the calling thread
     double started_s = 0, waited_s = 0;
     bool done = false;
   };
@@ -140,8 +142,8 @@ struct Shared {
   }
 
   // The stall report of this rank, waiting `waited` in collective `seq` of `group`.
-  std::string stall_report(int group, std::int64_t seq, const std::string& op, std::size_t bytes, double waited,
-                           double timeout_s) {
+  std::string stall_report(int group, std::int64_t seq, const std::string& op, std::size_t bytes,
+                           const CollectiveContext& context, double waited, double timeout_s) {
     std::lock_guard lock(mu);
     std::vector<int> here, absent;
     std::string elsewhere;
@@ -162,8 +164,9 @@ struct Shared {
       for (int r : v) s += str(s.empty() ? "" : ", ", r);
       return s.empty() ? std::string("none") : s;
     };
+    const std::string at = describe(context);
     return str("stall: rank ", rank, " has waited ", std::round(waited * 10) / 10, " s in ", op, " #", seq, " of ",
-               group_name(group), bytes > 0 ? str(" (", bytes, " bytes)") : std::string(), "; waiting in it too: ", ranks(here),
+               group_name(group), at.empty() ? std::string() : " at " + at, bytes > 0 ? str(" (", bytes, " bytes)") : std::string(), "; waiting in it too: ", ranks(here),
                "; not arrived: ", ranks(absent), elsewhere.empty() ? "" : "; waiting elsewhere: " + elsewhere,
                ". The collective gives up ", timeout_s, " s after it began (TOWERFLOW_COLLECTIVE_TIMEOUT); "
                "TOWERFLOW_STALL_WARNING sets when this is said");
@@ -383,9 +386,13 @@ class MpiProcessGroup final : public ProcessGroup {
   std::string recent_collectives() const override {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     std::lock_guard lock(shared_->mu);
-    for (const Shared::Entered& e : shared_->recent)
-      out.push_back({{"group", e.group}, {"seq", e.seq}, {"op", e.op}, {"bytes", e.bytes},
-                     {"started_s", e.started_s}, {"waited_s", e.waited_s}, {"done", e.done}});
+    for (const Shared::Entered& e : shared_->recent) {
+      nlohmann::ordered_json entry = {{"group", e.group}, {"seq", e.seq}, {"op", e.op}, {"bytes", e.bytes}};
+      if (e.context.step > 0) entry["step"] = e.context.step;
+      if (e.context.purpose) entry["purpose"] = describe({.purpose = e.context.purpose, .index = e.context.index});
+      entry.update({{"started_s", e.started_s}, {"waited_s", e.waited_s}, {"done", e.done}});
+      out.push_back(std::move(entry));
+    }
     return out.dump();
   }
 
@@ -419,9 +426,10 @@ class MpiProcessGroup final : public ProcessGroup {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const std::int64_t seq = ++seq_;
+    const CollectiveContext context = current_context();
     {
       std::lock_guard lock(shared_->mu);
-      shared_->recent.push_back({.group = group_, .seq = seq, .op = what, .bytes = bytes,
+      shared_->recent.push_back({.group = group_, .seq = seq, .op = what, .bytes = bytes, .context = context,
                                  .started_s = std::chrono::duration<double>(start - shared_->start).count()});
       if (shared_->recent.size() > kRecent) shared_->recent.pop_front();
     }
@@ -458,7 +466,7 @@ class MpiProcessGroup final : public ProcessGroup {
         noted = true;
         shared_->poll_stalls();
         if (waited >= next_report) {
-          log_warning(shared_->stall_report(group_, seq, what, bytes, std::chrono::duration<double>(waited).count(),
+          log_warning(shared_->stall_report(group_, seq, what, bytes, context, std::chrono::duration<double>(waited).count(),
                                             timeout().count() / 1000.0));
           next_report *= 2;
         }

@@ -109,6 +109,7 @@ class HierarchicalCommunicator final : public Communicator {
     if (processes_.size() == 1) return local_->name();
     return str(local_->name(), " in each of ", processes_.size(), " processes, then ", processes_.name());
   }
+  std::string recent_collectives() const override { return local_->recent_collectives(); }
 
  private:
   void cross(std::span<float> data) {

@@ -109,8 +109,8 @@ bool launched_by_mpi();
 ProcessGroup& world();
 
 // TOWERFLOW_COLLECTIVE_TIMEOUT when set, else `fallback`: the deadline of a collective's wait
-// (the process group's, 30 s by default; the NCCL communicator's inside one process, 5 minutes by
-// default). InvalidArgument naming a bad value.
+// (the process group's, 30 s by default; the local and NCCL communicators' and synchronised batch
+// norm's among the towers of one process, 5 minutes by default). InvalidArgument naming a bad value.
 std::chrono::milliseconds collective_timeout(std::chrono::milliseconds fallback);
 
 // TOWERFLOW_STALL_WARNING when set, else `fallback`: how long a collective waits before its first

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/collectives/context.h"
 #include "core/collectives/process_group.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -401,7 +402,10 @@ TEST_CASE("a collective that waits names the ranks waiting in it and the rank th
     if (level == LogLevel::Warning) warnings.emplace_back(text);
   });
   const auto t0 = std::chrono::steady_clock::now();
-  world().barrier();
+  {
+    const collectives::ContextScope at_step({.step = 12, .purpose = "gradient bucket", .index = 3});
+    world().barrier();
+  }
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   set_log_sink(previous);
   world().set_stall_warning(std::chrono::milliseconds(5000));
@@ -412,7 +416,7 @@ TEST_CASE("a collective that waits names the ranks waiting in it and the rank th
   for (const auto& w : warnings) {
     INFO(w);
     CHECK_THAT(w, Catch::StartsWith(str("stall: rank ", world().rank(), " has waited ")) &&
-                      Catch::Contains(" in barrier #") && Catch::Contains("of the world") &&
+                      Catch::Contains(" in barrier #") && Catch::Contains("of the world at step 12, gradient bucket 3;") &&
                       Catch::Contains("not arrived: 2"));
   }
   // Both waiting ranks' notes have crossed by the second report.
@@ -423,6 +427,8 @@ TEST_CASE("a collective that waits names the ranks waiting in it and the rank th
   REQUIRE_FALSE(recent.empty());
   const auto& last = recent.back();
   CHECK(last["op"] == "barrier");
+  CHECK(last["step"] == 12);
+  CHECK(last["purpose"] == "gradient bucket 3");
   CHECK(last["group"] == 0);
   CHECK(last["done"] == true);
   CHECK(last["waited_s"].get<double>() > 2.0);
@@ -450,17 +456,23 @@ TEST_CASE("a run across processes that fails leaves each rank's last collectives
   CHECK_THROWS(towerflow::train::fit(trainer, sgd, train_set, nullptr, options, {&fail}));
   const std::filesystem::path file = std::filesystem::path(dir) / str("collectives.rank", world().rank(), ".json");
   REQUIRE(std::filesystem::exists(file));
-  const auto recent = nlohmann::json::parse(io::read_file(file));
+  const auto record = nlohmann::json::parse(io::read_file(file));
+  const auto& recent = record["processes"];
   REQUIRE(recent.is_array());
   REQUIRE_FALSE(recent.empty());
-  // The gradients' all-reduce of the steps done, in order.
+  // The gradients' all-reduce of the steps done, in order, with their steps.
   bool reduced = false;
   for (std::size_t i = 0; i < recent.size(); ++i) {
-    if (recent[i]["op"] == "all-reduce") reduced = true;
+    if (recent[i]["op"] == "all-reduce" && recent[i].value("purpose", "") == "gradients" && recent[i].value("step", 0) == 2)
+      reduced = true;
     if (i > 0 && recent[i]["group"] == recent[i - 1]["group"])
       CHECK(recent[i]["seq"].get<std::int64_t>() > recent[i - 1]["seq"].get<std::int64_t>());
   }
   CHECK(reduced);
+  // This process's one tower: its part of the same steps.
+  REQUIRE(record["towers"].size() == 1);
+  CHECK(record["towers"][0]["device"] == "/cpu:0");
+  CHECK(record["towers"][0]["recent"].back()["done"] == true);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // both ranks have read their files
   if (world().rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -3,14 +3,18 @@
 // 4 CPU towers against one tower over the global batch.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <thread>
 
 #include "core/collectives/communicator.h"
+#include "core/collectives/context.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/memory/allocator.h"
 #include "core/nn/layers.h"
 #include "core/platform/registry.h"
@@ -476,4 +480,65 @@ TEST_CASE("a device without synchronised batch-norm kernels is refused, naming t
     CHECK(batch_norm(x, gamma, beta, Tensor(), Tensor(), {}).device() == d);  // per-tower runs
   }
   set_backend_for_testing(d, nullptr);
+}
+
+TEST_CASE("a member that comes late to the batch-norm exchange is named while the others wait, and "
+          "at the timeout every waiter stops naming it", "[tower][syncbn][stall]") {
+  ::setenv("TOWERFLOW_STALL_WARNING", "0.1", 1);  // read when the group is made
+  ::setenv("TOWERFLOW_COLLECTIVE_TIMEOUT", "0.5", 1);
+  BatchNormSyncGroup group(cpus(3));
+  ::unsetenv("TOWERFLOW_STALL_WARNING");
+  ::unsetenv("TOWERFLOW_COLLECTIVE_TIMEOUT");
+  std::mutex mu;
+  std::vector<std::string> logged;
+  auto previous = set_log_sink([&](LogLevel, std::string_view m) {
+    std::lock_guard lock(mu);
+    logged.emplace_back(m);
+  });
+  group.open();
+  // Each member's error, or "" with its gathered values checked (on this thread: Catch is not
+  // thread-safe).
+  const auto exchange = [&](int sleep_ms) {
+    std::vector<std::string> errors(3);
+    std::vector<std::vector<double>> outs(3, std::vector<double>(6));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i)
+      threads.emplace_back([&, i] {
+        const collectives::ContextScope at_step({.step = 9});
+        std::vector<double> send(2, i);
+        try {
+          if (i == 2) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+          group.member(i).all_gather(send, outs[i]);
+        } catch (const collectives::CollectiveAborted& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 3; ++i)
+      if (errors[i].empty()) CHECK(outs[i] == std::vector<double>{0, 0, 1, 1, 2, 2});
+    return errors;
+  };
+
+  // Late by 0.3 s: reported (at 0.1 and 0.2 s), and the exchange completes.
+  for (const std::string& e : exchange(300)) CHECK(e.empty());
+  {
+    std::lock_guard lock(mu);
+    REQUIRE(logged.size() >= 1);
+    REQUIRE(logged.size() <= 2);
+    INFO(logged.front());
+    CHECK(logged.front().starts_with("stall: towers 0 (/cpu:0), 1 (/cpu:1) waited 0.1 s in synchronised batch "
+                                     "norm's exchange #1 at step 9; not arrived: tower 2 (/cpu:2)."));
+    logged.clear();
+  }
+  // Late by 1.2 s: everyone stops at 0.5 s, naming member 2.
+  for (const std::string& e : exchange(1200)) {
+    INFO(e);
+    CHECK(e.find("synchronised batch norm aborted: tower 2 (/cpu:2) did not arrive at synchronised batch "
+                 "norm's exchange #2 at step 9 within 0.5 s; towers 0 (/cpu:0), 1 (/cpu:1) waited") !=
+          std::string::npos);
+  }
+  set_log_sink(previous);
+  std::lock_guard lock(mu);
+  CHECK(std::count_if(logged.begin(), logged.end(),
+                      [](const std::string& m) { return m.find("did not arrive") != std::string::npos; }) == 1);
 }

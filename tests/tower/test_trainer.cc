@@ -5,10 +5,13 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <thread>
 
 #include "bf16_paths.h"
+#include "core/collectives/context.h"
 #include "core/cpu/bf16.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/platform/registry.h"
 #include "core/tensor/ops.h"
 #include "optim/optim.h"
@@ -24,6 +27,8 @@ constexpr int kH = 4, kW = 4, kC = 3, kClasses = 5, kHidden = 16;
 
 // Failure injection for the failing-tower test: a forward on this device throws OutOfMemory.
 std::atomic<int> g_fail_on_cpu{-1};
+// Stall injection for the stall report test: a forward on this device first sleeps 1 s.
+std::atomic<int> g_sleep_on_cpu{-1};
 
 // A small MLP without batch statistics: flatten -> linear -> relu -> linear.
 class Mlp : public nn::Module {
@@ -55,6 +60,8 @@ class Mlp : public nn::Module {
   Tensor forward(const Tensor& x) override {
     if (device().is_cpu() && device().index == g_fail_on_cpu.load())
       raise<OutOfMemory>("out of memory on ", device(), ": 1.0 MiB requested, 0 free (test)");
+    if (device().is_cpu() && device().index == g_sleep_on_cpu.load())
+      std::this_thread::sleep_for(std::chrono::seconds(1));
     Tensor h = linear(towerflow::flatten(x), p_["fc1.weight"], p_["fc1.bias"]);
     if (bn_)
       h = batch_norm(h, p_["bn.weight"], p_["bn.bias"], p_["bn.running_mean"], p_["bn.running_var"],
@@ -459,4 +466,43 @@ TEST_CASE("evaluation counts top-5 and a confusion matrix, the same on 1 or 3 to
     CHECK(e.correct_top5 == top5);  // 5 classes: every finite row
     CHECK(e.top5 == Approx(static_cast<double>(top5) / 23));
   }
+}
+
+TEST_CASE("a tower made to sleep inside a step is named by a stall report within the warning, with "
+          "the step and what the others wait in", "[tower][stall]") {
+  ::setenv("TOWERFLOW_STALL_WARNING", "0.2", 1);  // read when the trainer makes its communicator
+  const Data data = make_data(24, 5);
+  struct Case {
+    TrainerOptions options;
+    const char* waits_in;
+  };
+  // (Synchronised batch norm's exchange: test_tower_sync_batch_norm "[stall]".)
+  for (const Case& c : {Case{{.reduction = AllReduce{}}, "all-reduce #1 of the local communicator (3476 bytes) at step 3, gradients"},
+                        Case{{.reduction = AllReduce{.bucket_bytes = 256}}, "all-reduce #1 of the local communicator (20 bytes) at step 3, gradient bucket 0"}}) {
+    Trainer trainer(mlp_factory(3), cpus(3), c.options);
+    INFO(trainer.describe());
+    std::mutex mu;
+    std::vector<std::pair<double, std::string>> reports;
+    const auto start = std::chrono::steady_clock::now();
+    auto previous = set_log_sink([&](LogLevel, std::string_view m) {
+      std::lock_guard lock(mu);
+      if (m.starts_with("stall:"))
+        reports.emplace_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), m);
+    });
+    g_sleep_on_cpu = 1;
+    {
+      const collectives::ContextScope at_step({.step = 3});
+      CHECK(std::isfinite(trainer.forward_backward(data.batch(0, 24))));
+    }
+    g_sleep_on_cpu = -1;
+    set_log_sink(previous);
+    REQUIRE(!reports.empty());
+    CHECK(reports.front().first < 0.2 + 0.4);
+    const std::string& text = reports.front().second;
+    INFO(text);
+    CHECK(text.find("not arrived: tower 1 (/cpu:1)") != std::string::npos);
+    CHECK(text.find("towers 0 (/cpu:0), 2 (/cpu:2) waited") != std::string::npos);
+    CHECK(text.find(c.waits_in) != std::string::npos);
+  }
+  ::unsetenv("TOWERFLOW_STALL_WARNING");
 }

@@ -7,13 +7,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "core/collectives/communicator.h"
 #include "core/error.h"
 #include "core/nn/init.h"
 #include "core/nn/layers.h"
 #include "core/tensor/ops.h"
 #include "data/data.h"
+#include "io/io.h"
 #include "models/models.h"
 #include "optim/optim.h"
 #include "tower/tower.h"
@@ -486,4 +489,59 @@ TEST_CASE("a mixed batch's loss is mix * CE(labels) + (1 - mix) * CE(mix_labels)
   CHECK(s.trainer.forward_backward(mixed) == Approx(0.3 * own + 0.7 * theirs).epsilon(1e-5));
   mixed.mix_labels = std::span<const std::int32_t>(other.data(), 3);
   CHECK_THROWS_AS(s.trainer.forward_backward(mixed), tw::InvalidArgument);
+}
+
+namespace {
+// The fixtures' MLP, whose forward on /cpu:1 sleeps 1.5 s at its third call.
+class LateOnCpu1 : public tw::nn::Module {
+ public:
+  explicit LateOnCpu1(const tw::Device& d) : Module(d) { inner_ = register_module("mlp", std::make_shared<Mlp>(d, 7)); }
+  tw::Tensor forward(const tw::Tensor& x) override {
+    if (device() == tw::Device::cpu(1) && ++calls_ == 3) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return inner_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<Mlp> inner_;
+  int calls_ = 0;
+};
+}  // namespace
+
+TEST_CASE("a tower that does not arrive stops the run at the timeout, naming it and the step, and "
+          "leaves the towers' last collectives in the train dir", "[train][fit][stall]") {
+  fresh_devices();
+  TempDir dir;
+  ::setenv("TOWERFLOW_STALL_WARNING", "0.1", 1);  // read when the trainer makes its communicator
+  ::setenv("TOWERFLOW_COLLECTIVE_TIMEOUT", "0.5", 1);
+  std::optional<Setup> s;
+  s.emplace([](const tw::Device& d) {
+    auto m = std::make_shared<LateOnCpu1>(d);
+    m->flatten();
+    return m;
+  });
+  ::unsetenv("TOWERFLOW_STALL_WARNING");
+  ::unsetenv("TOWERFLOW_COLLECTIVE_TIMEOUT");
+  std::string message;
+  try {
+    fit(s->trainer, s->sgd, s->train, nullptr, tiny(dir.path));
+  } catch (const tw::collectives::CollectiveAborted& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("tower 1 (/cpu:1) did not arrive at all-reduce #") &&
+                          Catch::Contains(" at step 3, gradients within 0.5 s; tower 0 (/cpu:0) waited"));
+  const fs::path file = dir.path / "collectives.json";
+  REQUIRE(fs::exists(file));
+  const auto record = nlohmann::json::parse(tw::io::read_file(file));
+  CHECK(record["processes"] == nlohmann::json::array());  // one process
+  const auto& towers = record["towers"];
+  REQUIRE(towers.size() == 2);
+  // Tower 0 waited in step 3's all-reduce; tower 1 had last completed step 2's.
+  CHECK(towers[0]["recent"].back()["step"] == 3);
+  CHECK(towers[0]["recent"].back()["done"] == false);
+  CHECK(towers[1]["device"] == "/cpu:1");
+  CHECK(towers[1]["recent"].back()["step"] == 2);
+  CHECK(towers[1]["recent"].back()["done"] == true);
+  // Nothing the run had written is lost: the checkpoint of step 3 in tiny()'s schedule was never reached.
+  CHECK(steps_in(dir.path).empty());
 }

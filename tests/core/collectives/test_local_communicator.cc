@@ -6,12 +6,16 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "core/collectives/collectives.h"
 #include "core/cpu/context.h"
+#include "core/log.h"
+
+#include <nlohmann/json.hpp>
 
 using namespace towerflow;
 using namespace towerflow::collectives;
@@ -230,4 +234,139 @@ TEST_CASE("all_reduce_sum_after reads the buffers only after each participant's 
   CHECK(events[0]->waits == 1);
   CHECK(events[1]->waits == 0);
   CHECK(events[2]->waits == 1);
+}
+
+namespace {
+// Collects what the library logs, from any thread, with the time since it was made.
+struct LogCapture {
+  std::mutex mu;
+  std::vector<std::pair<double, std::string>> lines;
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  LogSink previous;
+  LogCapture() {
+    previous = set_log_sink([this](LogLevel, std::string_view m) {
+      std::lock_guard lock(mu);
+      lines.emplace_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), m);
+    });
+  }
+  ~LogCapture() { set_log_sink(previous); }
+  std::vector<std::pair<double, std::string>> containing(std::string_view text) {
+    std::lock_guard lock(mu);
+    std::vector<std::pair<double, std::string>> out;
+    for (const auto& l : lines)
+      if (l.second.find(text) != std::string::npos) out.push_back(l);
+    return out;
+  }
+};
+}  // namespace
+
+TEST_CASE("a participant that comes late is named while the others wait, with the step and bucket",
+          "[collectives][stall]") {
+  using namespace std::chrono_literals;
+  LocalCommunicator comm(cpus(3), {.stall_warning = 100ms, .timeout = 60s});
+  LogCapture log;
+  std::vector<std::vector<float>> bufs(3, std::vector<float>(1000, 1.0f));
+  const auto errors = run_participants(3, [&](int p) {
+    const ContextScope step({.step = 7});
+    const ContextScope bucket({.purpose = "gradient bucket", .index = 2});
+    if (p == 2) std::this_thread::sleep_for(700ms);
+    comm.all_reduce_sum(p, bufs[p]);
+  });
+  require_no_errors(errors);
+  for (const auto& b : bufs) REQUIRE(b == std::vector<float>(1000, 3.0f));
+
+  const auto reports = log.containing("stall:");
+  // At 0.1, 0.2 and 0.4 s (0.8 s is after tower 2 arrived), from one waiter only.
+  REQUIRE(reports.size() >= 2);
+  REQUIRE(reports.size() <= 3);
+  CHECK(reports.front().first < 0.1 + 0.3);  // within the threshold, give or take a busy machine
+  for (const auto& [t, text] : reports) {
+    INFO(text);
+    CHECK(text.find("towers 0 (/cpu:0), 1 (/cpu:1) waited") != std::string::npos);
+    CHECK(text.find("all-reduce #1 of the local communicator (4000 bytes) at step 7, gradient bucket 2") !=
+          std::string::npos);
+    CHECK(text.find("not arrived: tower 2 (/cpu:2)") != std::string::npos);
+    CHECK(text.find("TOWERFLOW_STALL_WARNING") != std::string::npos);
+  }
+  CHECK(reports[1].first > reports[0].first + 0.05);  // backed off, not repeated at once
+}
+
+TEST_CASE("at the timeout every waiter raises CollectiveAborted naming who never arrived, and the "
+          "record shows where each participant was", "[collectives][stall]") {
+  using namespace std::chrono_literals;
+  LocalCommunicator comm(cpus(3), {.stall_warning = 50ms, .timeout = 300ms});
+  LogCapture log;
+  std::vector<std::vector<float>> bufs(3, std::vector<float>(16, 1.0f));
+  // One collective every participant completes, then participant 1 is far too late for the next.
+  auto errors = run_participants(3, [&](int p) {
+    const ContextScope step({.step = 4, .purpose = "gradients"});
+    comm.barrier(p);
+    if (p == 1) std::this_thread::sleep_for(900ms);
+    comm.all_reduce_sum(p, bufs[p]);
+  });
+  for (int p = 0; p < 3; ++p) {
+    INFO("participant " << p);
+    REQUIRE(errors[p]);
+    try {
+      std::rethrow_exception(errors[p]);
+    } catch (const CollectiveAborted& e) {
+      const std::string m = e.what();
+      INFO(m);
+      CHECK(m.find("tower 1 (/cpu:1) did not arrive at all-reduce #2 of the local communicator (64 bytes) "
+                   "at step 4, gradients within 0.3 s; towers 0 (/cpu:0), 2 (/cpu:2) waited") != std::string::npos);
+      CHECK(m.find("TOWERFLOW_COLLECTIVE_TIMEOUT") != std::string::npos);
+    }
+  }
+  CHECK(log.containing("did not arrive").size() == 1);  // said at once, by one waiter
+
+  const auto record = nlohmann::json::parse(comm.recent_collectives());
+  REQUIRE(record.size() == 3);
+  for (int p = 0; p < 3; ++p) {
+    const auto& mine = record[p];
+    CHECK(mine["participant"] == p);
+    CHECK(mine["device"] == str(Device::cpu(p)));
+    CHECK(mine["recent"][0]["op"] == "barrier");
+    CHECK(mine["recent"][0]["done"] == true);
+    if (p == 1) {  // it came after the abort: it never entered the all-reduce
+      CHECK(mine["recent"].size() == 1);
+      continue;
+    }
+    REQUIRE(mine["recent"].size() == 2);
+    CHECK(mine["recent"][1]["seq"] == 2);
+    CHECK(mine["recent"][1]["op"] == "all-reduce");
+    CHECK(mine["recent"][1]["bytes"] == 64);
+    CHECK(mine["recent"][1]["step"] == 4);
+    CHECK(mine["recent"][1]["purpose"] == "gradients");
+    CHECK(mine["recent"][1]["done"] == false);
+  }
+
+  // Usable again once reset.
+  comm.reset();
+  errors = run_participants(3, [&](int p) { comm.all_reduce_sum(p, bufs[p]); });
+  require_no_errors(errors);
+  CHECK(bufs[0][0] == 3.0f);
+}
+
+TEST_CASE("the record keeps each participant's last 64 collectives", "[collectives][stall]") {
+  LocalCommunicator comm(cpus(2));
+  CHECK(nlohmann::json::parse(comm.recent_collectives())[0]["recent"].empty());
+  std::vector<std::vector<float>> bufs(2, std::vector<float>(4, 1.0f));
+  require_no_errors(run_participants(2, [&](int p) {
+    for (int i = 0; i < 70; ++i) comm.broadcast(p, bufs[p], 1);
+  }));
+  const auto record = nlohmann::json::parse(comm.recent_collectives());
+  for (const auto& mine : record) {
+    REQUIRE(mine["recent"].size() == 64);
+    CHECK(mine["recent"].front()["seq"] == 7);
+    CHECK(mine["recent"].back()["seq"] == 70);
+    CHECK(mine["recent"].back()["op"] == "broadcast");
+    CHECK(!mine["recent"].back().contains("step"));
+  }
+}
+
+TEST_CASE("LocalCommunicatorOptions refuses a wait limit that is not positive", "[collectives][stall]") {
+  using namespace std::chrono_literals;
+  CHECK_THROWS_WITH(LocalCommunicator(cpus(2), {.stall_warning = 0ms}),
+                    Catch::Contains("LocalCommunicatorOptions.stall_warning is 0 ms; give a positive duration"));
+  CHECK_THROWS_AS(LocalCommunicator(cpus(2), {.timeout = -5ms}), InvalidArgument);
 }
