@@ -46,7 +46,7 @@ Loader::Loader(const Dataset& dataset, LoaderOptions options)
       options_(std::move(options)),
       shape_(dataset.shape()),
       augmenter_((validate(dataset, options_), options_.augment), shape_),
-      local_batch_(options_.shard ? shard_rows(options_.shard(options_.batch)) : options_.batch / options_.world_size),
+      local_batch_(options_.shard ? shard_rows(options_.shard(options_.batch, 0, 0)) : options_.batch / options_.world_size),
       steps_(options_.drop_last ? dataset.size() / options_.batch
                                 : (dataset.size() + options_.batch - 1) / options_.batch) {
   if (!options_.allocator.allocate) options_.allocator = aligned_host_allocator();
@@ -235,7 +235,7 @@ void Loader::produce(std::int64_t position, Batch& batch, std::vector<std::uint8
   // full batches).
   std::vector<std::pair<int, int>> ranges;
   if (options_.shard) {
-    ranges = options_.shard(global_n);
+    ranges = options_.shard(global_n, epoch, step);
     for (auto [b, e] : ranges)
       if (b < 0 || e < b || e > global_n)
         raise<InvalidArgument>("the loader's shard function gave rows [", b, ", ", e, ") of a global batch of ",

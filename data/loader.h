@@ -21,9 +21,11 @@
 // possible, so a rank may get fewer rows, or none, in that step; every rank makes the same number
 // of steps. Over one epoch the ranks' slices together cover every row of the epoch exactly once
 // (drop_last: those of the full batches). With a shard function, rank r gets instead the rows
-// shard(global_n) names, [begin, end) ranges of each global batch in order (the tower trainer's
-// tower::Trainer::shard gives each process its towers' rows, weighted splits too); the batch then
-// need not divide by world_size.
+// shard(global_n, epoch, step) names, [begin, end) ranges of each global batch in order (the tower
+// trainer's tower::Trainer::shard gives each process its towers' rows, weighted and auto splits
+// too); the batch then need not divide by world_size. A shard function may change its answer
+// between steps, but not for a step whose batch may already be cut: up to lookahead() steps past
+// the one in use.
 //
 // Determinism. A batch's contents are a pure function of (dataset, options except threads,
 // prefetch and allocator, epoch, step): the same for any number of worker threads.
@@ -70,8 +72,9 @@ struct LoaderOptions {
   std::uint64_t seed = 0;
   bool drop_last = true;            // false: keep the final partial batch
   int rank = 0, world_size = 1;     // this process's shard
-  // This rank's rows of a global batch of global_n rows (see above); empty: the even slice.
-  std::function<std::vector<std::pair<int, int>>(int global_n)> shard = {};
+  // This rank's rows of step `step` of `epoch`, a global batch of global_n rows (see above);
+  // empty: the even slice.
+  std::function<std::vector<std::pair<int, int>>(int global_n, std::int64_t epoch, std::int64_t step)> shard = {};
   int threads = 2;                  // background workers; 0: produce on the caller's thread
   int prefetch = 4;                 // batches produced ahead of the consumer (the queue bound)
   HostAllocator allocator = {};     // batch buffers; empty: aligned_host_allocator()
@@ -87,6 +90,8 @@ class Loader {
 
   std::int64_t steps_per_epoch() const { return steps_; }
   int local_batch() const { return local_batch_; }  // rows per rank in a full step
+  // The most batches past the one in use that may already be cut (0 with threads = 0).
+  int lookahead() const { return options_.threads == 0 ? 0 : static_cast<int>(pool_.size()) - 1; }
   const Dataset& dataset() const { return dataset_; }
   const LoaderOptions& options() const { return options_; }
 

@@ -1,9 +1,11 @@
 #include "tower/batch_norm_sync.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "core/collectives/process_group.h"
 #include "core/collectives/tower_waits.h"
@@ -24,7 +26,8 @@ struct BatchNormSyncGroup::State {
         limits(collectives::WaitLimits::from_environment()),
         sends(devices.size()),
         arrived_in(devices.size(), 0),
-        exchanges(devices.size(), 0) {}
+        exchanges(devices.size(), 0),
+        waited(devices.size(), 0.0) {}
 
   std::vector<Device> devices;
   collectives::ProcessGroup* processes;  // null: this process's towers only
@@ -40,6 +43,7 @@ struct BatchNormSyncGroup::State {
   std::vector<std::span<const double>> sends;
   std::vector<std::uint64_t> arrived_in;  // per member: the generation + 1 it waits in
   std::vector<std::int64_t> exchanges;    // per member: all_gather calls so far
+  std::vector<double> waited;             // per member: seconds spent waiting for the others
 
   [[noreturn]] void throw_aborted() const {
     raise<collectives::CollectiveAborted>(
@@ -59,10 +63,16 @@ struct BatchNormSyncGroup::State {
       return;
     }
     const auto released = [&] { return aborted || generation != gen; };
+    const auto start = collectives::StallSchedule::Clock::now();
+    struct Waited {  // counted however the wait ends
+      double& total;
+      collectives::StallSchedule::Clock::time_point start;
+      ~Waited() { total += std::chrono::duration<double>(collectives::StallSchedule::Clock::now() - start).count(); }
+    } count_wait{waited[rank], start};
     if (arrived > 1) {
       cv.wait(lock, released);
     } else {
-      collectives::StallSchedule schedule(limits, collectives::StallSchedule::Clock::now());
+      collectives::StallSchedule schedule(limits, start);
       while (!cv.wait_until(lock, schedule.next(), released)) {
         std::vector<bool> here(devices.size());
         for (std::size_t i = 0; i < devices.size(); ++i) here[i] = arrived_in[i] == gen + 1;
@@ -162,6 +172,11 @@ BatchNormSyncGroup::BatchNormSyncGroup(std::vector<Device> devices, collectives:
 }
 
 BatchNormSyncGroup::~BatchNormSyncGroup() = default;
+
+double BatchNormSyncGroup::take_waited(int member) {
+  std::lock_guard lock(state_->mu);
+  return std::exchange(state_->waited.at(static_cast<std::size_t>(member)), 0.0);
+}
 
 int BatchNormSyncGroup::size() const { return static_cast<int>(state_->devices.size()); }
 

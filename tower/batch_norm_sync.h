@@ -46,6 +46,9 @@ class BatchNormSyncGroup {
   void close();
   void abort(const std::string& reason);
   void reset();
+  // Seconds member i has waited for the others in all_gather since the last call (the auto
+  // split's compute times leave them out).
+  double take_waited(int member);
 
  private:
   struct State;

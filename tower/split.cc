@@ -71,9 +71,42 @@ std::vector<int> largest_remainder(int batch, const std::vector<double>& w) {
 
 }  // namespace
 
+namespace {
+AutoSplit parse_auto(std::string_view spec) {
+  AutoSplit a;
+  std::string_view rest = spec.size() > 4 ? spec.substr(5) : std::string_view{};
+  if (spec.size() > 4 && (spec[4] != ':' || rest.empty()))
+    raise<InvalidArgument>("split '", spec, "' is not a split policy; use auto, or auto:NAME=VALUE,... "
+                           "(e.g. auto:freeze_after=200)");
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    const auto eq = item.find('=');
+    const std::string_view name = item.substr(0, eq), value = eq == std::string_view::npos ? "" : item.substr(eq + 1);
+    double x = 0;
+    auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), x);
+    if (value.empty() || ec != std::errc() || ptr != value.data() + value.size())
+      raise<InvalidArgument>("split '", spec, "' has '", item, "', which is not NAME=NUMBER; e.g. auto:freeze_after=200");
+    const bool whole = x == std::floor(x) && std::abs(x) < 1e9;
+    if (name == "freeze_after" && whole) a.freeze_after = static_cast<int>(x);
+    else if (name == "warmup" && whole) a.warmup = static_cast<int>(x);
+    else if (name == "smoothing") a.smoothing = x;
+    else if (name == "min_share") a.min_share = x;
+    else if (name == "hysteresis") a.hysteresis = x;
+    else
+      raise<InvalidArgument>("split '", spec, "' has '", item, "'; auto takes freeze_after and warmup (steps), "
+                             "smoothing, min_share and hysteresis (fractions)");
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  check(a);
+  return a;
+}
+}  // namespace
+
 SplitPolicy parse_split(std::string_view spec) {
   if (spec == "even") return EvenSplit{};
   if (spec == "per_tower") return PerTowerBatch{};
+  if (spec == "auto" || spec.starts_with("auto:")) return parse_auto(spec);
   if (spec.starts_with("weights:")) {
     WeightedSplit w;
     std::string_view rest = spec.substr(8);
@@ -93,12 +126,13 @@ SplitPolicy parse_split(std::string_view spec) {
     return w;
   }
   raise<InvalidArgument>("split '", spec, "' is not a split policy; use even, weights:W0,W1,... "
-                         "(e.g. weights:3,1) or per_tower");
+                         "(e.g. weights:3,1), per_tower or auto");
 }
 
 std::string to_string(const SplitPolicy& policy) {
   if (std::holds_alternative<EvenSplit>(policy)) return "even";
   if (std::holds_alternative<PerTowerBatch>(policy)) return "per_tower";
+  if (const auto* a = std::get_if<AutoSplit>(&policy)) return to_string(*a);
   std::string s = "weights:";
   bool first = true;
   for (double x : std::get<WeightedSplit>(policy).weights) {
@@ -117,7 +151,7 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
   if (devices.empty()) raise<InvalidArgument>("cannot split a batch over an empty device list");
   if (batch < 1) raise<InvalidArgument>("batch ", batch, " is invalid; a batch has at least one row");
   const std::vector<double> w = weights_of(policy, devices.size());
-  if (remainder == Remainder::Spread) return largest_remainder(batch, w);
+  if (remainder == Remainder::Spread || std::holds_alternative<AutoSplit>(policy)) return largest_remainder(batch, w);
   if (auto rows = exact_shares(batch, w); !rows.empty()) return rows;
 
   auto [below, above] = nearest_exact_batches(batch, devices.size(), policy);
@@ -134,7 +168,7 @@ std::vector<int> split_batch(int batch, const std::vector<Device>& devices, cons
 
 void check_batch_split(int batch, const std::vector<Device>& devices, const SplitPolicy& policy,
                        Remainder remainder, int micro_batches) {
-  if (remainder == Remainder::Spread || batch < 1 || devices.empty()) return;
+  if (remainder == Remainder::Spread || std::holds_alternative<AutoSplit>(policy) || batch < 1 || devices.empty()) return;
   const std::vector<double> w = weights_of(policy, devices.size());
   auto splits = [&](int rows) { return !exact_shares(rows, w).empty(); };
   // The micro-batches of b rows in `parts` parts, as the trainer cuts them.

@@ -8,6 +8,9 @@
 //                    is an error as above, unless remainder = Spread.
 //   PerTowerBatch    TensorFlow 1.x's tutorial style: the configured batch is each tower's, so the
 //                    global batch is n times it (global_batch() says how much to load).
+//   AutoSplit        rows in proportion to each tower's measured speed, so that all finish their
+//                    step together (balancer.h; the trainer measures and re-splits). It starts
+//                    even and always spreads the remainder; split_batch gives its first split.
 //
 // With remainder = Spread the rows are apportioned by the largest-remainder method (Hamilton's):
 // floor shares first, the rows left over one each to the towers with the largest fractional
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "tower/balancer.h"
 
 namespace towerflow::tower {
 
@@ -32,14 +36,15 @@ struct WeightedSplit {
   std::vector<double> weights;  // one per tower, positive
 };
 struct PerTowerBatch {};
-using SplitPolicy = std::variant<EvenSplit, WeightedSplit, PerTowerBatch>;
+using SplitPolicy = std::variant<EvenSplit, WeightedSplit, PerTowerBatch, AutoSplit>;
 
 enum class Remainder {
   Error,   // a batch that does not split exactly is an InvalidArgument
   Spread,  // largest-remainder apportionment
 };
 
-// "even" | "weights:3,1" | "per_tower". InvalidArgument quoting the string and the forms.
+// "even" | "weights:3,1" | "per_tower" | "auto" | "auto:freeze_after=200,min_share=0.2" (any
+// AutoSplit field by name). InvalidArgument quoting the string and the forms.
 SplitPolicy parse_split(std::string_view spec);
 std::string to_string(const SplitPolicy& policy);
 

@@ -85,6 +85,11 @@ struct Trainer::Impl {
 
   // fp16 only: the dynamic loss scale.
   std::optional<LossScaler> scaler;
+
+  // AutoSplit only: the balancer over every global tower, and when a new split applies.
+  std::optional<Balancer> balancer;
+  int split_delay = 1;
+  std::int64_t steps = 0;  // the last step's number (HostBatch::step, or counted)
 };
 
 // What the towers of one step report, one entry per tower.
@@ -244,6 +249,8 @@ void Trainer::init(const nn::Module* initial, nn::ModelFactory factory) {
                                                 .numel = im.numel});
   im.rows = std::make_unique<RowPlan>(im.global_devices, im.rank, n, options_.split, options_.remainder,
                                       options_.accumulation_steps, im.bn_sync != nullptr);
+  if (const auto* a = std::get_if<AutoSplit>(&options_.split))
+    im.balancer.emplace(static_cast<int>(im.global_devices.size()), *a);
   // Debug, not Info: applications print describe() in their own start-up output.
   log(LogLevel::Debug, describe());
 }
@@ -319,7 +326,30 @@ void Trainer::check_batch(int global_n) const {
   check_batch_split(global_n, impl_->global_devices, options_.split, options_.remainder, options_.accumulation_steps);
 }
 
-std::vector<std::pair<int, int>> Trainer::shard(int global_n) const { return impl_->rows->shard(global_n); }
+std::vector<std::pair<int, int>> Trainer::shard(int global_n, std::int64_t step) const {
+  return impl_->rows->shard(global_n, step);
+}
+
+std::vector<double> Trainer::split_shares(std::int64_t step) const {
+  if (!impl_->balancer) return {};
+  return impl_->rows->shares_at(step > 0 ? step : impl_->steps);
+}
+
+void Trainer::set_split_shares(std::vector<double> shares, std::int64_t from) {
+  Impl& im = *impl_;
+  if (!im.balancer) return;
+  const std::size_t g = im.global_devices.size();
+  if (shares.size() != g)
+    raise<InvalidArgument>("an auto split of ", shares.size(), " towers' shares cannot apply to ", g,
+                           " towers; give one share per tower of every process (or start the split afresh)");
+  im.balancer.emplace(static_cast<int>(g), std::get<AutoSplit>(options_.split), shares);  // checks them
+  im.rows->set_shares(from, im.balancer->shares());
+}
+
+void Trainer::set_split_delay(int steps) {
+  if (steps < 1) raise<InvalidArgument>("a split delay of ", steps, " steps is invalid; use 1 or more");
+  impl_->split_delay = steps;
+}
 
 void Trainer::broadcast_from_replica0() {
   Impl& im = *impl_;
@@ -352,7 +382,9 @@ EvalResult Trainer::evaluate(const data::Batch& batch) { return evaluate(HostBat
 float Trainer::forward_backward(const HostBatch& batch) {
   Impl& im = *impl_;
   const auto step_start = Clock::now();
-  const StepRows plan = im.rows->step(global_rows(batch), batch.n);
+  const std::int64_t step = batch.step > 0 ? batch.step : im.steps + 1;
+  const int global_n = global_rows(batch);
+  const StepRows plan = im.rows->step(global_n, batch.n, step);
   const double loss_scale = im.scaler ? im.scaler->scale() : 1.0;
 
   const TowerResults ran = run_towers(batch, plan, loss_scale);
@@ -373,9 +405,14 @@ float Trainer::forward_backward(const HostBatch& batch) {
     const collectives::ContextScope what({.purpose = "loss and accuracy"});
     im.processes->all_reduce_sum(std::span<double>(sums));
   }
+  im.steps = step;
+  std::vector<int> global_split(im.global_devices.size(), 0);
+  for (const std::vector<int>& micro : im.rows->split(global_n, step))
+    for (std::size_t g = 0; g < micro.size(); ++g) global_split[g] += micro[g];
+  if (im.balancer) balance(ran, global_split, step);
   last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / plan.global_n,
-           .rows = plan.global_n, .split = plan.total, .loss_scale = loss_scale, .skipped = skipped,
-           .grad_norm = grad_norm, .clipped = clipped};
+           .rows = plan.global_n, .split = plan.total, .global_split = std::move(global_split),
+           .loss_scale = loss_scale, .skipped = skipped, .grad_norm = grad_norm, .clipped = clipped};
   timings_.buckets_reduced_during_backward = im.reducer->reduced_during_backward();
   timings_.steps += 1;
   timings_.compute_seconds += *std::max_element(ran.compute_s.begin(), ran.compute_s.end());
@@ -503,6 +540,26 @@ Trainer::TowerResults Trainer::run_towers(const HostBatch& batch, const StepRows
   return out;
 }
 
+// AutoSplit (Note [Auto-balanced towers] in balancer.cc): every tower's compute time of this step,
+// its waits for synchronised batch norm left out, from every process; the same balancer on the
+// same values on every rank, so every rank schedules the same split for the same step.
+void Trainer::balance(const TowerResults& ran, const std::vector<int>& global_split, std::int64_t step) {
+  Impl& im = *impl_;
+  const int n = towers();
+  std::vector<double> mine(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    mine[i] = std::max(0.0, ran.compute_s[i] - (im.bn_sync ? im.bn_sync->take_waited(i) : 0.0));
+  std::vector<double> seconds = mine;
+  if (im.world > 1) {
+    const collectives::ContextScope what({.purpose = "towers' compute times"});
+    seconds.assign(im.global_devices.size(), 0.0);
+    im.processes->all_gather(std::as_bytes(std::span<const double>(mine)),
+                             std::as_writable_bytes(std::span<double>(seconds)));
+  }
+  if (im.balancer->observe(seconds, global_split)) im.rows->set_shares(step + im.split_delay, im.balancer->shares());
+  im.rows->forget_before(step);
+}
+
 // clip_grad_norm: PyTorch's clip_grad_norm_ over the reduced gradients (the same on every copy and
 // process, so every rank scales alike). Returns the norm and whether it was clipped.
 std::pair<double, bool> Trainer::clip_gradients() {
@@ -556,10 +613,14 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
                            " image floats and ", batch.labels.size(), " labels; it needs ",
                            row * batch.n, " and ", batch.n);
   sync();
-  // Evaluation rows split over this process's towers: evenly, or by their weights.
+  // Evaluation rows split over this process's towers: evenly, or by their weights or auto shares.
   SplitPolicy policy = EvenSplit{};
   if (const auto* w = std::get_if<WeightedSplit>(&options_.split))
     policy = WeightedSplit{{w->weights.begin() + im.rank * n, w->weights.begin() + (im.rank + 1) * n}};
+  if (im.balancer) {
+    const std::vector<double> shares = split_shares();
+    policy = WeightedSplit{{shares.begin() + im.rank * n, shares.begin() + (im.rank + 1) * n}};
+  }
   const std::vector<int> rows =
       batch.n > 0 ? split_batch(batch.n, devices_, policy, Remainder::Spread) : std::vector<int>(n, 0);
   std::vector<double> loss(n, 0.0);

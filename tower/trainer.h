@@ -23,6 +23,12 @@
 //   clip_grad_norm where that is set and the norm is larger). Returns the global-batch mean loss
 //   (the sample-weighted mean over towers); last_step() has the top-1 accuracy and the gradient
 //   norm too.
+// - AutoSplit (TrainerOptions::split = AutoSplit{...}): after every step each tower's forward and
+//   backward time (without its waits for synchronised batch norm) and rows go to a Balancer
+//   (balancer.h); across processes every rank gathers every tower's (one all-gather of a few
+//   doubles) and runs the same balancer on the same values, so all agree. A new split applies
+//   from split_delay steps later (set_split_delay), by run step (HostBatch::step), and shard()
+//   of a step gives each process that step's rows.
 // - Reduction: see reduction.h. Under AllReduce the replicas stay bit-identical after every
 //   optimizer step (identical reduced gradients, identical arithmetic). Under ParameterDevice
 //   the master copy on that device is the truth; replicas receive it before every forward (and
@@ -47,8 +53,8 @@
 // - Processes: with a ProcessGroup of P > 1 processes (TrainerOptions::processes; by default
 //   collectives::world(), MPI's world under mpirun), every process builds a Trainer over its own
 //   L devices and the job trains P x L towers, numbered rank * L + i ("global towers"). Each
-//   global batch of B rows is split over all of them (EvenSplit, or WeightedSplit with P * L
-//   weights); every process is given only its towers' rows (shard(B): a data::Loader takes them
+//   global batch of B rows is split over all of them (EvenSplit, WeightedSplit with P * L
+//   weights, or AutoSplit); every process is given only its towers' rows (shard(B): a data::Loader takes them
 //   with LoaderOptions::shard), and HostBatch::global_n says B. The gradients are summed inside
 //   each process and then across processes (collectives::make_hierarchical_communicator), the
 //   loss is scaled by B, synchronised batch norm spans every process's towers, per-tower running
@@ -134,6 +140,9 @@ struct HostBatch {
   // empty mix_labels: CE(labels). Accuracy counts against labels.
   std::span<const std::int32_t> mix_labels = {};
   float mix = 1;
+  // The run's step this batch is for, from 1 (train::fit numbers its steps so); 0: the trainer
+  // counts its forward_backward calls. An AutoSplit's schedule is kept by these numbers.
+  std::int64_t step = 0;
 
   static HostBatch of(const data::Batch& batch);
 };
@@ -143,6 +152,7 @@ struct StepMetrics {
   double accuracy = 0;     // top-1 over the global batch, in training mode
   int rows = 0;            // the global batch, over every process
   std::vector<int> split;  // rows per tower of this process (over all micro-batches)
+  std::vector<int> global_split;  // rows per tower of every process, global tower order
   double loss_scale = 1;   // the scale the step's loss was multiplied by (fp16; else 1)
   bool skipped = false;    // fp16: the reduced gradients were not finite; optimizers skip the step
   double grad_norm = 0;    // clip_grad_norm > 0: the reduced gradients' global L2 norm before clipping
@@ -222,13 +232,25 @@ class Trainer {
   // Towers of every process, and the processes.
   int global_towers() const;
   collectives::ProcessGroup& processes() const;
+  // AutoSplit (split.h, balancer.h): the shares of every global tower in force at `step` (the
+  // last step's when 0); empty under other policies.
+  std::vector<double> split_shares(std::int64_t step = 0) const;
+  // AutoSplit: the shares to use from run step `from` on (a resumed run continues from the
+  // checkpoint's); InvalidArgument for a wrong count or shares that are not positive. Under
+  // other policies a no-op.
+  void set_split_shares(std::vector<double> shares, std::int64_t from);
+  // AutoSplit: a new split takes effect this many steps after the step that measured it, so that
+  // batches a loader has already cut for later steps keep theirs (Trainer::shard names the rows
+  // of a step). train::fit sets its loader's look-ahead; 1 by default.
+  void set_split_delay(int steps);
   // The last collectives each of this process's towers entered, for a post-mortem (JSON, as
   // collectives::Communicator::recent_collectives; "[]" where the reduction keeps none).
   std::string tower_collectives() const;
   // The rows of a global batch of `global_n` rows that this process's towers take, as
   // [begin, end) ranges of the batch in the order forward_backward expects them: one range per
-  // micro-batch (merged when contiguous). In one process: {{0, global_n}}.
-  std::vector<std::pair<int, int>> shard(int global_n) const;
+  // micro-batch (merged when contiguous). In one process: {{0, global_n}}. `step` is the run step
+  // (HostBatch::step) the rows are for: an AutoSplit changes them between steps.
+  std::vector<std::pair<int, int>> shard(int global_n, std::int64_t step = 0) const;
   // InvalidArgument, naming the options that fix it, unless a global batch of `global_n` rows
   // splits over every process's towers as the options split it, micro-batches included
   // (split.h's check_batch_split); fit() checks its batch so before the first step.
@@ -258,6 +280,7 @@ class Trainer {
   bool unscale_or_skip(double loss_scale);
   std::pair<double, bool> clip_gradients();
   double average_buffers(const StepRows& plan);
+  void balance(const TowerResults& ran, const std::vector<int>& global_split, std::int64_t step);
 
   std::vector<Device> devices_;
   TrainerOptions options_;

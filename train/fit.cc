@@ -143,7 +143,7 @@ tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, in
                            const data::Augment& transform) {
   // Each process evaluates an even slice of every batch; the trainer sums the results.
   const int rank = trainer.processes().rank(), world = trainer.processes().size();
-  auto slice = [rank, world](int n) {
+  auto slice = [rank, world](int n, std::int64_t, std::int64_t) {
     return std::vector<std::pair<int, int>>{{static_cast<int>(static_cast<std::int64_t>(n) * rank / world),
                                              static_cast<int>(static_cast<std::int64_t>(n) * (rank + 1) / world)}};
   };
@@ -183,6 +183,9 @@ std::string allocator_report(const std::vector<Device>& devices) {
   return os.str();
 }
 
+// Checkpoint metadata: an auto split's shares in force after the checkpoint's step (JSON array).
+constexpr const char* kSplitSharesKey = "towerflow.split_shares";
+
 // The loop's state, and the hooks' way to stop it (Hook is a friend of Loop).
 class Loop {
  public:
@@ -207,6 +210,7 @@ class Loop {
   fs::path move_aside(const std::vector<io::CheckpointInfo>& checkpoints, const std::vector<fs::path>& files,
                       const std::string& what);
   void move_newer_aside(const io::CheckpointInfo& from);
+  void resume_split(const io::Metadata& metadata, std::int64_t step);
   void save(const TrainingPosition& p, bool final = false);
   void prune();
   void evaluate_now(std::int64_t step);
@@ -310,12 +314,40 @@ void Loop::move_newer_aside(const io::CheckpointInfo& from) {
                   ", so that this run writes its own"));
 }
 
+// An auto split (tower::AutoSplit) goes on from the shares its checkpoint recorded, when they are
+// for as many towers as this run has; otherwise it starts even again, saying why.
+void Loop::resume_split(const io::Metadata& metadata, std::int64_t step) {
+  if (trainer_.split_shares().empty()) return;
+  const auto it = metadata.find(kSplitSharesKey);
+  if (it == metadata.end()) {
+    if (rank0_) log_warning("resume: the checkpoint records no auto split; the split starts even and is measured again");
+    return;
+  }
+  std::vector<double> shares;
+  try {
+    shares = nlohmann::json::parse(it->second).get<std::vector<double>>();
+  } catch (const std::exception&) {
+    raise<DataError>("the checkpoint's ", kSplitSharesKey, " is '", it->second,
+                     "', not a list of numbers; resume from another checkpoint, or remove the key to start the split even");
+  }
+  if (shares.size() != static_cast<std::size_t>(trainer_.global_towers())) {
+    if (rank0_)
+      log_warning(str("resume: the checkpoint's auto split is for ", shares.size(), " towers and this run has ",
+                      trainer_.global_towers(), "; the split starts even and is measured again"));
+    return;
+  }
+  trainer_.set_split_shares(shares, step + 1);
+  if (rank0_) log_info(str("resume: the auto split goes on from the checkpoint's shares ", it->second));
+}
+
 void Loop::save(const TrainingPosition& p, bool final) {
   if (!dir_) return;
   const trace::Span span("io", "checkpoint");
   auto t0 = Clock::now();
   trainer_.sync();
   each([&](Hook& h) { h.save_state(metadata_); });
+  if (const std::vector<double> shares = trainer_.split_shares(p.step + 1); !shares.empty())
+    metadata_[kSplitSharesKey] = nlohmann::json(shares).dump();
   try {
     result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0,
                                               trainer_.loss_scaler());
@@ -430,8 +462,12 @@ FitResult Loop::run() {
   // Each process loads only its towers' rows of every global batch.
   data::Loader loader(train_set_, {.batch = o_.batch, .augment = o_.augment, .mix = o_.mix, .seed = o_.seed,
                                    .rank = processes_.rank(), .world_size = processes_.size(),
-                                   .shard = [this](int n) { return trainer_.shard(n); },
+                                   .shard = [this](int n, std::int64_t epoch, std::int64_t index) {
+                                     return trainer_.shard(n, epoch * plan_.steps_per_epoch + index + 1);
+                                   },
                                    .threads = o_.loader_threads});
+  // An auto split's new shares apply only to batches the loader has not cut yet.
+  trainer_.set_split_delay(loader.lookahead() + 1);
 
   // ---- where the run starts -----------------------------------------------------------------
   TrainingPosition pos;
@@ -464,6 +500,7 @@ FitResult Loop::run() {
         resumed = load_checkpoint(chosen, trainer_.model(), optimizer_, trainer_.loss_scaler());
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
+        resume_split(resumed->metadata, pos.step);
         saved_at_ = pos.step;
         resumed_from = chosen;
         if (auto id = resumed->metadata.find("run_id"); id != resumed->metadata.end()) run_id_ = id->second;
@@ -534,7 +571,9 @@ FitResult Loop::run() {
       {
         const trace::Span span("phase", "forward_backward");
         const collectives::ContextScope at_step({.step = step + 1});  // for stall reports
-        loss = trainer_.forward_backward(b);
+        tower::HostBatch host = tower::HostBatch::of(b);
+        host.step = step + 1;  // the auto split's schedule and the loader's shard agree on it
+        loss = trainer_.forward_backward(host);
       }
       if (!std::isfinite(loss)) {
         each([&](Hook& h) { h.on_epoch_end(epoch); });
@@ -587,6 +626,7 @@ FitResult Loop::run() {
           r.loss_scale = ls->scale();
           r.skipped_steps = ls->state().skipped_steps;
         }
+        if (!trainer_.split_shares().empty()) r.split = m.global_split;
         each([&](Hook& h) { h.on_log(r); });
         t0 = Clock::now();
       }

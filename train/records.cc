@@ -28,6 +28,7 @@ ordered_json json_of(const TrainRecord& r) {
     j["loss_scale"] = r.loss_scale;
     j["skipped_steps"] = r.skipped_steps;
   }
+  if (!r.split.empty()) j["split"] = r.split;
   return j;
 }
 

@@ -43,6 +43,9 @@ struct TrainRecord {
   // for overflowing gradients since the run began (tower/loss_scale.h).
   double loss_scale = 0;
   std::int64_t skipped_steps = 0;
+  // An auto split (tower::AutoSplit) only, else empty: the rows of every tower of every process
+  // (global tower order) at the record's last step.
+  std::vector<int> split = {};
 };
 
 // Which set an evaluation measured: "val" or "test" in metric names (val_acc, test_loss).
@@ -76,7 +79,7 @@ std::vector<std::optional<double>> class_accuracy(int classes, const std::vector
 
 // One JSON object each, short numbers (0.4321 rather than 0.43210000000000004), a non-finite loss
 // as null: TrainRecord as "step", "epoch", "loss", "acc", "lr", "img_per_s" (and fp16's
-// "loss_scale", "skipped_steps"); EvalRecord as "step", "epoch", "<set>_loss", "<set>_acc",
+// "loss_scale", "skipped_steps", an auto split's "split"); EvalRecord as "step", "epoch", "<set>_loss", "<set>_acc",
 // "<set>_top5", "<set>_class_acc", "examples" (<set>: metric_prefix(set)).
 std::string to_json(const TrainRecord& r);
 std::string to_json(const EvalRecord& r);

@@ -236,6 +236,12 @@ void Reporter::train(const TrainRecord& r, double eta_s) {
     std::snprintf(line + used, sizeof line - used, "  loss scale %g  skipped %lld", r.loss_scale,
                   static_cast<long long>(r.skipped_steps));
   }
+  if (!r.split.empty()) {  // an auto split: "split 85/43"
+    std::string rows;
+    for (int v : r.split) rows += (rows.empty() ? "" : "/") + std::to_string(v);
+    const std::size_t used = std::strlen(line);
+    std::snprintf(line + used, sizeof line - used, "  split %s", rows.c_str());
+  }
   if (progress_ == Progress::Live) {
     // Redraw in place: carriage return, the line, erase what an older, longer line left.
     std::fprintf(options_.out, "\r%s\033[K", line);

@@ -21,6 +21,20 @@ namespace towerflow::train {
 
 using nlohmann::ordered_json;
 
+namespace {
+// Rows per tower of every process at the run's first step: the split's, or an auto split's
+// shares in force then (even, or a resumed run's). InvalidArgument where the batch does not split.
+std::vector<int> first_split(const StartInfo& s) {
+  const auto& t = s.trainer.options();
+  std::vector<Device> towers;
+  for (int r = 0; r < s.trainer.processes().size(); ++r)
+    towers.insert(towers.end(), s.trainer.devices().begin(), s.trainer.devices().end());
+  const std::vector<double> shares = s.trainer.split_shares(s.position.step + 1);
+  if (!shares.empty()) return tower::split_batch(s.options.batch, towers, tower::WeightedSplit{shares}, tower::Remainder::Spread);
+  return tower::split_batch(s.options.batch, towers, t.split, t.remainder);
+}
+}  // namespace
+
 void set_field(Fields& fields, const std::string& key, std::string value, const std::string& after) {
   for (auto& [k, v] : fields)
     if (k == key) {
@@ -77,14 +91,14 @@ Fields start_fields(const StartInfo& s) {
   const auto& t = s.trainer.options();
   std::string per_tower;
   try {
-    std::vector<Device> towers;  // of every process
-    for (int r = 0; r < s.trainer.processes().size(); ++r) towers.insert(towers.end(), devices.begin(), devices.end());
-    for (int r : tower::split_batch(o.batch, towers, t.split, t.remainder))
+    for (int r : first_split(s))
       per_tower += (per_tower.empty() ? "" : " + ") + std::to_string(r);
   } catch (const InvalidArgument& e) {  // the first step will say so; the block shows it too
     per_tower = str("does not split: ", e.what());
   }
-  f.emplace_back("batch", str(o.batch, " global (", per_tower, per_tower.starts_with("does not") ? "" : " per tower", ")",
+  const bool balanced = std::holds_alternative<tower::AutoSplit>(t.split);
+  f.emplace_back("batch", str(o.batch, " global (", per_tower, per_tower.starts_with("does not") ? "" : " per tower",
+                              balanced ? str(" first; ", tower::to_string(t.split), ": rebalanced by measured speed") : "", ")",
                               t.accumulation_steps > 1 ? str(", in ", t.accumulation_steps, " micro-batches") : ""));
   f.emplace_back("optimizer", str(s.optimizer.name(), ", lr ", s.optimizer.lr()));
   const Plan& p = s.plan;
@@ -116,8 +130,9 @@ std::string start_facts(const StartInfo& s) {
   run["processes"] = s.trainer.processes().size();
   run["global_batch"] = o.batch;
   const auto& t = s.trainer.options();
+  run["split"] = tower::to_string(t.split);
   try {
-    run["rows_per_tower"] = tower::split_batch(o.batch, towers, t.split, t.remainder);
+    run["rows_per_tower"] = first_split(s);  // an auto split's first
   } catch (const InvalidArgument&) {
     run["rows_per_tower"] = nullptr;  // the first step says why
   }

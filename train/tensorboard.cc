@@ -44,6 +44,8 @@ void TensorBoard::on_log(const TrainRecord& r) {
   writer_->scalar("step_time/reduction_ms", 1e3 * r.reduction_s, r.step);
   writer_->scalar("step_time/optimizer_ms", 1e3 * r.optimizer_s, r.step);
   writer_->scalar("step_time/data_wait_ms", 1e3 * r.data_wait_s, r.step);
+  for (std::size_t g = 0; g < r.split.size(); ++g)  // an auto split: rows per tower
+    writer_->scalar("split/tower" + std::to_string(g), r.split[g], r.step);
 }
 
 void TensorBoard::on_eval(const EvalRecord& r) {

@@ -53,7 +53,7 @@ const std::vector<Field>& fields() {
       {"devices", &TrainOptions::devices, "towers of this process: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1; under mpirun a name with a task (/job:worker/task:1/device:GPU:0) is a device of that rank only", 0, 0, "Devices"},
       {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Devices"},
       {"batch_size", &TrainOptions::batch_size, "global batch, split over the towers", 1, 1 << 24, "Towers"},
-      {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower)", -INFINITY, INFINITY, "Towers"},
+      {"split", &TrainOptions::split, "how the batch is split: even | weights:W0,W1,... (one per tower) | per_tower (--batch_size per tower) | auto[:freeze_after=N,...] (by each tower's measured speed)", -INFINITY, INFINITY, "Towers"},
       {"split_remainder", &TrainOptions::split_remainder, "a batch that does not split exactly: error | spread (largest remainders)", -INFINITY, INFINITY, "Towers"},
       {"accumulation_steps", &TrainOptions::accumulation_steps, "micro-batches per step: the global batch is cut into N parts, their gradients summed before one reduction and update (same result, less memory)", 1, 1 << 16, "Towers"},
       {"reduction", &TrainOptions::reduction, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE] (e.g. parameter_device:/cpu:0)", -INFINITY, INFINITY, "Towers"},

@@ -322,12 +322,17 @@ FitResult dry_run(tower::Trainer& trainer, optim::Optimizer& optimizer, const da
   if (world.rank() == 0) reporter.on_start(start);
   data::Loader loader(train_set, {.batch = fopts.batch, .augment = fopts.augment, .seed = fopts.seed,
                                   .rank = world.rank(), .world_size = world.size(),
-                                  .shard = [&](int n) { return trainer.shard(n); }, .threads = 0});
+                                  .shard = [&](int n, std::int64_t epoch, std::int64_t index) {
+                                    return trainer.shard(n, epoch * plan.steps_per_epoch + index + 1);
+                                  },
+                                  .threads = 0});
   loader.set_epoch(position.epoch, position.step_in_epoch);
   loader.start();
   const data::Batch* batch = loader.next();
   TW_CHECK(batch != nullptr, "the loader gave no batch for the dry run");
-  trainer.forward_backward(*batch);
+  tower::HostBatch host = tower::HostBatch::of(*batch);
+  host.step = position.step + 1;
+  trainer.forward_backward(host);
   loader.stop();
   train::Fields memory;
   for (const Device& d : trainer.devices()) {

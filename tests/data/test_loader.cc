@@ -326,7 +326,7 @@ TEST_CASE("A shard function picks this rank's rows, in ranges, even more of a pa
           "[data][loader]") {
   const Indexed data(20);
   // Rows 0 and 6 of a full batch of 16; all 4 rows of the final partial batch.
-  auto shard = [](int n) {
+  auto shard = [](int n, std::int64_t, std::int64_t) {
     return n == 16 ? std::vector<std::pair<int, int>>{{0, 1}, {6, 7}} : std::vector<std::pair<int, int>>{{0, n}};
   };
   Loader loader(data, {.batch = 16, .shuffle = false, .drop_last = false, .rank = 1, .world_size = 3,
@@ -342,7 +342,7 @@ TEST_CASE("A shard function picks this rank's rows, in ranges, even more of a pa
   // The batch need not divide by world_size when a shard function says who takes what (16 / 3).
   // A range outside the batch is refused, naming it.
   Loader bad(data, {.batch = 16, .drop_last = true, .rank = 0, .world_size = 2,
-                    .shard = [](int n) { return std::vector<std::pair<int, int>>{{n - 1, n + 1}}; }, .threads = 0});
+                    .shard = [](int n, std::int64_t, std::int64_t) { return std::vector<std::pair<int, int>>{{n - 1, n + 1}}; }, .threads = 0});
   CHECK_THROWS_WITH(run_epoch(bad), Catch::Contains("rows [15, 17) of a global batch of 16"));
 }
 
@@ -357,7 +357,7 @@ TEST_CASE("Mixup and CutMix mix each row with the global batch's previous row, t
     Loader mixed(data, {.batch = 16, .augment = aug, .mix = mix, .seed = 3, .threads = 2});
     // Rows 5..11 of every global batch, as a rank holding them loads them.
     Loader shard(data, {.batch = 16, .augment = aug, .mix = mix, .seed = 3,
-                        .shard = [](int) { return std::vector<std::pair<int, int>>{{5, 12}}; }, .threads = 0});
+                        .shard = [](int, std::int64_t, std::int64_t) { return std::vector<std::pair<int, int>>{{5, 12}}; }, .threads = 0});
     std::set<MixChoice::Kind> kinds;
     auto p = plain.begin();
     auto s = shard.begin();
@@ -414,4 +414,28 @@ TEST_CASE("Mix lambdas follow Beta(alpha, alpha), and a bad alpha is refused", "
   CHECK(choose_mix({}, {32, 32, 3}, 1, 0, 0).kind == MixChoice::Kind::None);
   const Builtin data(Split::Test, {.test_size = 16});
   CHECK_THROWS_AS(Loader(data, {.batch = 8, .mix = {.mixup_alpha = -1}}), InvalidArgument);
+}
+
+TEST_CASE("A shard function is asked for each step's rows by epoch and step, from every worker thread alike",
+          "[data][loader]") {
+  const Indexed data(64);
+  // Step s of epoch e takes 2 + (e + s) % 3 rows from the front of its global batch of 8.
+  auto shard = [](int, std::int64_t epoch, std::int64_t step) {
+    return std::vector<std::pair<int, int>>{{0, 2 + static_cast<int>((epoch + step) % 3)}};
+  };
+  for (int threads : {0, 3}) {
+    INFO(threads << " threads");
+    Loader loader(data, {.batch = 8, .shuffle = false, .shard = shard, .threads = threads});
+    CHECK(loader.lookahead() == (threads == 0 ? 0 : 4));  // max(prefetch 4, 3 threads) + 1 buffers, one in use
+    for (std::int64_t epoch : {0, 1}) {
+      loader.set_epoch(epoch);
+      std::int64_t step = 0;
+      for (const Batch& b : loader) {
+        CHECK(b.index_in_epoch == step);
+        CHECK(b.n == 2 + (epoch + step) % 3);
+        ++step;
+      }
+      CHECK(step == 8);
+    }
+  }
 }

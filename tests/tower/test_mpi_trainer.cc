@@ -316,7 +316,8 @@ TEST_CASE("a loader sharded by the trainer gives each process its towers' rows o
   auto one = collectives::make_single_process_group();
   Trainer trainer(net(false), cpus(1), {.split = WeightedSplit{{3, 1}}, .processes = &world()});
   data::Loader loader(set, {.batch = 16, .seed = 4, .rank = world().rank(), .world_size = 2,
-                            .shard = [&](int n) { return trainer.shard(n); }, .threads = 0});
+                            .shard = [&](int n, std::int64_t, std::int64_t step) { return trainer.shard(n, step + 1); },
+                            .threads = 0});
   data::Loader whole(set, {.batch = 16, .seed = 4, .threads = 0});
   loader.start();
   whole.start();
@@ -475,4 +476,68 @@ TEST_CASE("a run across processes that fails leaves each rank's last collectives
   CHECK(record["towers"][0]["recent"].back()["done"] == true);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // both ranks have read their files
   if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+namespace {
+// Net, whose forward sleeps 300 us per row in the process that sets g_slow (a slow rank).
+std::atomic<bool> g_slow{false};
+class SlowNet : public Net {
+ public:
+  using Net::Net;
+  Tensor forward(const Tensor& x) override {
+    if (g_slow) std::this_thread::sleep_for(std::chrono::microseconds(300 * x.shape()[0]));
+    return Net::forward(x);
+  }
+};
+nn::ModelFactory slow_net() {
+  return [](const Device& d) { return std::make_shared<SlowNet>(d, false); };
+}
+}  // namespace
+
+TEST_CASE("an auto split across processes gives the slow rank fewer rows, every rank agreeing, and ends "
+          "with the parameters of one process replaying its splits", "[np2]") {
+  if (!need_world(2)) return;
+  data::Builtin set(data::Split::Train, {.train_size = 512, .test_size = 16});
+  constexpr int kSteps = 14;
+  g_slow = world().rank() == 1;
+  Trainer trainer(slow_net(), cpus(1), {.split = AutoSplit{}, .processes = &world()});
+  optim::Sgd sgd(trainer.parameters(), {.lr = 0.05, .momentum = 0.9});
+  std::vector<std::vector<int>> splits;
+  towerflow::train::LambdaHook record;
+  record.step = [&](const towerflow::train::StepInfo&) { splits.push_back(trainer.last_step().global_split); };
+  // Two loader threads: a new split applies 5 steps after the step that measured it.
+  towerflow::train::fit(trainer, sgd, set, nullptr, {.batch = 32, .loader_threads = 2, .max_steps = kSteps}, {&record});
+  g_slow = false;
+  REQUIRE(splits.size() == kSteps);
+  // Every rank ran the same splits: even until the first measured step's split applies (step 7).
+  const std::string mine = nlohmann::json(splits).dump();
+  for (const std::string& other : world().all_gather(mine)) CHECK(other == mine);
+  for (int s = 0; s < 6; ++s) CHECK(splits[s] == std::vector<int>{16, 16});
+  INFO(mine);
+  CHECK(splits.back()[1] < 16);  // the slow rank's tower: fewer rows
+  CHECK(splits.back()[1] >= 1);
+
+  // One process with two towers, told each step's split: the same model.
+  auto one = collectives::make_single_process_group();
+  Trainer replay(slow_net(), cpus(2), {.split = AutoSplit{}, .processes = one.get()});
+  optim::Sgd sgd1(replay.parameters(), {.lr = 0.05, .momentum = 0.9});
+  std::vector<std::vector<int>> replayed;
+  towerflow::train::LambdaHook force;
+  force.step = [&](const towerflow::train::StepInfo& s) {
+    replayed.push_back(replay.last_step().global_split);
+    if (s.step < kSteps) {
+      const std::vector<int>& next = splits[static_cast<std::size_t>(s.step)];
+      replay.set_split_shares({next[0] / 32.0, next[1] / 32.0}, s.step + 1);
+    }
+  };
+  towerflow::train::fit(replay, sgd1, set, nullptr, {.batch = 32, .loader_threads = 0, .max_steps = kSteps}, {&force});
+  CHECK(replayed == splits);
+  const auto a = trainer.model().flat_parameters().to_host(), b = replay.model().flat_parameters().to_host();
+  REQUIRE(a.size() == b.size());
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::abs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  CHECK(err / scale < 1e-5);
 }

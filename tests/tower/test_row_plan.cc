@@ -38,3 +38,29 @@ TEST_CASE("a row plan refuses batches it cannot take, naming the value and the f
                                         Catch::Contains("use a batch of at least 6"));
   CHECK_THROWS_AS(one.shard(0), InvalidArgument);
 }
+
+TEST_CASE("an auto split's row plan follows its schedule by step, for the trainer and a loader alike", "[tower][rows]") {
+  RowPlan rank1(four(), 1, 2, AutoSplit{}, Remainder::Error, 1, false);
+  // Even from step 0; 3:1:1:3 from step 5; 1:1:1:5 from step 8 (rows 2, 2, 2, 10).
+  CHECK(rank1.split(16, 1) == std::vector<std::vector<int>>{{4, 4, 4, 4}});
+  rank1.set_shares(5, {0.375, 0.125, 0.125, 0.375});
+  rank1.set_shares(8, {0.125, 0.125, 0.125, 0.625});
+  CHECK(rank1.shard(16, 4) == std::vector<std::pair<int, int>>{{8, 16}});
+  CHECK(rank1.shard(16, 5) == std::vector<std::pair<int, int>>{{8, 16}});
+  CHECK(rank1.step(16, 8, 6).rows == std::vector<std::vector<int>>{{2, 6}});
+  CHECK(rank1.shard(16, 9) == std::vector<std::pair<int, int>>{{4, 16}});
+  CHECK(rank1.step(16, 12, 9).total == std::vector<int>{2, 10});
+  // A later decision replaces what was scheduled from its step on; the past can be forgotten.
+  rank1.set_shares(7, {0.25, 0.25, 0.25, 0.25});
+  CHECK(rank1.shares_at(9) == std::vector<double>{0.25, 0.25, 0.25, 0.25});
+  CHECK(rank1.shares_at(6) == std::vector<double>{0.375, 0.125, 0.125, 0.375});
+  rank1.forget_before(6);
+  CHECK(rank1.shares_at(6) == std::vector<double>{0.375, 0.125, 0.125, 0.375});  // in force at 6: kept
+  CHECK(rank1.shares_at(2) == std::vector<double>{0.375, 0.125, 0.125, 0.375});  // the earliest kept
+  // Any batch splits (largest remainders), and synchronised batch norm gets a row for every tower
+  // even where a share rounds to none.
+  RowPlan sync({Device::cpu(0), Device::cpu(1)}, 0, 2, AutoSplit{}, Remainder::Error, 1, true);
+  sync.set_shares(1, {0.99, 0.01});
+  CHECK(sync.split(16, 1) == std::vector<std::vector<int>>{{15, 1}});
+  CHECK(sync.split(17, 1) == std::vector<std::vector<int>>{{16, 1}});
+}

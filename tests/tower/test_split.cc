@@ -88,6 +88,21 @@ TEST_CASE("split and reduction strings parse, print, and explain mistakes", "[to
   CHECK(global_batch(64, 4, PerTowerBatch{}) == 256);
   CHECK(global_batch(64, 4, EvenSplit{}) == 64);
   REQUIRE_THROWS_WITH(split_batch(250, cpus(4), PerTowerBatch{}), Catch::Contains("towers x per-tower"));
+  // auto: its options by name; an auto split starts even and always spreads the remainder.
+  const SplitPolicy a = parse_split("auto:freeze_after=200,min_share=0.2,hysteresis=0.1");
+  REQUIRE(std::holds_alternative<AutoSplit>(a));
+  CHECK(std::get<AutoSplit>(a).freeze_after == 200);
+  CHECK(std::get<AutoSplit>(a).min_share == 0.2);
+  CHECK(to_string(a) == "auto:freeze_after=200,min_share=0.2,hysteresis=0.1");
+  CHECK(to_string(parse_split("auto")) == "auto");
+  CHECK(split_batch(250, cpus(4), AutoSplit{}) == std::vector<int>{63, 63, 62, 62});
+  CHECK_NOTHROW(check_batch_split(250, cpus(4), AutoSplit{}, Remainder::Error, 1));
+  REQUIRE_THROWS_WITH(parse_split("auto:freeze_after=x"), Catch::Contains("'freeze_after=x', which is not NAME=NUMBER"));
+  REQUIRE_THROWS_WITH(parse_split("auto:speed=2"), Catch::Contains("auto takes freeze_after and warmup"));
+  REQUIRE_THROWS_WITH(parse_split("auto:freeze_after=2.5"), Catch::Contains("auto takes freeze_after"));
+  REQUIRE_THROWS_WITH(parse_split("auto:smoothing=2"), Catch::Contains("AutoSplit::smoothing is 2"));
+  REQUIRE_THROWS_WITH(parse_split("autox"), Catch::Contains("per_tower or auto"));
+  REQUIRE_THROWS_WITH(parse_split("auto:"), Catch::Contains("use auto, or auto:NAME=VALUE"));
 
   CHECK(std::get<ParameterDevice>(parse_reduction("parameter_device")).device == std::nullopt);
   CHECK(std::get<ParameterDevice>(parse_reduction("parameter_device:/gpu:1")).device == Device::gpu(1));

@@ -29,6 +29,8 @@ constexpr int kH = 4, kW = 4, kC = 3, kClasses = 5, kHidden = 16;
 std::atomic<int> g_fail_on_cpu{-1};
 // Stall injection for the stall report test: a forward on this device first sleeps 1 s.
 std::atomic<int> g_sleep_on_cpu{-1};
+// A slow device for the auto split test: a forward on this device sleeps 200 us per row.
+std::atomic<int> g_slow_cpu{-1};
 
 // A small MLP without batch statistics: flatten -> linear -> relu -> linear.
 class Mlp : public nn::Module {
@@ -62,6 +64,8 @@ class Mlp : public nn::Module {
       raise<OutOfMemory>("out of memory on ", device(), ": 1.0 MiB requested, 0 free (test)");
     if (device().is_cpu() && device().index == g_sleep_on_cpu.load())
       std::this_thread::sleep_for(std::chrono::seconds(1));
+    if (device().is_cpu() && device().index == g_slow_cpu.load())
+      std::this_thread::sleep_for(std::chrono::microseconds(200 * x.shape()[0]));
     Tensor h = linear(towerflow::flatten(x), p_["fc1.weight"], p_["fc1.bias"]);
     if (bn_)
       h = batch_norm(h, p_["bn.weight"], p_["bn.bias"], p_["bn.running_mean"], p_["bn.running_var"],
@@ -505,4 +509,57 @@ TEST_CASE("a tower made to sleep inside a step is named by a stall report within
     CHECK(text.find(c.waits_in) != std::string::npos);
   }
   ::unsetenv("TOWERFLOW_STALL_WARNING");
+}
+
+TEST_CASE("an auto split gives a slow tower fewer rows within a few steps, and trains as one tower does",
+          "[tower][auto_split]") {
+  const Data data = make_data(64 * 12, 11);
+  // Reference: one tower over the same global batches.
+  const std::vector<float> one = train(1, {}, data, 64, 12);
+  g_slow_cpu = 1;  // tower 1 sleeps 200 us per row: at least 12.8 ms per step at 64 rows
+  Trainer trainer(mlp_factory(7), cpus(2), {.split = AutoSplit{}});
+  optim::Sgd sgd(trainer.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
+  std::vector<std::vector<int>> splits;
+  for (int s = 0; s < 12; ++s) {
+    HostBatch b = data.batch(s * 64, 64);
+    b.step = s + 1;
+    trainer.forward_backward(b);
+    sgd.step();
+    splits.push_back(trainer.last_step().global_split);
+    CHECK(trainer.last_step().split == splits.back());  // one process: its towers are all
+  }
+  g_slow_cpu = -1;
+  INFO("splits: " << [&] {
+    std::string t;
+    for (const auto& v : splits) t += str(v[0], "/", v[1], " ");
+    return t;
+  }());
+  CHECK(splits[0] == std::vector<int>{32, 32});  // even until measured (the warm-up step)
+  CHECK(splits[1] == std::vector<int>{32, 32});  // the first measured step decides the next
+  // From step 3 on, tower 1 takes at most a quarter of the rows (its forward alone takes 200 us
+  // a row, tower 0's whole step far less on any machine), and always at least the floor's 5%.
+  for (std::size_t s = 2; s < splits.size(); ++s) {
+    CHECK(splits[s][1] <= 16);
+    CHECK(splits[s][1] >= 3);
+  }
+  CHECK(trainer.split_shares()[1] < 0.25);
+  CHECK(trainer.split_shares(100) == trainer.split_shares());  // in force until the balancer moves it
+  // The gradient is the global-batch mean under any split: the same model as one tower's.
+  CHECK(max_rel_diff(flat_params(trainer.model()), one) < 1e-5);
+}
+
+TEST_CASE("an auto split resumes from given shares, and refuses shares of another tower count", "[tower][auto_split]") {
+  Trainer trainer(mlp_factory(7), cpus(2), {.split = AutoSplit{.freeze_after = 1}});
+  trainer.set_split_shares({0.75, 0.25}, 1);
+  const Data data = make_data(64, 3);
+  HostBatch b = data.batch(0, 64);
+  b.step = 1;
+  trainer.forward_backward(b);
+  CHECK(trainer.last_step().global_split == std::vector<int>{48, 16});
+  CHECK_THROWS_WITH(trainer.set_split_shares({0.5, 0.3, 0.2}, 2), Catch::Contains("an auto split of 3 towers' shares cannot apply to 2 towers"));
+  CHECK_THROWS_WITH(trainer.set_split_shares({0.5, 0.0}, 2), Catch::Contains("initial share 0"));
+  CHECK_THROWS_WITH(trainer.set_split_delay(0), Catch::Contains("split delay of 0 steps"));
+  // Other policies have no shares.
+  Trainer even(mlp_factory(7), cpus(2), {});
+  CHECK(even.split_shares().empty());
 }

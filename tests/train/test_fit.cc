@@ -443,9 +443,14 @@ TEST_CASE("TensorBoard event files of a crashed and resumed run read as one cont
     expected["train/learning_rate"][r.step] = r.lr;
   };
   record.eval = [&](const EvalRecord& r) { expected["test/accuracy"][r.step] = r.test_acc; };
+  record.log = [&, log = record.log](const TrainRecord& r) {
+    log(r);
+    for (std::size_t g = 0; g < r.split.size(); ++g) expected["split/tower" + std::to_string(g)][r.step] = r.split[g];
+  };
+  const tw::tower::TrainerOptions balanced{.split = tw::tower::AutoSplit{}};  // one scalar per tower too
   struct Crash {};
   {
-    Setup s;
+    Setup s(mlp_factory(), 0.02, balanced);
     TensorBoard tb(dir);
     LambdaHook crash;
     crash.step = [](const StepInfo& i) {
@@ -457,7 +462,7 @@ TEST_CASE("TensorBoard event files of a crashed and resumed run read as one cont
   // run's records of them, so the expected curve keeps the crashed run's only up to step 3.
   for (auto& [tag, points] : expected) std::erase_if(points, [](const auto& p) { return p.first > 3; });
   {
-    Setup s;
+    Setup s(mlp_factory(), 0.02, balanced);
     TensorBoard tb(dir);
     FitOptions o = tiny(dir);
     o.resume = true;
@@ -465,6 +470,7 @@ TEST_CASE("TensorBoard event files of a crashed and resumed run read as one cont
   }
   CHECK(TensorBoard(dir).files().size() == 2);  // one event file per session
   CHECK(expected["train/loss"].size() == 4);    // steps 2 (crashed run), 4, 6, 8 (resumed)
+  CHECK(expected["split/tower1"].size() == 4);
   nlohmann::json j;
   for (const auto& [tag, points] : expected)
     for (const auto& [step, value] : points) j[tag].push_back({step, value});
@@ -544,4 +550,75 @@ TEST_CASE("a tower that does not arrive stops the run at the timeout, naming it 
   CHECK(towers[1]["recent"].back()["done"] == true);
   // Nothing the run had written is lost: the checkpoint of step 3 in tiny()'s schedule was never reached.
   CHECK(steps_in(dir.path).empty());
+}
+
+namespace {
+// The fixtures' MLP, whose forward on /cpu:1 sleeps 2 ms per row: a tower at a small fraction of
+// the other's speed on any machine, sanitizers included.
+class SlowOnCpu1 : public tw::nn::Module {
+ public:
+  explicit SlowOnCpu1(const tw::Device& d) : Module(d) { inner_ = register_module("mlp", std::make_shared<Mlp>(d, 7)); }
+  tw::Tensor forward(const tw::Tensor& x) override {
+    if (device() == tw::Device::cpu(1)) std::this_thread::sleep_for(std::chrono::microseconds(2000 * x.shape()[0]));
+    return inner_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<Mlp> inner_;
+};
+
+tw::nn::ModelFactory slow_on_cpu1() {
+  return [](const tw::Device& d) {
+    auto m = std::make_shared<SlowOnCpu1>(d);
+    m->flatten();
+    return m;
+  };
+}
+}  // namespace
+
+TEST_CASE("an auto split is in metrics.jsonl, TensorBoard's scalars and the checkpoint, and a resumed run goes "
+          "on from the recorded split", "[train][fit][auto_split]") {
+  fresh_devices();
+  TempDir dir;
+  FitOptions o{.batch = 32, .loader_threads = 0, .max_steps = 6, .log_every = 1, .train_dir = dir.path, .save_every = 3};
+  std::vector<std::vector<int>> first;
+  {
+    Setup s(slow_on_cpu1(), 0.02, {.split = tw::tower::AutoSplit{}});
+    MetricsFile metrics(dir.path / "metrics.jsonl");
+    TensorBoard board(dir.path);
+    LambdaHook record;
+    record.step = [&](const StepInfo&) { first.push_back(s.trainer.last_step().global_split); };
+    fit(s.trainer, s.sgd, s.train, nullptr, o, {&record, &metrics, &board});
+  }
+  REQUIRE(first.size() == 6);
+  CHECK(first[0] == std::vector<int>{16, 16});  // warm-up
+  CHECK(first[1] == std::vector<int>{16, 16});  // measured: applies from step 3
+  CHECK(first[2][1] < 8);                       // tower 1 is several times slower
+  const auto lines = jsonl(dir.path / "metrics.jsonl");
+  REQUIRE(lines.size() == 6);
+  for (std::size_t i = 0; i < lines.size(); ++i) CHECK(lines[i]["split"] == first[i]);
+  // One scalar per tower (TensorBoard's own reader checks their values: "TensorBoard event files of
+  // a crashed and resumed run ...", under tests/train/check_tensorboard.py).
+  const std::vector<fs::path> files = TensorBoard(dir.path).files();
+  REQUIRE(files.size() == 1);
+  const std::string events = tw::io::read_file(files[0]);
+  CHECK(events.find("split/tower0") != std::string::npos);
+  CHECK(events.find("split/tower1") != std::string::npos);
+  // The checkpoint of step 3 holds the shares in force for step 4.
+  const CheckpointInfo at3 = read_checkpoint_info(dir.path / "ckpt-0000000003");
+  const auto recorded = nlohmann::json::parse(at3.metadata.at("towerflow.split_shares")).get<std::vector<double>>();
+  REQUIRE(recorded.size() == 2);
+  CHECK(static_cast<int>(std::lround(recorded[1] * 32)) == first[3][1]);
+
+  // Resumed from step 3: step 4 runs the recorded split (the balancer measures again from there).
+  o.resume = true;
+  o.resume_from = dir.path / "ckpt-0000000003";
+  o.max_steps = 4;
+  Setup s(slow_on_cpu1(), 0.02, {.split = tw::tower::AutoSplit{}});
+  LambdaHook record;
+  std::vector<std::vector<int>> resumed;
+  record.step = [&](const StepInfo&) { resumed.push_back(s.trainer.last_step().global_split); };
+  fit(s.trainer, s.sgd, s.train, nullptr, o, {&record});
+  REQUIRE(resumed.size() == 1);
+  CHECK(resumed[0] == first[3]);
 }
