@@ -2,7 +2,8 @@
 //
 //   towerflow_bench_train --model resnet20|tfcnn|... --batch 128 --threads N --steps S
 //                         --warmup W [--devices 1|N|LIST] [--reduction all_reduce|...]
-//                         [--split_remainder error|spread] [--json] [--trace FILE]
+//                         [--split even|weights:W,...|auto[:...]] [--split_remainder error|spread]
+//                         [--json] [--trace FILE]
 //
 //   --devices 1            one CPU device (the default)
 //   --devices 2            two logical CPU devices, /cpu:0 and /cpu:1 (--threads each)
@@ -129,7 +130,7 @@ class GpuStepTimer {
 int main(int argc, char** argv) {
   CLI::App app{"towerflow training throughput on one or more devices (synthetic data)"};
   std::string model_name = "resnet20", devices_spec = "1", reduction_spec = "all_reduce", remainder = "error",
-              precision = "fp32";
+              precision = "fp32", split_spec = "even";
   int batch = 128, threads = 0, steps = 20, warmup = 5, classes = 10;
   float lr = 0.01f;
   bool json = false;
@@ -143,6 +144,9 @@ int main(int argc, char** argv) {
   app.add_option("--devices", devices_spec, "a count of logical CPU devices, or a list: /cpu:0,/cpu:1 or /gpu:0,/gpu:1")
       ->capture_default_str();
   app.add_option("--reduction", reduction_spec, "all_reduce | bucketed[:MB] | parameter_device[:DEVICE]")
+      ->capture_default_str();
+  app.add_option("--split", split_spec, "even | weights:W0,W1,... (one per tower of every process) | auto[:freeze_after=N,...]: "
+                 "rows by each tower's measured speed")
       ->capture_default_str();
   app.add_option("--split_remainder", remainder, "error | spread: a batch the devices do not divide is an error, or spread by largest remainders")
       ->check(CLI::IsMember({"error", "spread"}))->capture_default_str();
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
     tw::tower::TrainerOptions topts;
     topts.reduction = tw::tower::parse_reduction(reduction_spec);
     topts.remainder = remainder == "spread" ? tw::tower::Remainder::Spread : tw::tower::Remainder::Error;
+    topts.split = tw::tower::parse_split(split_spec);
     topts.precision = tw::parse_precision(precision);
     tw::tower::Trainer trainer(tw::models::factory(model_name, {.num_classes = classes, .seed = 0}), devices, topts);
     std::vector<tw::Device> towers;  // of every process
@@ -191,20 +196,26 @@ int main(int argc, char** argv) {
     for (auto& v : xs) v = normal(gen);
     std::vector<std::int32_t> ys(static_cast<std::size_t>(batch));
     for (auto& v : ys) v = label(gen);
-    // This process's rows of the global batch (all of it in one process).
+    // This process's rows of the global batch at each step (all of it in one process; an auto
+    // split across processes moves them between steps).
     std::vector<float> my_xs;
     std::vector<std::int32_t> my_ys;
-    for (auto [b, e] : trainer.shard(batch)) {
-      my_xs.insert(my_xs.end(), xs.begin() + static_cast<std::ptrdiff_t>(b) * 32 * 32 * 3,
-                   xs.begin() + static_cast<std::ptrdiff_t>(e) * 32 * 32 * 3);
-      my_ys.insert(my_ys.end(), ys.begin() + b, ys.begin() + e);
-    }
-    const tw::tower::HostBatch host{.images = my_xs, .labels = my_ys, .n = static_cast<int>(my_ys.size()),
-                                    .h = 32, .w = 32, .c = 3, .global_n = batch};
+    std::int64_t step_number = 0;
+    auto host_for = [&](std::int64_t s) {
+      my_xs.clear();
+      my_ys.clear();
+      for (auto [b, e] : trainer.shard(batch, s)) {
+        my_xs.insert(my_xs.end(), xs.begin() + static_cast<std::ptrdiff_t>(b) * 32 * 32 * 3,
+                     xs.begin() + static_cast<std::ptrdiff_t>(e) * 32 * 32 * 3);
+        my_ys.insert(my_ys.end(), ys.begin() + b, ys.begin() + e);
+      }
+      return tw::tower::HostBatch{.images = my_xs, .labels = my_ys, .n = static_cast<int>(my_ys.size()),
+                                  .h = 32, .w = 32, .c = 3, .global_n = batch, .step = s};
+    };
 
     GpuStepTimer gpu_timer(devices);
     auto step = [&] {
-      const float loss = trainer.forward_backward(host);
+      const float loss = trainer.forward_backward(host_for(++step_number));
       sgd.step();
       return loss;
     };
@@ -262,6 +273,11 @@ int main(int argc, char** argv) {
     }
 
     std::printf("# %s\n", trainer.describe().c_str());
+    {
+      std::string rows;
+      for (int r : trainer.last_step().global_split) rows += (rows.empty() ? "" : "/") + std::to_string(r);
+      std::printf("# rows per tower at the last step: %s\n", rows.c_str());
+    }
     std::printf("%-10s %6s %7s %7s %10s %10s %9s %9s %9s %12s %s\n", "model", "batch", "threads",
                 "devices", "img/s", "ms/step", "min ms", "GFLOP/s", "reduce %", "loss", "check");
     if (world.size() > 1)
@@ -291,6 +307,8 @@ int main(int argc, char** argv) {
                           {"processes", world.size()},
                           {"precision", precision},
                           {"reduction", tw::tower::to_string(trainer.reduction())},
+                          {"split", tw::tower::to_string(topts.split)},
+                          {"last_split", trainer.last_step().global_split},
                           {"img_per_s", img_s},
                           {"ms_per_step", timed_ms},
                           {"ms_per_step_wall", med},

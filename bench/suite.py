@@ -583,6 +583,19 @@ def compare_bf16(rec, a, limits, versions):
 # ---------------------------------------------------------------------------------------------
 # All-reduce, allocator, data pipeline
 # ---------------------------------------------------------------------------------------------
+def straggler(rec, a):
+    """bench/straggler.py: even, the best hand-set weights, auto and PyTorch DDP against a real straggler."""
+    cmd = [sys.executable, os.path.join(REPO, "bench", "straggler.py"), "--build", a.build, "--peer-python",
+           a.peer_python, "--rounds", str(a.rounds)] + (["--steps", "3", "--warmup", "3", "--weights", "2", "--no-midrun"]
+                                                         if a.quick else [])
+    rc, out = rec.run(cmd, timeout=3600)
+    rows = json_lines(out)
+    if rc != 0 or not rows:
+        rec.add("error", what="straggler", rc=rc, command=short_cmd(cmd))
+    for r in rows:
+        rec.add("straggler", **r)
+
+
 def run_simple(rec, a, section, exe_name, args):
     exe = os.path.join(a.bin, exe_name)
     cmd = [exe, *args, "--json"]
@@ -854,6 +867,16 @@ def report(rec, a, info, limits, versions, argv, elapsed):
             rows = [[r.get("op"), r.get("shape"), fmt(r.get("median_ms"), ".3f"),
                      fmt(r.get("gflops")), fmt(r.get("gbps")), f"`{r['command']}`"] for r in sec("gpu_kernel")]
             md += [table(["op", "shape", "ms", "GFLOP/s", "GB/s", "command"], rows), ""]
+    summary = [r for r in sec("straggler") if r.get("run") == "summary"]
+    if summary:
+        r = summary[-1]
+        md += ["## Auto-balanced towers against a straggler (bench/straggler.py)", "",
+               "Two processes, one per core, a spinning process sharing rank 1's core; median img/s over rounds.", "",
+               table(["even", f"best hand-set ({r['best_weights']})", "auto", "PyTorch DDP", "auto / best", "auto / even",
+                      "auto / DDP"],
+                     [[fmt(r["even"]), fmt(r["best_hand_set"]), fmt(r["auto"]), fmt(r.get("ddp")),
+                       fmt(r["auto_over_best"], ".2f"), fmt(r["auto_over_even"], ".2f"), fmt(r.get("auto_over_ddp"), ".2f")]]),
+               ""]
     errors = sec("error")
     if errors:
         md += ["## Failures", ""] + [f"- {r['what']}: exit {r.get('rc')} `{r.get('command', '')}`" for r in errors] + [""]
@@ -874,7 +897,9 @@ def main():
     ap.add_argument("--peer-python", default=sys.executable, help="the Python that has torch / tensorflow")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch and TensorFlow")
     ap.add_argument("--only", default="kernels,train,peers,bf16,others",
-                    help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels)")
+                    help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels); "
+                         "straggler (auto-balanced towers against a real straggler, bench/straggler.py: about 8 "
+                         "minutes, 2 or more CPUs) only when named")
     ap.add_argument("--bf16-also", default="auto",
                     help="bf16 kernels the bf16 part also trains with (TOWERFLOW_BF16_KERNELS), beside the automatic "
                          "choice: auto (where oneDNN's are chosen: amx where the CPU has AMX-BF16, else "
@@ -940,6 +965,8 @@ def main():
         compare_bf16(rec, a, limits, versions)
     if "others" in parts:
         others(rec, a, limits)
+    if "straggler" in parts:
+        straggler(rec, a)
     if "kernels" in parts and (set(parts) - {"kernels"}):
         run_kernels(rec, a, limits, when="end")
         apply_shares(rec, a, limits)
