@@ -96,8 +96,8 @@ bool Balancer::observe(std::span<const double> seconds, std::span<const int> row
                            " row counts; give one of each per tower");
   if (++seen_ <= options_.warmup || frozen()) return false;
   for (std::size_t i = 0; i < n; ++i) {
-    if (rows[i] <= 0 || !(seconds[i] >= 0) || !std::isfinite(seconds[i])) continue;
-    const double x = std::max(seconds[i], 1e-9) / rows[i];
+    if (rows[i] <= 0 || !(seconds[i] > 0) || !std::isfinite(seconds[i])) continue;
+    const double x = seconds[i] / rows[i];
     double& average = seconds_per_row_[i];
     if (average == 0) {
       average = x;

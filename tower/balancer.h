@@ -15,8 +15,8 @@
 //   steps are not measured. A tower's seconds per row are averaged over steps (an exponential
 //   moving average with weight `smoothing` for the newest step; its first measurement is taken
 //   as it is); a tower whose last 3 measurements all lie more than 20% on the same side of its
-//   average has changed speed, and its average restarts from them. A tower with no rows keeps
-//   its average. Once every tower has one, the shares
+//   average has changed speed, and its average restarts from them. A tower with no rows, or a
+//   time that is not positive and finite, keeps its average. Once every tower has one, the shares
 //   become those that predict equal times, if that predicts a step (the slowest tower's time)
 //   at least `hysteresis` shorter than the shares in force do; otherwise they stay.
 // - With freeze_after = N > 0, the shares stop changing after N measured steps.

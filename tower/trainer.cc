@@ -386,6 +386,8 @@ float Trainer::forward_backward(const HostBatch& batch) {
   const int global_n = global_rows(batch);
   const StepRows plan = im.rows->step(global_n, batch.n, step);
   const double loss_scale = im.scaler ? im.scaler->scale() : 1.0;
+  if (im.balancer && im.bn_sync)  // the waits of this step only (a failed step's are dropped)
+    for (int i = 0; i < towers(); ++i) im.bn_sync->take_waited(i);
 
   const TowerResults ran = run_towers(batch, plan, loss_scale);
 

@@ -174,5 +174,7 @@ TEST_CASE("bad balancer options and inputs name the field, the value and the ran
   c.observe(std::vector<double>{0.1, 0.2}, std::vector<int>{10, 10});
   c.observe(std::vector<double>{0.1, std::nan("")}, std::vector<int>{10, 10});
   c.observe(std::vector<double>{0.1, 0.0}, std::vector<int>{10, 0});
+  c.observe(std::vector<double>{0.1, 0.0}, std::vector<int>{10, 10});
+  c.observe(std::vector<double>{0.1, -1.0}, std::vector<int>{10, 10});
   CHECK(c.seconds_per_row()[1] == Approx(0.02));
 }
