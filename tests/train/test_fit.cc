@@ -622,3 +622,46 @@ TEST_CASE("an auto split is in metrics.jsonl, TensorBoard's scalars and the chec
   REQUIRE(resumed.size() == 1);
   CHECK(resumed[0] == first[3]);
 }
+
+TEST_CASE("resuming an auto split: damaged shares are refused naming them, shares of another tower count or "
+          "none start even, saying so", "[train][fit][auto_split][resume]") {
+  fresh_devices();
+  const tw::tower::TrainerOptions balanced{.split = tw::tower::AutoSplit{}};
+  const auto resume_with = [&](const tw::io::Metadata& metadata) {
+    TempDir dir;
+    {
+      Setup s(mlp_factory(), 0.02, balanced);
+      tw::io::CheckpointDir d(dir.path);
+      save_checkpoint(d, s.trainer.model(), s.sgd, {.step = 1, .epoch = 0, .step_in_epoch = 1}, metadata, 0);
+    }
+    Setup s(mlp_factory(), 0.02, balanced);
+    FitOptions o = tiny(dir.path);
+    o.resume = true;
+    o.max_steps = 2;
+    std::vector<std::string> notes;
+    auto previous = tw::set_log_sink([&](tw::LogLevel, std::string_view m) { notes.emplace_back(m); });
+    std::string error;
+    try {
+      fit(s.trainer, s.sgd, s.train, nullptr, o, {});
+    } catch (const tw::DataError& e) {
+      error = e.what();
+    }
+    tw::set_log_sink(previous);
+    std::string said;
+    for (const auto& n : notes)
+      if (n.find("auto split") != std::string::npos) said += n + "\n";
+    return std::pair{error, said};
+  };
+  const auto [damaged, none1] = resume_with({{"towerflow.split_shares", "half"}});
+  CHECK_THAT(damaged, Catch::Contains("towerflow.split_shares is 'half', not a list of numbers") &&
+                          Catch::Contains("resume from another checkpoint"));
+  const auto [ok3, three] = resume_with({{"towerflow.split_shares", "[0.3,0.3,0.4]"}});
+  CHECK(ok3.empty());
+  CHECK_THAT(three, Catch::Contains("the checkpoint's auto split is for 3 towers and this run has 2; the split starts even"));
+  const auto [ok0, missing] = resume_with({});
+  CHECK(ok0.empty());
+  CHECK_THAT(missing, Catch::Contains("the checkpoint records no auto split; the split starts even"));
+  const auto [ok2, kept] = resume_with({{"towerflow.split_shares", "[0.75,0.25]"}});
+  CHECK(ok2.empty());
+  CHECK_THAT(kept, Catch::Contains("the auto split goes on from the checkpoint's shares [0.75,0.25]"));
+}
