@@ -89,9 +89,11 @@ StepRows RowPlan::step(int global_n, int process_rows, std::int64_t step) const 
                            " micro-batches (accumulation_steps); use a batch of at least ", k);
   const std::vector<std::vector<int>> global_rows = split(global_n, step);
   StepRows s{.global_n = global_n, .rows = std::vector<std::vector<int>>(k),
-             .offset = std::vector<std::vector<int>>(k), .total = std::vector<int>(n, 0)};
+             .offset = std::vector<std::vector<int>>(k), .total = std::vector<int>(n, 0),
+             .global_total = std::vector<int>(global_rows.front().size(), 0)};
   int base = 0;
   for (int m = 0; m < k; ++m) {
+    for (std::size_t g = 0; g < global_rows[m].size(); ++g) s.global_total[g] += global_rows[m][g];
     for (int i = 0; i < n; ++i) {
       s.rows[m].push_back(global_rows[m][static_cast<std::size_t>(rank_ * n + i)]);
       s.offset[m].push_back(base);

@@ -32,6 +32,7 @@ struct StepRows {
   std::vector<std::vector<int>> rows;  // [micro-batch][tower of this process]
   std::vector<std::vector<int>> offset;  // first row in this process's batch, same indexing
   std::vector<int> total;              // rows per tower of this process, over all micro-batches
+  std::vector<int> global_total;       // rows per tower of every process, over all micro-batches
 };
 
 class RowPlan {

@@ -383,8 +383,7 @@ float Trainer::forward_backward(const HostBatch& batch) {
   Impl& im = *impl_;
   const auto step_start = Clock::now();
   const std::int64_t step = batch.step > 0 ? batch.step : im.steps + 1;
-  const int global_n = global_rows(batch);
-  const StepRows plan = im.rows->step(global_n, batch.n, step);
+  const StepRows plan = im.rows->step(global_rows(batch), batch.n, step);
   const double loss_scale = im.scaler ? im.scaler->scale() : 1.0;
   if (im.balancer && im.bn_sync)  // the waits of this step only (a failed step's are dropped)
     for (int i = 0; i < towers(); ++i) im.bn_sync->take_waited(i);
@@ -408,12 +407,9 @@ float Trainer::forward_backward(const HostBatch& batch) {
     im.processes->all_reduce_sum(std::span<double>(sums));
   }
   im.steps = step;
-  std::vector<int> global_split(im.global_devices.size(), 0);
-  for (const std::vector<int>& micro : im.rows->split(global_n, step))
-    for (std::size_t g = 0; g < micro.size(); ++g) global_split[g] += micro[g];
-  if (im.balancer) balance(ran, global_split, step);
+  if (im.balancer) balance(ran, plan.global_total, step);
   last_ = {.loss = static_cast<float>(sums[0] / loss_scale), .accuracy = sums[1] / plan.global_n,
-           .rows = plan.global_n, .split = plan.total, .global_split = std::move(global_split),
+           .rows = plan.global_n, .split = plan.total, .global_split = plan.global_total,
            .loss_scale = loss_scale, .skipped = skipped, .grad_norm = grad_norm, .clipped = clipped};
   timings_.buckets_reduced_during_backward = im.reducer->reduced_during_backward();
   timings_.steps += 1;

@@ -23,6 +23,7 @@ TEST_CASE("a row plan: micro-batches split over every process's towers, this pro
   CHECK(s.rows == std::vector<std::vector<int>>{{1, 3}, {1, 3}});
   CHECK(s.offset == std::vector<std::vector<int>>{{0, 1}, {4, 5}});
   CHECK(s.total == std::vector<int>{2, 6});
+  CHECK(s.global_total == std::vector<int>{6, 2, 2, 6});
   // Contiguous ranges merge: rank 0 with one micro-batch.
   const RowPlan rank0(four(), 0, 2, EvenSplit{}, Remainder::Error, 1, false);
   CHECK(rank0.shard(8) == std::vector<std::pair<int, int>>{{0, 4}});
