@@ -70,7 +70,8 @@ set(TW_PUBLIC_HEADERS
     core/collectives/local_communicator.h core/collectives/nccl_communicator.h
     core/collectives/process_group.h core/core.h core/device.h core/error.h core/log.h
     core/memory/allocator.h core/memory/memory.h core/memory/stats.h core/memory/sub_allocators.h
-    core/nn/init.h core/nn/layers.h core/nn/module.h core/platform/ini.h core/platform/logical.h
+    core/nn/init.h core/nn/layers.h core/nn/module.h core/nn/whitening.h core/platform/ini.h
+    core/platform/logical.h
     core/platform/options.h core/platform/platform.h core/platform/registry.h core/queue_event.h
     core/tensor/batch_norm_sync.h core/tensor/device_ops.h core/tensor/dtype.h core/tensor/ops.h
     core/tensor/optimizer_update.h core/tensor/precision.h
@@ -78,7 +79,7 @@ set(TW_PUBLIC_HEADERS
     data/cifar.h data/data.h data/dataset.h data/image_codec.h data/image_folder.h data/loader.h
     data/open.h data/resized.h data/subset.h io/atomic_file.h io/checkpoint_dir.h io/crc32c.h
     io/io.h io/model_state.h io/safetensors.h io/summary_writer.h io/train_dir_lock.h
-    models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h optim/parameters.h
+    models/airbench.h models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h optim/parameters.h
     optim/schedule.h optim/sgd.h tower/balancer.h tower/batch_norm_sync.h tower/devices.h tower/loss_scale.h
     tower/reduction.h tower/split.h tower/tower.h tower/trainer.h tower/workers.h train/checkpoint.h
     train/fit.h train/hook.h train/metrics_file.h train/monitor.h train/records.h train/reporter.h

@@ -12,6 +12,7 @@
 #include "core/nn/init.h"                    // IWYU pragma: export
 #include "core/nn/layers.h"                  // IWYU pragma: export
 #include "core/nn/module.h"                  // IWYU pragma: export
+#include "core/nn/whitening.h"               // IWYU pragma: export
 #include "core/platform/options.h"           // IWYU pragma: export
 #include "core/platform/registry.h"          // IWYU pragma: export
 #include "core/tensor/device_ops.h"          // IWYU pragma: export

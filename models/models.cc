@@ -1,6 +1,7 @@
 #include "models/models.h"
 
 #include "core/error.h"
+#include "models/airbench.h"
 #include "models/resnet.h"
 #include "models/tfcnn.h"
 
@@ -21,7 +22,7 @@ std::string known_names() {
 }  // namespace
 
 std::vector<std::string> model_names() {
-  return {"tfcnn", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110"};
+  return {"tfcnn", "resnet20", "resnet32", "resnet44", "resnet56", "resnet110", "airbench94"};
 }
 
 std::shared_ptr<nn::Module> make_model(const std::string& name, const Device& device,
@@ -32,6 +33,8 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, const Device& de
     m = std::make_shared<TfCnn>(device, opts.num_classes, rng, opts.image_height, opts.image_width);
   } else if (int depth = resnet_depth(name)) {
     m = std::make_shared<CifarResNet>(device, depth, opts.num_classes, rng);
+  } else if (name == "airbench94") {
+    m = std::make_shared<Airbench94>(device, Airbench94Options{.num_classes = opts.num_classes}, rng);
   } else {
     raise<NotFound>("unknown model \"", name, "\"; known models: ", known_names());
   }
@@ -41,7 +44,7 @@ std::shared_ptr<nn::Module> make_model(const std::string& name, const Device& de
 }
 
 nn::ModelFactory factory(const std::string& name, ModelOptions opts) {
-  if (name != "tfcnn" && !resnet_depth(name))
+  if (name != "tfcnn" && name != "airbench94" && !resnet_depth(name))
     raise<NotFound>("unknown model \"", name, "\"; known models: ", known_names());
   return [name, opts](const Device& device) { return make_model(name, device, opts); };
 }
@@ -50,6 +53,18 @@ std::int64_t forward_macs_per_image(const std::string& name, int num_classes) {
   if (name == "tfcnn")
     return 64LL * 32 * 32 * 3 * 25 + 64LL * 16 * 16 * 64 * 25 + 4096LL * 384 + 384LL * 192 +
            192LL * num_classes;
+  if (name == "airbench94") {
+    // The whitening layer 31x31, then per group conv1 before and conv2 after its pooling.
+    std::int64_t macs = 24LL * 31 * 31 * 3 * 4;
+    int in = 24, hw = 31;
+    for (int width : Airbench94Options{}.widths) {
+      macs += static_cast<std::int64_t>(width) * hw * hw * in * 9;
+      hw /= 2;
+      macs += static_cast<std::int64_t>(width) * hw * hw * width * 9;
+      in = width;
+    }
+    return macs + static_cast<std::int64_t>(in) * num_classes;
+  }
   const int depth = resnet_depth(name);
   if (!depth) raise<NotFound>("unknown model \"", name, "\"; known models: ", known_names());
   const int n = (depth - 2) / 6;

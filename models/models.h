@@ -8,7 +8,9 @@
 // - Names: "tfcnn" (the TensorFlow CIFAR-10 tutorial network without LRN: conv5x5-64, relu,
 //   max-pool 3/2 pad 1, conv5x5-64, relu, max-pool 3/2 pad 1, fc-384, fc-192, fc-classes; 32x32
 //   input) and "resnet20", "resnet32", "resnet44", "resnet56", "resnet110" (He et al. 2016 CIFAR
-//   ResNets: 16/32/64 channels, 1x1 conv + BN projection where the shape changes). An unknown
+//   ResNets: 16/32/64 channels, 1x1 conv + BN projection where the shape changes), and
+//   "airbench94" (models/airbench.h: the network of the airbench94 speed recipe; its whitening
+//   layer is set from data by Airbench94::whiten, and its initialisation is its own). An unknown
 //   name throws NotFound listing the known ones.
 // - Input NHWC float32 [n, 32, 32, 3]; output logits [n, num_classes].
 // - Parameter and buffer names and layouts are those of the equivalent PyTorch module's
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "core/nn/module.h"
+#include "models/airbench.h"  // IWYU pragma: export
 
 namespace towerflow::models {
 

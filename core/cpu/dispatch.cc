@@ -108,6 +108,14 @@ void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const 
   kernels().relu_backward(ctx, n, y, dy, dx);
 }
 
+void gelu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y) {
+  kernels().gelu_forward(ctx, n, x, y);
+}
+
+void gelu_backward(const CpuContext& ctx, std::int64_t n, const float* x, const float* dy, float* dx) {
+  kernels().gelu_backward(ctx, n, x, dy, dx);
+}
+
 void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y) {
   kernels().bias_add(ctx, rows, c, x, bias, y);
 }

@@ -16,6 +16,10 @@ void axpy(const CpuContext& ctx, std::int64_t n, float alpha, const float* x, fl
 void relu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y);            // y = max(x, 0)
 void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const float* dy,
                    float* dx);                                                                   // dx = y > 0 ? dy : 0
+// GELU, the exact (erf) form of torch.nn.GELU(): y = x * Phi(x) = x/2 * (1 + erf(x / sqrt 2)).
+void gelu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y);
+// dx = dy * (Phi(x) + x * phi(x)), from the forward's input x; dx may equal dy.
+void gelu_backward(const CpuContext& ctx, std::int64_t n, const float* x, const float* dy, float* dx);
 // y[r, :] = x[r, :] + bias for rows r of c channels.
 void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y);
 

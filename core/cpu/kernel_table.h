@@ -50,6 +50,8 @@ namespace towerflow::cpu {
   X(axpy) \
   X(relu_forward) \
   X(relu_backward) \
+  X(gelu_forward) \
+  X(gelu_backward) \
   X(bias_add)
 
 struct KernelTable {

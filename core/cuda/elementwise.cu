@@ -1,4 +1,4 @@
-// Elementwise kernels: fill, roundings and conversions to bf16 and fp16, relu, add, mul, scale,
+// Elementwise kernels: fill, roundings and conversions to bf16 and fp16, relu, gelu, add, mul, scale,
 // axpy, bias_add. Grid-stride loops, so any n runs with a bounded grid; 64-bit indices, so
 // tensors past 2^31 elements work.
 
@@ -45,6 +45,19 @@ __global__ void relu_kernel(std::int64_t n, const float* x, float* y) {
 }
 __global__ void relu_backward_kernel(std::int64_t n, const float* y, const float* dy, float* dx) {
   TW_GRID_STRIDE(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+// GELU in the erf form of torch.nn.GELU(); erff and expf are CUDA's single-precision functions
+// (within 2 ulp), against Eigen's vectorised ones on the CPU.
+__global__ void gelu_kernel(std::int64_t n, const float* x, float* y) {
+  TW_GRID_STRIDE(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+__global__ void gelu_backward_kernel(std::int64_t n, const float* x, const float* dy, float* dx) {
+  TW_GRID_STRIDE(i, n) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    const float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
 }
 __global__ void add_kernel(std::int64_t n, const float* a, const float* b, float* y) {
   TW_GRID_STRIDE(i, n) y[i] = a[i] + b[i];
@@ -150,6 +163,25 @@ void relu_backward(const GpuContext& ctx, std::int64_t n, const float* y, const 
   const Launch l = launch_for(n);
   relu_backward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, y, dy, dx);
   TW_CUDA_CHECK_LAUNCH("relu_backward_kernel");
+}
+
+void gelu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y) {
+  check_n(n, "gelu_forward");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  gelu_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, y);
+  TW_CUDA_CHECK_LAUNCH("gelu_kernel");
+}
+
+void gelu_backward(const GpuContext& ctx, std::int64_t n, const float* x, const float* dy,
+                   float* dx) {
+  check_n(n, "gelu_backward");
+  if (n == 0) return;
+  auto scope = ctx.impl().scope();
+  const Launch l = launch_for(n);
+  gelu_backward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(n, x, dy, dx);
+  TW_CUDA_CHECK_LAUNCH("gelu_backward_kernel");
 }
 
 void add(const GpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y) {

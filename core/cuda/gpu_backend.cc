@@ -203,6 +203,12 @@ class GpuBackend final : public Backend {
   void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) override {
     gpu::relu_backward(ctx_, n, y, dy, dx);
   }
+  void gelu_forward(std::int64_t n, const float* x, float* y) override {
+    gpu::gelu_forward(ctx_, n, x, y);
+  }
+  void gelu_backward(std::int64_t n, const float* x, const float* dy, float* dx) override {
+    gpu::gelu_backward(ctx_, n, x, dy, dx);
+  }
   void bias_add(std::int64_t rows, int c, const float* x, const float* bias, float* y) override {
     gpu::bias_add(ctx_, rows, c, x, bias, y);
   }

@@ -172,6 +172,10 @@ void relu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* 
 // dx = dy where y > 0, else 0 (y is relu's output). dx may equal dy.
 void relu_backward(const GpuContext& ctx, std::int64_t n, const float* y, const float* dy,
                    float* dx);
+// GELU, exact (erf) form, and its gradient from the forward's input x; dx may equal dy.
+void gelu_forward(const GpuContext& ctx, std::int64_t n, const float* x, float* y);
+void gelu_backward(const GpuContext& ctx, std::int64_t n, const float* x, const float* dy,
+                   float* dx);
 void add(const GpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y);
 void mul(const GpuContext& ctx, std::int64_t n, const float* a, const float* b, float* y);
 // y = alpha * x

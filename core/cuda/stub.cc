@@ -213,6 +213,12 @@ void relu_forward(const GpuContext&, std::int64_t, const float*, float*) {
 void relu_backward(const GpuContext&, std::int64_t, const float*, const float*, float*) {
   no_cuda("relu_backward");
 }
+void gelu_forward(const GpuContext&, std::int64_t, const float*, float*) {
+  no_cuda("gelu_forward");
+}
+void gelu_backward(const GpuContext&, std::int64_t, const float*, const float*, float*) {
+  no_cuda("gelu_backward");
+}
 void add(const GpuContext&, std::int64_t, const float*, const float*, float*) { no_cuda("add"); }
 void mul(const GpuContext&, std::int64_t, const float*, const float*, float*) { no_cuda("mul"); }
 void transpose_batched(const GpuContext&, std::int64_t, std::int64_t, std::int64_t, const float*,

@@ -1,8 +1,11 @@
 #include "core/nn/init.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
+
+#include "core/error.h"
 
 namespace towerflow::nn {
 
@@ -34,6 +37,21 @@ void uniform_init(const Tensor& t, double bound, InitRng& rng) {
   std::vector<float> v(static_cast<std::size_t>(t.numel()));
   for (auto& x : v) x = static_cast<float>((2.0 * rng.uniform() - 1.0) * bound);
   Tensor(t).copy_from_host(std::span<const float>(v));
+}
+
+void dirac_init(const Tensor& w, int filters) {
+  if (w.ndim() != 4 || filters < 0 || filters > std::min(w.dim(0), w.dim(1)))
+    raise<InvalidArgument>("dirac_init: ", filters, " filters of a weight of shape ",
+                           shape_str(w.shape()),
+                           "; the weight must be [out, in, kh, kw] and filters at most min(out, in)");
+  std::vector<float> v = w.to_host();
+  const std::int64_t in = w.dim(1), kh = w.dim(2), kw = w.dim(3);
+  const std::int64_t per_filter = in * kh * kw;
+  for (std::int64_t o = 0; o < filters; ++o) {
+    std::fill_n(v.begin() + o * per_filter, per_filter, 0.0f);
+    v[static_cast<std::size_t>(o * per_filter + (o * kh + kh / 2) * kw + kw / 2)] = 1.0f;
+  }
+  Tensor(w).copy_from_host(std::span<const float>(v));
 }
 
 }  // namespace towerflow::nn

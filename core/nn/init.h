@@ -26,5 +26,10 @@ class InitRng {
 void kaiming_normal_fan_out(const Tensor& w, InitRng& rng);
 // t ~ U(-bound, bound).
 void uniform_init(const Tensor& t, double bound, InitRng& rng);
+// Dirac initialisation of a convolution's first `filters` output channels (w [out, in, kh, kw],
+// OIHW): filter o passes input channel o through unchanged, w[o, o, kh/2, kw/2] = 1 and every other
+// weight of those filters 0 (torch.nn.init.dirac_ applied to w[:filters]); the other filters keep
+// their values. InvalidArgument unless w is 4-D and 0 <= filters <= min(out, in).
+void dirac_init(const Tensor& w, int filters);
 
 }  // namespace towerflow::nn

@@ -14,9 +14,9 @@ Conv2d::Conv2d(const Device& device, Conv2dSpec spec, InitRng& rng) : Module(dev
     raise<InvalidArgument>("Conv2d: in_channels ", spec.in_channels, ", out_channels ",
                            spec.out_channels, ", kernel ", spec.kernel, ", stride ", spec.stride,
                            " must be positive and padding ", spec.padding, " non-negative");
-  weight_ = register_parameter(
-      "weight",
-      Tensor::empty({spec.out_channels, spec.in_channels, spec.kernel, spec.kernel}, device));
+  Tensor weight =
+      Tensor::empty({spec.out_channels, spec.in_channels, spec.kernel, spec.kernel}, device);
+  weight_ = spec.learn_weight ? register_parameter("weight", weight) : register_buffer("weight", weight);
   kaiming_normal_fan_out(weight_, rng);
   if (spec.bias) {
     bias_ = register_parameter("bias", Tensor::empty({spec.out_channels}, device));
@@ -33,9 +33,17 @@ Tensor Conv2d::forward(const Tensor& x) {
 // ---- BatchNorm2d ------------------------------------------------------------------------------
 
 BatchNorm2d::BatchNorm2d(const Device& device, int channels, float eps, float momentum)
-    : Module(device), eps_(eps), momentum_(momentum) {
+    : BatchNorm2d(device, channels, BatchNorm2dSpec{.eps = eps, .momentum = momentum}) {}
+
+BatchNorm2d::BatchNorm2d(const Device& device, int channels, BatchNorm2dSpec spec)
+    : Module(device), eps_(spec.eps), momentum_(spec.momentum) {
   if (channels < 1) raise<InvalidArgument>("BatchNorm2d: channels ", channels, " must be >= 1");
-  weight_ = register_parameter("weight", Tensor::full({channels}, 1.0f, device));
+  if (!(spec.eps > 0.0f) || !(spec.momentum >= 0.0f && spec.momentum <= 1.0f))
+    raise<InvalidArgument>("BatchNorm2d: eps ", spec.eps, " must be > 0 and momentum ",
+                           spec.momentum, " in [0, 1] (PyTorch's convention: the weight of the "
+                           "batch's statistics)");
+  Tensor ones = Tensor::full({channels}, 1.0f, device);
+  weight_ = spec.learn_scale ? register_parameter("weight", ones) : register_buffer("weight", ones);
   bias_ = register_parameter("bias", Tensor::zeros({channels}, device));
   running_mean_ = register_buffer("running_mean", Tensor::zeros({channels}, device));
   running_var_ = register_buffer("running_var", Tensor::full({channels}, 1.0f, device));
@@ -86,6 +94,11 @@ Tensor Linear::forward(const Tensor& x) {
 Tensor ReLU::forward(const Tensor& x) {
   OpScope scope(path());
   return relu(x);
+}
+
+Tensor GELU::forward(const Tensor& x) {
+  OpScope scope(path());
+  return gelu(x);
 }
 
 Tensor MaxPool2d::forward(const Tensor& x) {

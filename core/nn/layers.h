@@ -24,9 +24,13 @@ struct Conv2dSpec {
   int stride = 1;
   int padding = 0;
   bool bias = true;
+  // false: the weight is a buffer, not a parameter (frozen, as PyTorch's requires_grad = False):
+  // no gradient, no optimizer update; set it by copying into weight() (e.g. patch_whitening).
+  bool learn_weight = true;
 };
 
 // [n, h, w, in] -> [n, oh, ow, out]. Parameters: weight [out, in, k, k] (OIHW), bias [out].
+// Initialisation: see the file's head; models may re-initialise (uniform_init, dirac_init).
 class Conv2d : public Module {
  public:
   Conv2d(const Device& device, Conv2dSpec spec, InitRng& rng);
@@ -41,16 +45,25 @@ class Conv2d : public Module {
 };
 
 // Over the channel (last) dimension. Parameters weight (gamma), bias (beta) [c]; buffers
-// running_mean, running_var [c]. Training mode uses batch statistics and updates the running
+// running_mean, running_var [c] (and weight, with BatchNorm2dSpec::learn_scale false). Training mode uses batch statistics and updates the running
 // averages; eval mode uses the running averages.
 //
 // set_sync(member) makes training mode use the statistics of a whole group of such layers, one
 // per replica (synchronised batch norm; see BatchNormOptions::sync): the tower trainer sets it
 // on every replica for BatchNormMode::Synchronised. The member must outlive its use; nullptr
 // (the default) is this layer's own batch.
+struct BatchNorm2dSpec {
+  float eps = 1e-5f;
+  float momentum = 0.1f;  // PyTorch's convention (see BatchNormOptions)
+  // false: the scale (gamma, "weight") stays at 1 and is a buffer, not a parameter (PyTorch's
+  // weight.requires_grad = False): no optimizer updates it and it has no gradient.
+  bool learn_scale = true;
+};
+
 class BatchNorm2d : public Module {
  public:
   BatchNorm2d(const Device& device, int channels, float eps = 1e-5f, float momentum = 0.1f);
+  BatchNorm2d(const Device& device, int channels, BatchNorm2dSpec spec);
   Tensor forward(const Tensor& x) override;
   Tensor forward_relu(const Tensor& x);                          // relu(bn(x)), fused
   Tensor forward_add_relu(const Tensor& x, const Tensor& residual);  // relu(bn(x) + r), fused
@@ -69,6 +82,8 @@ class Linear : public Module {
  public:
   Linear(const Device& device, int in_features, int out_features, InitRng& rng, bool bias = true);
   Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
 
  private:
   Tensor weight_, bias_;
@@ -77,6 +92,13 @@ class Linear : public Module {
 class ReLU : public Module {
  public:
   explicit ReLU(const Device& device) : Module(device) {}
+  Tensor forward(const Tensor& x) override;
+};
+
+// torch.nn.GELU() (the exact, erf form).
+class GELU : public Module {
+ public:
+  explicit GELU(const Device& device) : Module(device) {}
   Tensor forward(const Tensor& x) override;
 };
 

@@ -133,6 +133,10 @@ class Backend {
   virtual void relu_forward(std::int64_t n, const float* x, float* y) = 0;
   // dx = dy where y > 0 else 0 (y is relu's output). dx may equal dy.
   virtual void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) = 0;
+  // GELU, exact (erf) form: y = x/2 * (1 + erf(x / sqrt 2)); dx = dy * (Phi(x) + x phi(x)) from
+  // the forward's input x. dx may equal dy.
+  virtual void gelu_forward(std::int64_t n, const float* x, float* y) = 0;
+  virtual void gelu_backward(std::int64_t n, const float* x, const float* dy, float* dx) = 0;
   // y[r, j] = x[r, j] + bias[j] over [rows, c].
   virtual void bias_add(std::int64_t rows, int c, const float* x, const float* bias,
                         float* y) = 0;

@@ -382,6 +382,25 @@ Tensor relu(const Tensor& x) {
   return y;
 }
 
+Tensor gelu(const Tensor& x) {
+  constexpr std::string_view kOp = "Gelu";
+  const trace::Span trace_span("op", kOp, OpScope::current());
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return gelu(to_cpu(x)).to(d);
+  Tensor y = empty_like(x);
+  backend_for(d).gelu_forward(x.numel(), x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [in = x.detach()](const Tensor& g) {
+      Tensor dx = empty_like(g);
+      backend_for(g.device())
+          .gelu_backward(g.numel(), in.data<float>(), g.data<float>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
 namespace {
 void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape())
@@ -429,6 +448,24 @@ Tensor mul(const Tensor& a, const Tensor& b) {
         be.mul(g.numel(), g.data<float>(), a.data<float>(), db.data<float>());
       }
       return std::vector<Tensor>{da, db};
+    });
+  }
+  return y;
+}
+
+Tensor scale(const Tensor& x, float alpha) {
+  constexpr std::string_view kOp = "Scale";
+  const trace::Span trace_span("op", kOp, OpScope::current());
+  const Device d = common_device(kOp, {&x});
+  check_float(kOp, "input", x);
+  if (run_on_cpu_instead(kOp, OpKind::kElementwise, d)) return scale(to_cpu(x), alpha).to(d);
+  Tensor y = empty_like(x);
+  backend_for(d).scale(x.numel(), alpha, x.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    record(y, std::string(kOp), {x}, [alpha](const Tensor& g) {
+      Tensor dx = empty_like(g);
+      backend_for(g.device()).scale(g.numel(), alpha, g.data<float>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
     });
   }
   return y;

@@ -56,8 +56,11 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor bias_add(const Tensor& x, const Tensor& bias);
 
 Tensor relu(const Tensor& x);
+// GELU, exact (erf) form, as torch.nn.GELU(): x/2 * (1 + erf(x / sqrt 2)).
+Tensor gelu(const Tensor& x);
 Tensor add(const Tensor& a, const Tensor& b);  // same shapes
 Tensor mul(const Tensor& a, const Tensor& b);  // same shapes, elementwise
+Tensor scale(const Tensor& x, float alpha);    // alpha * x
 Tensor sum(const Tensor& x);                   // a one-element tensor [1]
 
 struct Pool2dOptions {

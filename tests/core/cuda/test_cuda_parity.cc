@@ -758,6 +758,13 @@ TEST_CASE("elementwise ops, reductions and transposes match the CPU backend", "[
   gpu::relu_backward(ctx, n, gy.as<float>(), gb.as<float>(), gdx.as<float>());
   cb.relu_backward(n, y.data(), b.data(), dx.data());
   expect_close("relu_backward", download(gdx, n), dx, 0.0, 0.0);
+  // GELU: CUDA's erff/expf against Eigen's vectorised erf/exp, a few ulp apart.
+  gpu::gelu_forward(ctx, n, ga.as<float>(), gy.as<float>());
+  cb.gelu_forward(n, a.data(), y.data());
+  expect_close("gelu_forward", download(gy, n), y, 1e-6, 1e-6);
+  gpu::gelu_backward(ctx, n, ga.as<float>(), gb.as<float>(), gdx.as<float>());
+  cb.gelu_backward(n, a.data(), b.data(), dx.data());
+  expect_close("gelu_backward", download(gdx, n), dx, 1e-6, 1e-6);
   gpu::bias_add(ctx, rows, c, ga.as<float>(), gbias.as<float>(), gy.as<float>());
   cb.bias_add(rows, c, a.data(), bias.data(), y.data());
   expect_close("bias_add", download(gy, n), y, 0.0, 0.0);

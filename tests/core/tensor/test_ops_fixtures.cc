@@ -1,5 +1,5 @@
 // Forward and backward of each op against PyTorch (float64 references of float32 inputs,
-// tests/fixtures/compute/ops.bin). Tolerances: rtol 1e-4 / atol 1e-5 for single-pass ops,
+// tests/fixtures/compute/ops.bin, and airbench.bin for the ops of the airbench94 network). Tolerances: rtol 1e-4 / atol 1e-5 for single-pass ops,
 // rtol 1e-3 / atol 1e-4 for reductions over many terms (convolution, batch norm gradients).
 
 #include "core/tensor/ops.h"
@@ -16,10 +16,18 @@ const std::map<std::string, FixtureArray>& fx() {
   return f;
 }
 
+const std::map<std::string, FixtureArray>& airbench_fx() {
+  static const auto f = testing::load_fixture("airbench.bin");
+  return f;
+}
+
 const FixtureArray& get(const std::string& name) {
-  auto it = fx().find(name);
-  if (it == fx().end()) FAIL("fixture record " << name << " is missing");
-  return it->second;
+  for (const auto* file : {&fx(), &airbench_fx()}) {
+    auto it = file->find(name);
+    if (it != file->end()) return it->second;
+  }
+  FAIL("fixture record " << name << " is missing");
+  throw;  // not reached
 }
 
 Tensor load(const std::string& name, bool requires_grad = false) {
@@ -136,6 +144,50 @@ TEST_CASE("softmax cross-entropy matches PyTorch: mean, label smoothing, sum / s
     loss.backward();
     check(logits.grad(), "xent." + c.tag + ".glogits", 1e-4, 1e-6);
   }
+}
+
+TEST_CASE("GELU (the erf form) matches PyTorch, tails included", "[ops][torch]") {
+  Tensor x = load("gelu.x", true);
+  Tensor y = gelu(x);
+  check(y, "gelu.y", 1e-5, 1e-6);
+  backward_with(y, "gelu.gy");
+  check(x.grad(), "gelu.gx", 1e-5, 1e-6);
+}
+
+TEST_CASE("batch norm with a frozen scale, eps 1e-12 and momentum 0.4 matches PyTorch",
+          "[ops][torch]") {
+  Tensor x = load("bnfrozen.x", true), beta = load("bnfrozen.bias", true);
+  Tensor gamma = Tensor::full({6}, 1.0f, Device::cpu());  // not trainable: no gradient kept
+  Tensor mean = load("bnfrozen.running_mean0"), var = load("bnfrozen.running_var0");
+  Tensor y = batch_norm(x, gamma, beta, mean, var,
+                        {.training = true, .momentum = 0.4f, .eps = 1e-12f});
+  check(y, "bnfrozen.y", 1e-4, 1e-5);
+  check(mean, "bnfrozen.running_mean", 1e-5, 1e-6);
+  check(var, "bnfrozen.running_var", 1e-5, 1e-6);
+  backward_with(y, "bnfrozen.gy");
+  check(x.grad(), "bnfrozen.gx", 1e-3, 1e-4);
+  check(beta.grad(), "bnfrozen.gbias", 1e-4, 1e-5);
+  CHECK_FALSE(gamma.grad().defined());
+}
+
+TEST_CASE("max pool 3x3 stride 3 (nn.MaxPool2d(3)) drops the rows past the last window",
+          "[ops][torch]") {
+  Tensor x = load("pool3.x", true);
+  Tensor y = max_pool2d(x, {.kernel = 3, .stride = 3});
+  check(y, "pool3.y", 1e-7, 1e-7);
+  backward_with(y, "pool3.gy");
+  check(x.grad(), "pool3.gx", 1e-7, 1e-7);
+}
+
+TEST_CASE("cross-entropy summed over the rows (scale 1) with label smoothing 0.2 matches "
+          "PyTorch's reduction='none' then sum",
+          "[ops][torch]") {
+  Tensor logits = load("ce.logits", true);
+  Tensor loss = softmax_cross_entropy(logits, load("ce.labels"),
+                                      {.scale = 1.0f, .label_smoothing = 0.2f});
+  check(loss, "ce.loss", 1e-5, 1e-5);
+  loss.backward();
+  check(logits.grad(), "ce.glogits", 1e-5, 1e-6);
 }
 
 }  // namespace towerflow
