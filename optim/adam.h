@@ -21,16 +21,18 @@ struct AdamOptions {
 
 class Adam : public Optimizer {
  public:
-  Adam(ParameterSet params, AdamOptions options);
+  // groups: parameter groups (parameter_group.h); a group's weight decay is L2 under Adam and
+  // decoupled under AdamW, as the options'.
+  Adam(ParameterSet params, AdamOptions options, std::vector<ParameterGroup> groups = {});
   const AdamOptions& options() const { return options_; }
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
 
  protected:
-  Adam(ParameterSet params, AdamOptions options, bool decoupled);
+  Adam(ParameterSet params, AdamOptions options, bool decoupled, std::vector<ParameterGroup> groups);
 
  private:
   void apply(const Device& device, std::span<float> p, std::span<const float> g,
-             std::span<const std::span<float>> state, double lr, std::int64_t step) override;
+             std::span<const std::span<float>> state, const GroupStep& u) override;
   AdamOptions options_;
   bool decoupled_;
 };
@@ -38,7 +40,7 @@ class Adam : public Optimizer {
 // AdamW takes the options as given; adamw_defaults() has PyTorch's default weight decay (1e-2).
 class AdamW final : public Adam {
  public:
-  AdamW(ParameterSet params, AdamOptions options);
+  AdamW(ParameterSet params, AdamOptions options, std::vector<ParameterGroup> groups = {});
 };
 
 inline AdamOptions adamw_defaults() { return {.weight_decay = 1e-2}; }

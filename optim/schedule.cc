@@ -91,11 +91,49 @@ LrSchedule one_cycle_schedule(double max_lr, std::int64_t total_steps, OneCycleO
   };
 }
 
+std::int64_t step_at_fraction(double fraction, std::int64_t total_steps) {
+  require_steps(total_steps, "a knot at a fraction of training");
+  if (!(fraction >= 0 && fraction <= 1))
+    raise<InvalidArgument>("knot fraction ", fraction,
+                           " is invalid; use a share of training in [0, 1] (e.g. 0.23)");
+  // Python's int() truncates; the product is the same double as Python's fraction * total.
+  return static_cast<std::int64_t>(fraction * static_cast<double>(total_steps));
+}
+
+LrSchedule piecewise_linear_schedule(double lr, std::vector<LrKnot> knots) {
+  require_lr(lr, "piecewise-linear schedule");
+  if (knots.empty())
+    raise<InvalidArgument>("piecewise-linear schedule needs at least one knot (e.g. {{0, 0.2}, {100, 1.0}})");
+  for (std::size_t i = 0; i < knots.size(); ++i) {
+    const LrKnot& k = knots[i];
+    if (k.step < 0 || (i > 0 && k.step < knots[i - 1].step))
+      raise<InvalidArgument>("piecewise-linear schedule knot ", i + 1, " is at step ", k.step,
+                             "; knots go in order of step from 0 (the knot before is at step ",
+                             i > 0 ? knots[i - 1].step : 0, ")");
+    if (!(k.factor >= 0) || !std::isfinite(k.factor))
+      raise<InvalidArgument>("piecewise-linear schedule knot ", i + 1, " (step ", k.step, ") has factor ",
+                             k.factor, "; use a finite factor >= 0 of the learning rate");
+  }
+  return [lr, knots = std::move(knots)](std::int64_t step) {
+    // The last knot at or before the step: the segment it starts (the next knot lies after the
+    // step, so the division is by a positive length).
+    const auto after = std::upper_bound(knots.begin(), knots.end(), step,
+                                        [](std::int64_t s, const LrKnot& k) { return s < k.step; });
+    if (after == knots.begin()) return lr * knots.front().factor;
+    if (after == knots.end()) return lr * knots.back().factor;
+    const LrKnot& a = *(after - 1);
+    const LrKnot& b = *after;
+    const double f = static_cast<double>(step - a.step) / static_cast<double>(b.step - a.step);
+    return lr * (a.factor * (1 - f) + b.factor * f);
+  };
+}
+
 namespace {
 
 [[noreturn]] void bad_spec(std::string_view spec, std::string_view why) {
   raise<InvalidArgument>("learning-rate schedule '", spec, "' is invalid (", why,
                          "); use constant, step:M1,M2[:GAMMA], cosine[:MIN_LR], onecycle[:PCT_START], "
+                         "linear:FRACTION=FACTOR,... (e.g. linear:0=0.2,0.23=1,1=0.07), "
                          "optionally after warmup:STEPS, (e.g. warmup:500,cosine)");
 }
 
@@ -145,6 +183,29 @@ LrSchedule parse_schedule(std::string_view spec, double base_lr, std::int64_t to
     OneCycleOptions o;
     if (!args.empty()) o.pct_start = parse_number<double>(spec, args);
     s = one_cycle_schedule(base_lr, total_steps, o);
+  } else if (kind == "linear") {
+    if (args.empty()) bad_spec(spec, "linear needs knots FRACTION=FACTOR, e.g. linear:0=0.2,0.23=1,1=0.07");
+    require_steps(total_steps, "linear schedule");
+    std::vector<LrKnot> knots;
+    double last = 0;
+    std::string_view list = args;
+    while (!list.empty()) {
+      const auto c = list.find(',');
+      const std::string_view knot = list.substr(0, c);
+      const auto eq = knot.find('=');
+      if (eq == std::string_view::npos) bad_spec(spec, str("knot '", knot, "' is not FRACTION=FACTOR"));
+      const double fraction = parse_number<double>(spec, knot.substr(0, eq));
+      const double factor = parse_number<double>(spec, knot.substr(eq + 1));
+      if (!(fraction >= 0 && fraction <= 1))
+        bad_spec(spec, str("knot fraction ", fraction, " lies outside [0, 1]"));
+      if (fraction < last) bad_spec(spec, "knot fractions must not decrease");
+      if (!(factor >= 0) || !std::isfinite(factor))
+        bad_spec(spec, str("knot factor ", factor, " is not a finite value >= 0"));
+      knots.push_back({.step = step_at_fraction(fraction, total_steps), .factor = factor});
+      last = fraction;
+      list = c == std::string_view::npos ? std::string_view{} : list.substr(c + 1);
+    }
+    s = piecewise_linear_schedule(base_lr, std::move(knots));
   } else {
     bad_spec(spec, str("unknown kind '", kind, "'"));
   }

@@ -23,13 +23,15 @@ struct SgdOptions {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(ParameterSet params, SgdOptions options);
+  // groups: parameter groups (parameter_group.h); none: every slot takes the options' lr and
+  // weight decay.
+  Sgd(ParameterSet params, SgdOptions options, std::vector<ParameterGroup> groups = {});
   const SgdOptions& options() const { return options_; }
   std::string name() const override;
 
  private:
   void apply(const Device& device, std::span<float> p, std::span<const float> g,
-             std::span<const std::span<float>> state, double lr, std::int64_t step) override;
+             std::span<const std::span<float>> state, const GroupStep& u) override;
   SgdOptions options_;
 };
 
