@@ -23,6 +23,14 @@ Augmenter::Augmenter(const Augment& augment, ImageShape shape) : augment_(augmen
   if (augment.crop_padding < 0 || augment.crop_padding > std::max(shape.h, shape.w))
     raise<InvalidArgument>("crop padding ", augment.crop_padding, " is out of range for ", shape.h, "x", shape.w,
                            " images; use 0 (no crop) .. ", std::max(shape.h, shape.w), " (4 is usual for 32x32)");
+  if (augment.pad_mode == PadMode::Reflect && augment.crop_padding >= std::min(shape.h, shape.w))
+    raise<InvalidArgument>("crop padding ", augment.crop_padding, " with pad_mode Reflect must be smaller than the ",
+                           "sides of the ", shape.h, "x", shape.w, " images (a reflection cannot pass the far edge); ",
+                           "use crop padding 0 .. ", std::min(shape.h, shape.w) - 1,
+                           " (2 is airbench's for 32x32) or pad_mode Zeros");
+  if (augment.flip_mode == FlipMode::Alternating && !augment.flip)
+    raise<InvalidArgument>("flip_mode Alternating is set but flip is false, so nothing would be flipped; ",
+                           "set flip = true as well, or leave flip_mode Random");
   if (augment.cutout < 0 || augment.cutout > std::max(shape.h, shape.w))
     raise<InvalidArgument>("cutout size ", augment.cutout, " is out of range for ", shape.h, "x", shape.w,
                            " images; use 0 (off) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");
@@ -33,6 +41,13 @@ Augmenter::Augmenter(const Augment& augment, ImageShape shape) : augment_(augmen
   }
 }
 
+// Note [The alternating flip's key]
+// An image's alternating-flip coin must not depend on the epoch, yet must stay independent of
+// every per-epoch draw. It comes from the Augment stream keyed by (kPerImageKey, index) in place
+// of (epoch, index): kPerImageKey is epoch -1 as an unsigned key, which no pass reaches
+// (Loader::set_epoch rejects negative epochs), so the two kinds of key never meet.
+constexpr std::uint64_t kPerImageKey = ~std::uint64_t{0};
+
 AugmentChoice Augmenter::choose(std::uint64_t seed, std::int64_t epoch, std::int64_t index) const {
   // Always draw in the same order, whatever is enabled, so turning one option on does not change
   // the others' choices.
@@ -41,7 +56,14 @@ AugmentChoice Augmenter::choose(std::uint64_t seed, std::int64_t epoch, std::int
   AugmentChoice ch;
   ch.dy = static_cast<int>(rng.below(span));
   ch.dx = static_cast<int>(rng.below(span));
-  ch.flip = rng.coin() && augment_.flip;
+  const bool coin = rng.coin();  // drawn in every mode, so that cutout's choices stay the same
+  if (augment_.flip_mode == FlipMode::Alternating) {
+    // See Note [The alternating flip's key].
+    SampleRng per_image(seed, RngStream::Augment, kPerImageKey, static_cast<std::uint64_t>(index));
+    ch.flip = per_image.coin() != ((epoch & 1) != 0);
+  } else {
+    ch.flip = coin && augment_.flip;
+  }
   const int cy = static_cast<int>(rng.below(static_cast<std::uint32_t>(shape_.h)));
   const int cx = static_cast<int>(rng.below(static_cast<std::uint32_t>(shape_.w)));
   if (augment_.cutout > 0) {
@@ -53,20 +75,27 @@ AugmentChoice Augmenter::choose(std::uint64_t seed, std::int64_t epoch, std::int
 
 void Augmenter::apply(const std::uint8_t* src, float* dst, const AugmentChoice& ch) const {
   const int h = shape_.h, w = shape_.w, pad = augment_.crop_padding;
+  const bool reflect = augment_.pad_mode == PadMode::Reflect;
+  // The source row or column that coordinate i of an axis of n pixels reads (i may fall in the
+  // padding), or -1 for a zero. Reflection mirrors about the edge pixel without repeating it
+  // (-1 -> 1, n -> n-2); one reflection suffices because the constructor keeps pad < n.
+  auto source = [reflect](int i, int n) {
+    if (i >= 0 && i < n) return i;
+    if (!reflect) return -1;
+    return i < 0 ? -i : 2 * (n - 1) - i;
+  };
   const float zero[3] = {lut_[0][0], lut_[1][0], lut_[2][0]};  // what a padding pixel becomes
   for (int y = 0; y < h; ++y) {
-    const int sy = y + ch.dy - pad;
+    const int sy = source(y + ch.dy - pad, h);
     float* out = dst + static_cast<std::size_t>(y) * w * 3;
-    if (sy < 0 || sy >= h) {
+    if (sy < 0) {
       for (int x = 0; x < w; ++x) std::copy_n(zero, 3, out + 3 * x);
       continue;
     }
     const std::uint8_t* row = src + static_cast<std::size_t>(sy) * w * 3;
-    // Output column x reads source column sx = (flip ? w-1-x : x) + dx - pad.
-    for (int x = 0; x < w; ++x) {
-      const int sx = (ch.flip ? w - 1 - x : x) + ch.dx - pad;
+    auto put = [&](int x, int sx) {
       float* o = out + 3 * x;
-      if (sx < 0 || sx >= w) {
+      if (sx < 0) {
         std::copy_n(zero, 3, o);
       } else {
         const std::uint8_t* p = row + 3 * sx;
@@ -74,7 +103,18 @@ void Augmenter::apply(const std::uint8_t* src, float* dst, const AugmentChoice& 
         o[1] = lut_[1][p[1]];
         o[2] = lut_[2][p[2]];
       }
-    }
+    };
+    // Output column x reads padded column first + step * x (crop, then mirror), which is inside
+    // the image for x in [in0, in1). Only the padding columns go through source(): calling it for
+    // every pixel made a 32x32 image take 2.1 us instead of 1.7 before reflect padding existed;
+    // this split takes 1.45 (best of 25 x 100k images, AMD EPYC VM, g++ -O3).
+    const int step = ch.flip ? -1 : 1;
+    const int first = (ch.flip ? w - 1 : 0) + ch.dx - pad;
+    const int in0 = std::clamp(ch.flip ? first - w + 1 : -first, 0, w);
+    const int in1 = std::clamp(ch.flip ? first + 1 : w - first, in0, w);
+    for (int x = 0; x < in0; ++x) put(x, source(first + step * x, w));
+    for (int x = in0; x < in1; ++x) put(x, first + step * x);
+    for (int x = in1; x < w; ++x) put(x, source(first + step * x, w));
   }
   if (ch.cut_y >= 0) {
     const int half = augment_.cutout / 2;

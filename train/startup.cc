@@ -50,8 +50,12 @@ void set_field(Fields& fields, const std::string& key, std::string value, const 
 
 std::string describe_augment(const data::Augment& a, const data::MixOptions& mix) {
   std::vector<std::string> parts;
-  if (a.crop_padding > 0) parts.push_back(str("random crops of the image padded by ", a.crop_padding));
-  if (a.flip) parts.push_back("horizontal flips");
+  if (a.crop_padding > 0)
+    parts.push_back(str("random crops of the image padded by ", a.crop_padding,
+                        a.pad_mode == data::PadMode::Reflect ? " (reflected)" : ""));
+  if (a.flip)
+    parts.push_back(a.flip_mode == data::FlipMode::Alternating ? "horizontal flips alternating by epoch"
+                                                               : "horizontal flips");
   if (a.cutout > 0) parts.push_back(str("cutout ", a.cutout, "x", a.cutout));
   if (mix.mixup_alpha > 0) parts.push_back(str("mixup alpha ", mix.mixup_alpha));
   if (mix.cutmix_alpha > 0) parts.push_back(str("CutMix alpha ", mix.cutmix_alpha));

@@ -23,14 +23,31 @@ std::vector<std::uint8_t> random_image(std::uint64_t seed) {
   return img;
 }
 
-// The reference: pad the image with zeros into (h+2p) x (w+2p), crop at (dy, dx), flip, normalise,
-// cut out; written the slow, obvious way.
+// The reference: pad the image with zeros into (h+2p) x (w+2p) (or, for PadMode::Reflect, copy the
+// image into the middle, mirror each row's first and last p columns about its edge pixels, then
+// mirror whole padded rows, corners included, about the first and last image rows), crop at
+// (dy, dx), flip, normalise, cut out; written the slow, obvious way.
 std::vector<float> reference(const std::vector<std::uint8_t>& src, const Augment& a, const AugmentChoice& ch) {
-  const int h = kShape.h, w = kShape.w, p = a.crop_padding;
-  std::vector<int> padded(static_cast<std::size_t>((h + 2 * p) * (w + 2 * p) * 3), 0);
+  const int h = kShape.h, w = kShape.w, p = a.crop_padding, pw = w + 2 * p;
+  std::vector<int> padded(static_cast<std::size_t>((h + 2 * p) * pw * 3), 0);
+  auto at = [&](int py, int px, int c) -> int& { return padded[static_cast<std::size_t>((py * pw + px) * 3 + c)]; };
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
-      for (int c = 0; c < 3; ++c) padded[((y + p) * (w + 2 * p) + x + p) * 3 + c] = src[(y * w + x) * 3 + c];
+      for (int c = 0; c < 3; ++c) at(y + p, x + p, c) = src[(y * w + x) * 3 + c];
+  if (a.pad_mode == PadMode::Reflect) {
+    for (int py = p; py < p + h; ++py)
+      for (int k = 1; k <= p; ++k)
+        for (int c = 0; c < 3; ++c) {
+          at(py, p - k, c) = at(py, p + k, c);
+          at(py, p + w - 1 + k, c) = at(py, p + w - 1 - k, c);
+        }
+    for (int k = 1; k <= p; ++k)
+      for (int px = 0; px < pw; ++px)
+        for (int c = 0; c < 3; ++c) {
+          at(p - k, px, c) = at(p + k, px, c);
+          at(p + h - 1 + k, px, c) = at(p + h - 1 - k, px, c);
+        }
+  }
   std::vector<float> out(kShape.bytes());
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x) {
@@ -56,18 +73,93 @@ float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("Augmentation matches a pad-crop-flip-normalise-cutout reference for many samples", "[data][augment]") {
-  const Augment a = cifar_augment(/*cutout=*/12);
-  const Augmenter aug(a, kShape);
-  float worst = 0;
-  for (int i = 0; i < 200; ++i) {
-    const auto img = random_image(static_cast<std::uint64_t>(i));
-    const AugmentChoice ch = aug.choose(7, 3, i);
-    std::vector<float> out(kShape.bytes());
-    aug.apply(img.data(), out.data(), ch);
-    worst = std::max(worst, max_diff(out, reference(img, a, ch)));
+  Augment a = cifar_augment(/*cutout=*/12);
+  for (PadMode pad : {PadMode::Zeros, PadMode::Reflect}) {
+    a.pad_mode = pad;
+    a.flip_mode = pad == PadMode::Reflect ? FlipMode::Alternating : FlipMode::Random;
+    const Augmenter aug(a, kShape);
+    float worst = 0;
+    for (int i = 0; i < 200; ++i) {
+      const auto img = random_image(static_cast<std::uint64_t>(i));
+      const AugmentChoice ch = aug.choose(7, 3, i);
+      std::vector<float> out(kShape.bytes());
+      aug.apply(img.data(), out.data(), ch);
+      worst = std::max(worst, max_diff(out, reference(img, a, ch)));
+    }
+    INFO((pad == PadMode::Reflect ? "reflect" : "zero") << " padding: max abs error " << worst);
+    CHECK(worst < 1e-5f);
   }
-  INFO("max abs error " << worst);
-  CHECK(worst < 1e-5f);
+}
+
+TEST_CASE("Reflect padding mirrors about the edge pixel without repeating it, as PyTorch does", "[data][augment]") {
+  // A 4x4 image with distinct pixels: (y, x, c) holds 10 * (4y + x) + c.
+  constexpr ImageShape small{4, 4, 3};
+  std::vector<std::uint8_t> img(small.bytes());
+  for (int y = 0; y < 4; ++y)
+    for (int x = 0; x < 4; ++x)
+      for (int c = 0; c < 3; ++c) img[(y * 4 + x) * 3 + c] = static_cast<std::uint8_t>(10 * (4 * y + x) + c);
+  const Augmenter aug(Augment{.crop_padding = 2, .pad_mode = PadMode::Reflect, .flip = true}, small);
+  auto pixel = [&](const std::vector<float>& out, int y, int x, int c) { return out[(y * 4 + x) * 3 + c]; };
+
+  // By hand: with padding 2, padded coordinate 0..7 reads image row/column 2 1 | 0 1 2 3 | 2 1.
+  constexpr int kMirror[8] = {2, 1, 0, 1, 2, 3, 2, 1};
+  for (int dy = 0; dy <= 4; ++dy)
+    for (int dx = 0; dx <= 4; ++dx)
+      for (bool flip : {false, true}) {
+        std::vector<float> out(small.bytes());
+        aug.apply(img.data(), out.data(), AugmentChoice{.dy = dy, .dx = dx, .flip = flip});
+        for (int y = 0; y < 4; ++y)
+          for (int x = 0; x < 4; ++x)
+            for (int c = 0; c < 3; ++c) {
+              const int sy = kMirror[y + dy], sx = kMirror[(flip ? 3 - x : x) + dx];
+              INFO("dy " << dy << " dx " << dx << " flip " << flip << " at (" << y << ", " << x << ", " << c << ")");
+              REQUIRE(pixel(out, y, x, c) == aug.normalise(c, img[(sy * 4 + sx) * 3 + c]));
+            }
+      }
+
+  // From PyTorch 2.15: F.pad(image as 1x3x4x4, (2, 2, 2, 2), mode='reflect'), cropped at [dy:dy+4,
+  // dx:dx+4], then .flip(-1) where flip is set; printed as HWC rows.
+  struct Fixture {
+    int dy, dx;
+    bool flip;
+    int hwc[4][12];
+  };
+  const Fixture fixtures[] = {
+      {0, 3, false, {{90, 91, 92, 100, 101, 102, 110, 111, 112, 100, 101, 102},
+                     {50, 51, 52, 60, 61, 62, 70, 71, 72, 60, 61, 62},
+                     {10, 11, 12, 20, 21, 22, 30, 31, 32, 20, 21, 22},
+                     {50, 51, 52, 60, 61, 62, 70, 71, 72, 60, 61, 62}}},
+      {4, 1, false, {{90, 91, 92, 80, 81, 82, 90, 91, 92, 100, 101, 102},
+                     {130, 131, 132, 120, 121, 122, 130, 131, 132, 140, 141, 142},
+                     {90, 91, 92, 80, 81, 82, 90, 91, 92, 100, 101, 102},
+                     {50, 51, 52, 40, 41, 42, 50, 51, 52, 60, 61, 62}}},
+      {1, 4, true, {{50, 51, 52, 60, 61, 62, 70, 71, 72, 60, 61, 62},
+                    {10, 11, 12, 20, 21, 22, 30, 31, 32, 20, 21, 22},
+                    {50, 51, 52, 60, 61, 62, 70, 71, 72, 60, 61, 62},
+                    {90, 91, 92, 100, 101, 102, 110, 111, 112, 100, 101, 102}}},
+  };
+  for (const Fixture& f : fixtures) {
+    std::vector<float> out(small.bytes());
+    aug.apply(img.data(), out.data(), AugmentChoice{.dy = f.dy, .dx = f.dx, .flip = f.flip});
+    for (int y = 0; y < 4; ++y)
+      for (int x = 0; x < 4; ++x)
+        for (int c = 0; c < 3; ++c) {
+          INFO("PyTorch fixture dy " << f.dy << " dx " << f.dx << " at (" << y << ", " << x << ", " << c << ")");
+          REQUIRE(pixel(out, y, x, c) == aug.normalise(c, static_cast<std::uint8_t>(f.hwc[y][x * 3 + c])));
+        }
+  }
+
+  // A non-square image reflects each axis about its own edges; padding 2 < 3 rows is allowed.
+  constexpr ImageShape wide{3, 5, 3};
+  std::vector<std::uint8_t> w(wide.bytes());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<std::uint8_t>(i);
+  const Augmenter wide_aug(Augment{.crop_padding = 2, .pad_mode = PadMode::Reflect}, wide);
+  std::vector<float> out(wide.bytes());
+  wide_aug.apply(w.data(), out.data(), AugmentChoice{.dy = 0, .dx = 4});
+  // Output row 0 is image row 2 (padded row -2); output columns 0..4 are image columns 2 3 4 3 2.
+  constexpr int kCols[5] = {2, 3, 4, 3, 2};
+  for (int x = 0; x < 5; ++x)
+    for (int c = 0; c < 3; ++c) REQUIRE(out[x * 3 + c] == wide_aug.normalise(c, w[(2 * 5 + kCols[x]) * 3 + c]));
 }
 
 TEST_CASE("Crop offsets stay within the padding and cover it uniformly, flips are fair", "[data][augment]") {
@@ -226,10 +318,59 @@ TEST_CASE("Augmentation choices depend only on (seed, epoch, index)", "[data][au
   }
 }
 
+TEST_CASE("Alternating flips: one coin per image, kept in even epochs and inverted in odd ones", "[data][augment]") {
+  const Augment alternating{.crop_padding = 2, .pad_mode = PadMode::Reflect, .flip = true,
+                            .flip_mode = FlipMode::Alternating, .cutout = 8};
+  const Augmenter aug(alternating, kShape), random_flips(cifar_augment(), kShape);
+  const int n = 10000;
+  int flipped0 = 0, same_as_random = 0, differ_seed = 0;
+  for (int i = 0; i < n; ++i) {
+    bool f[4];
+    for (int e = 0; e < 4; ++e) f[e] = aug.choose(3, e, i).flip;
+    // Over any two consecutive epochs the image is seen once flipped and once not.
+    REQUIRE(f[0] != f[1]);
+    REQUIRE(f[1] != f[2]);
+    REQUIRE(f[2] != f[3]);
+    // Beyond its parity, the epoch does not matter.
+    REQUIRE(aug.choose(3, 1000, i).flip == f[0]);
+    REQUIRE(aug.choose(3, 1001, i).flip == f[1]);
+    flipped0 += f[0];
+    same_as_random += f[0] == random_flips.choose(3, 0, i).flip;
+    differ_seed += f[0] != aug.choose(4, 0, i).flip;
+  }
+  // About half the images start flipped: 5000 expected, sigma 50; 150 is 1.5% of n.
+  INFO("flipped in epoch 0: " << flipped0 << ", same as the Random coin: " << same_as_random
+                              << ", other seed differs: " << differ_seed);
+  CHECK(std::abs(flipped0 - n / 2) < 150);
+  // The per-image coin is not the per-epoch one, and another seed gives other coins.
+  CHECK(std::abs(same_as_random - n / 2) < 150);
+  CHECK(std::abs(differ_seed - n / 2) < 150);
+
+  // The mode changes flips only: crops and cutouts are those of FlipMode::Random.
+  Augment random = alternating;
+  random.flip_mode = FlipMode::Random;
+  const Augmenter per_epoch(random, kShape);
+  for (int i = 0; i < 200; ++i) {
+    const auto a = aug.choose(3, 5, i), b = per_epoch.choose(3, 5, i);
+    REQUIRE((a.dy == b.dy && a.dx == b.dx && a.cut_y == b.cut_y && a.cut_x == b.cut_x));
+  }
+}
+
 TEST_CASE("Bad augmentation options are InvalidArguments naming the value", "[data][augment]") {
   require_throws_mentioning<InvalidArgument>([] { Augmenter(Augment{.crop_padding = -1}, kShape); },
                                              {"crop padding -1"});
   require_throws_mentioning<InvalidArgument>([] { Augmenter(Augment{.cutout = 40}, kShape); }, {"cutout size 40"});
   require_throws_mentioning<InvalidArgument>([] { Augmenter(Augment{.std = {1, 0, 1}}, kShape); }, {"std[1] = 0"});
   require_throws_mentioning<InvalidArgument>([] { Augmenter(Augment{}, ImageShape{32, 32, 1}); }, {"1 channels"});
+  // Reflection needs padding below both sides (the smaller one counts); zeros allow up to the side.
+  require_throws_mentioning<InvalidArgument>(
+      [] { Augmenter(Augment{.crop_padding = 32, .pad_mode = PadMode::Reflect}, kShape); },
+      {"crop padding 32", "Reflect", "0 .. 31", "Zeros"});
+  require_throws_mentioning<InvalidArgument>(
+      [] { Augmenter(Augment{.crop_padding = 3, .pad_mode = PadMode::Reflect}, ImageShape{3, 5, 3}); },
+      {"crop padding 3", "3x5", "0 .. 2"});
+  CHECK_NOTHROW(Augmenter(Augment{.crop_padding = 32}, kShape));
+  CHECK_NOTHROW(Augmenter(Augment{.crop_padding = 31, .pad_mode = PadMode::Reflect}, kShape));
+  require_throws_mentioning<InvalidArgument>([] { Augmenter(Augment{.flip_mode = FlipMode::Alternating}, kShape); },
+                                             {"flip_mode Alternating", "flip = true"});
 }
