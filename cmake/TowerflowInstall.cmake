@@ -77,12 +77,13 @@ set(TW_PUBLIC_HEADERS
     core/tensor/optimizer_update.h core/tensor/precision.h
     core/tensor/tensor.h core/trace.h core/version.h data/augment.h data/batch.h data/builtin.h
     data/cifar.h data/data.h data/dataset.h data/image_codec.h data/image_folder.h data/loader.h
-    data/open.h data/resized.h data/subset.h io/atomic_file.h io/checkpoint_dir.h io/crc32c.h
+    data/open.h data/resized.h data/subset.h data/views.h io/atomic_file.h io/checkpoint_dir.h io/crc32c.h
     io/io.h io/model_state.h io/safetensors.h io/summary_writer.h io/train_dir_lock.h
-    models/airbench.h models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h optim/parameters.h
+    models/airbench.h models/models.h optim/adam.h optim/factory.h optim/optim.h optim/optimizer.h
+    optim/parameter_group.h optim/parameters.h
     optim/schedule.h optim/sgd.h tower/balancer.h tower/batch_norm_sync.h tower/devices.h tower/loss_scale.h
     tower/reduction.h tower/split.h tower/tower.h tower/trainer.h tower/workers.h train/checkpoint.h
-    train/fit.h train/hook.h train/metrics_file.h train/monitor.h train/records.h train/reporter.h
+    train/fit.h train/hook.h train/lookahead.h train/metrics_file.h train/monitor.h train/records.h train/reporter.h
     train/startup.h train/step_window.h train/stop_on_signal.h train/tensorboard.h train/time_left.h
     train/trace.h train/train.h)
 foreach(header IN LISTS TW_PUBLIC_HEADERS)

@@ -13,3 +13,4 @@
 #include "data/open.h"
 #include "data/resized.h"
 #include "data/subset.h"
+#include "data/views.h"

@@ -377,7 +377,9 @@ optim::ParameterSet Trainer::parameters() {
 LossScaler* Trainer::loss_scaler() { return impl_->scaler ? &*impl_->scaler : nullptr; }
 
 float Trainer::forward_backward(const data::Batch& batch) { return forward_backward(HostBatch::of(batch)); }
-EvalResult Trainer::evaluate(const data::Batch& batch) { return evaluate(HostBatch::of(batch)); }
+EvalResult Trainer::evaluate(const data::Batch& batch, const std::vector<data::TestView>& views) {
+  return evaluate(HostBatch::of(batch), views);
+}
 
 float Trainer::forward_backward(const HostBatch& batch) {
   Impl& im = *impl_;
@@ -601,7 +603,7 @@ double Trainer::average_buffers(const StepRows& plan) {
   return since(t0);
 }
 
-EvalResult Trainer::evaluate(const HostBatch& batch) {
+EvalResult Trainer::evaluate(const HostBatch& batch, const std::vector<data::TestView>& views) {
   Impl& im = *impl_;
   const int n = towers();
   if (batch.n < 1 && im.world == 1) raise<InvalidArgument>("evaluate got an empty batch; give at least one row");
@@ -640,10 +642,21 @@ EvalResult Trainer::evaluate(const HostBatch& batch) {
     } restore{model, was_training};
     NoGradGuard no_grad;
     const int r = rows[i];
-    Tensor x = Tensor::from_host(batch.images.subspan(o * row, r * row), {r, batch.h, batch.w, batch.c},
-                                 devices_[i]);
+    const Shape shape{r, batch.h, batch.w, batch.c};
+    const std::span<const float> images = batch.images.subspan(o * row, r * row);
     Tensor y = Tensor::from_host(batch.labels.subspan(o, r), {r}, devices_[i]);
-    Tensor logits = model.forward(x);
+    Tensor logits;
+    if (data::plain_views(views)) {
+      logits = model.forward(Tensor::from_host(images, shape, devices_[i]));
+    } else {
+      std::vector<float> view(images.size());
+      for (const data::TestView& v : views) {
+        data::apply_view(v, {batch.h, batch.w, batch.c}, r, images.data(), view.data());
+        Tensor z = scale(model.forward(Tensor::from_host(std::span<const float>(view), shape, devices_[i])),
+                         static_cast<float>(v.weight));
+        logits = logits.defined() ? add(logits, z) : z;
+      }
+    }
     loss[i] = softmax_cross_entropy(logits, y, {.scale = 1.0f}).item();  // the sum over rows
     correct[i] = top_k_correct(logits, y, 1);
     correct5[i] = top_k_correct(logits, y, static_cast<int>(std::min<std::int64_t>(5, logits.dim(1))));

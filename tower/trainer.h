@@ -87,6 +87,7 @@
 #include "core/device.h"
 #include "core/nn/module.h"
 #include "core/tensor/precision.h"
+#include "data/views.h"
 #include "optim/parameters.h"
 #include "tower/loss_scale.h"
 #include "tower/reduction.h"
@@ -209,9 +210,11 @@ class Trainer {
 
   // Loss and top-1 accuracy of replica weights on a batch, split across the towers (any size),
   // in evaluation mode and without autograd. Across processes each gives its own rows (any
-  // number, 0 too) and gets the result over every process's rows.
-  EvalResult evaluate(const HostBatch& batch);
-  EvalResult evaluate(const data::Batch& batch);
+  // number, 0 too) and gets the result over every process's rows. With views (test-time
+  // augmentation, data/views.h), a row's logits are the weighted sum of the model's logits on each
+  // view of its image; empty: the image itself.
+  EvalResult evaluate(const HostBatch& batch, const std::vector<data::TestView>& views = {});
+  EvalResult evaluate(const data::Batch& batch, const std::vector<data::TestView>& views = {});
 
   // What an optimizer steps: every replica's flat buffers (AllReduce) or the master copy
   // (ParameterDevice), the slots named as the model names its parameters, and the towers'

@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "io/model_state.h"
 
+#include <nlohmann/json.hpp>
+
 namespace towerflow::train {
 namespace fs = std::filesystem;
 namespace {
@@ -89,7 +91,7 @@ std::optional<tower::LossScaleState> recorded_loss_scale(const io::Metadata& met
 
 fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const optim::Optimizer& optimizer,
                          const TrainingPosition& position, const io::Metadata& metadata, int keep,
-                         const tower::LossScaler* loss_scaler) {
+                         const tower::LossScaler* loss_scaler, const std::vector<optim::NamedState>& hook_tensors) {
   auto model_state = io::module_state(model);
   std::vector<io::TensorView> model_views;
   model_views.reserve(model_state.size());
@@ -108,10 +110,37 @@ fs::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model, const 
   meta["step_in_epoch"] = std::to_string(position.step_in_epoch);
   meta["optimizer_step"] = std::to_string(state.step);
   meta["optimizer"] = optimizer.name();
+  // The update counts of slots a frozen parameter group held back (OptimizerState::slot_steps).
+  if (!state.slot_steps.empty()) meta["optimizer_slot_steps"] = nlohmann::json(state.slot_steps).dump();
   if (loss_scaler) save_loss_scale(*loss_scaler, meta);  // so that a resumed run goes on alike
   std::string state_bytes = io::serialize_safetensors(views, io::with_checksums(views, std::move(meta)));
 
-  return dir.save(position.step, {{kModelFile, std::move(model_bytes)}, {kStateFile, std::move(state_bytes)}}, keep);
+  std::vector<std::pair<std::string, std::string>> files{{kModelFile, std::move(model_bytes)},
+                                                         {kStateFile, std::move(state_bytes)}};
+  if (!hook_tensors.empty()) {
+    std::vector<io::TensorView> hook_views;
+    for (const auto& t : hook_tensors)
+      hook_views.push_back({t.name, io::DType::F32, {static_cast<std::int64_t>(t.values.size())},
+                            std::as_bytes(std::span(t.values))});
+    files.emplace_back(kHookStateFile, io::serialize_safetensors(hook_views, io::with_checksums(hook_views, {})));
+  }
+  return dir.save(position.step, files, keep);
+}
+
+std::vector<optim::NamedState> load_hook_tensors(const fs::path& checkpoint) {
+  if (!fs::exists(checkpoint / kHookStateFile)) return {};
+  auto file = io::SafetensorsFile::load(checkpoint / kHookStateFile);  // verifies the checksums
+  std::vector<optim::NamedState> out;
+  for (const auto& e : file.entries()) {
+    if (e.dtype != io::DType::F32)
+      raise<DataError>("checkpoint file ", file.source(), ": hook tensor \"", e.name, "\" is ",
+                       io::to_string(e.dtype), ", expected F32");
+    auto bytes = file.data(e);
+    optim::NamedState t{e.name, std::vector<float>(bytes.size() / sizeof(float))};
+    std::memcpy(t.values.data(), bytes.data(), bytes.size());
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 CheckpointInfo read_checkpoint_info(const fs::path& checkpoint) {
@@ -121,6 +150,7 @@ CheckpointInfo read_checkpoint_info(const fs::path& checkpoint) {
 VerifiedCheckpoint verify_checkpoint(const fs::path& checkpoint) {
   auto model_file = io::SafetensorsFile::load(checkpoint / kModelFile);  // verifies the checksums
   auto state_file = io::SafetensorsFile::load(checkpoint / kStateFile);
+  load_hook_tensors(checkpoint);
   return {info_of(state_file), model_file.checksummed() && state_file.checksummed()};
 }
 
@@ -136,6 +166,22 @@ CheckpointInfo load_checkpoint(const fs::path& checkpoint, nn::Module& model, op
   optim::OptimizerState current = optimizer.state();
   optim::OptimizerState loaded;
   loaded.step = metadata_int(state_file, "optimizer_step");
+  if (auto it = state_file.metadata().find("optimizer_slot_steps"); it != state_file.metadata().end()) {
+    const auto parsed = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+    bool ok = parsed.is_object();
+    if (ok)
+      for (const auto& [slot, steps] : parsed.items()) {
+        if (!steps.is_number_integer() || steps.get<std::int64_t>() < 0 || steps.get<std::int64_t>() > loaded.step) {
+          ok = false;
+          break;
+        }
+        loaded.slot_steps[slot] = steps.get<std::int64_t>();
+      }
+    if (!ok)
+      raise<DataError>("checkpoint file ", state_file.source(), ": metadata field \"optimizer_slot_steps\" is \"",
+                       it->second, "\", expected a JSON object of slot names to update counts of at most the "
+                       "optimizer step ", loaded.step);
+  }
   std::set<std::string> expected;
   for (const auto& s : current.tensors) {
     expected.insert(s.name);

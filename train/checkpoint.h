@@ -10,6 +10,8 @@
 //                            step_in_epoch, optimizer_step, seed, the model, the towers, the
 //                            options (JSON) that made the run, and under fp16 the loss scaler's
 //                            state (loss_scale, loss_scale_good_steps, loss_scale_skipped_steps).
+//   hook_state.safetensors   only where a run's hooks keep tensors (train::Hook::save_tensors: a
+//                            weight average), under the hooks' names, 1-D float32.
 // The data order and augmentation are pure functions of (seed, epoch, index), so (seed, epoch,
 // step_in_epoch) is the whole random state of the input pipeline.
 //
@@ -38,6 +40,7 @@ namespace towerflow::train {
 
 inline constexpr const char* kModelFile = "model.safetensors";
 inline constexpr const char* kStateFile = "train_state.safetensors";
+inline constexpr const char* kHookStateFile = "hook_state.safetensors";
 
 struct TrainingPosition {
   std::int64_t step = 0;           // optimizer steps done
@@ -52,11 +55,16 @@ struct CheckpointInfo {
 
 // Writes a checkpoint of model (replica 0), optimizer and, under fp16, the trainer's loss scaler
 // (null: none) at `position`, then keeps the newest `keep`. `metadata` is added to train_state's
-// metadata (model name, seed, options JSON...).
+// metadata (model name, seed, options JSON...); hook_tensors (none: no file) go to hook_state.
 std::filesystem::path save_checkpoint(io::CheckpointDir& dir, const nn::Module& model,
                                       const optim::Optimizer& optimizer, const TrainingPosition& position,
                                       const io::Metadata& metadata, int keep,
-                                      const tower::LossScaler* loss_scaler = nullptr);
+                                      const tower::LossScaler* loss_scaler = nullptr,
+                                      const std::vector<optim::NamedState>& hook_tensors = {});
+
+// The hook tensors of a checkpoint directory (empty when it has no hook_state file), checksums
+// verified: DataError naming the file otherwise.
+std::vector<optim::NamedState> load_hook_tensors(const std::filesystem::path& checkpoint);
 
 // Reads the metadata of a checkpoint directory without loading tensors (cheap validation first).
 CheckpointInfo read_checkpoint_info(const std::filesystem::path& checkpoint);

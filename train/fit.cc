@@ -140,7 +140,7 @@ Plan plan(const data::Dataset& train_set, const FitOptions& o) {
 }
 
 tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads,
-                           const data::Augment& transform) {
+                           const data::Augment& transform, const std::vector<data::TestView>& views) {
   // Each process evaluates an even slice of every batch; the trainer sums the results.
   const int rank = trainer.processes().rank(), world = trainer.processes().size();
   auto slice = [rank, world](int n, std::int64_t, std::int64_t) {
@@ -152,7 +152,7 @@ tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, in
   double loss_sum = 0;
   tower::EvalResult total;
   for (const data::Batch& b : loader) {
-    tower::EvalResult r = trainer.evaluate(b);
+    tower::EvalResult r = trainer.evaluate(b, views);
     loss_sum += r.loss * static_cast<double>(r.rows);
     total.correct += r.correct;
     total.correct_top5 += r.correct_top5;
@@ -235,6 +235,7 @@ class Loop {
   double optimizer_seconds_ = 0;
   std::int64_t evaluated_at_ = -1;  // the step of the last evaluation during training
   std::int64_t tested_at_ = -1;     // with a validation set: the step of the test set's evaluation
+  bool final_ = false;              // in the final evaluation (FitOptions::final_views apply)
   std::int64_t saved_at_ = -1;      // the step of the last checkpoint this run wrote or resumed from
   collectives::ProcessGroup& processes_ = trainer_.processes();
   const bool rank0_ = processes_.rank() == 0;
@@ -349,8 +350,12 @@ void Loop::save(const TrainingPosition& p, bool final) {
   if (const std::vector<double> shares = trainer_.split_shares(p.step + 1); !shares.empty())
     metadata_[kSplitSharesKey] = nlohmann::json(shares).dump();
   try {
+    std::vector<optim::NamedState> hook_tensors;
+    each([&](Hook& h) {
+      for (auto& t : h.save_tensors()) hook_tensors.push_back(std::move(t));
+    });
     result_.last_checkpoint = save_checkpoint(*dir_, trainer_.model(), optimizer_, p, metadata_, 0,
-                                              trainer_.loss_scaler());
+                                              trainer_.loss_scaler(), hook_tensors);
   } catch (const DataError& e) {
     if (final || o_.checkpoint_errors == CheckpointErrors::Stop) throw;
     log_warning(str("the checkpoint of step ", p.step, " was not written: ", e.what(),
@@ -397,9 +402,12 @@ void Loop::evaluate_now(std::int64_t step) {
 }
 
 // At the end: whichever set has not been evaluated at this step (a run stopped by a hook after a
-// validation still reports its test set).
+// validation still reports its test set). With final views the test set is evaluated again
+// through them even when its plain evaluation was at this step: both records are kept.
 void Loop::final_evaluation(std::int64_t step) {
-  if (evaluated_at_ != step) evaluate_now(step);
+  final_ = true;
+  const bool views = test_set_ && !data::plain_views(o_.final_views);
+  if (evaluated_at_ != step || (views && !o_.validation_set)) evaluate_now(step);
   if (o_.validation_set && test_set_ && tested_at_ != step) {
     evaluate_set(step, EvalSet::Test);
     tested_at_ = step;
@@ -411,8 +419,9 @@ void Loop::evaluate_set(std::int64_t step, EvalSet which) {
   auto t0 = Clock::now();
   // Evaluation images are normalised as the training images are, and not augmented.
   const data::Augment transform{.mean = o_.augment.mean, .std = o_.augment.std};
-  tower::EvalResult e =
-      evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads, transform);
+  const bool with_views = final_ && which == EvalSet::Test && !data::plain_views(o_.final_views);
+  tower::EvalResult e = evaluate(trainer_, set, o_.eval_batch > 0 ? o_.eval_batch : o_.batch, o_.loader_threads,
+                                 transform, with_views ? o_.final_views : std::vector<data::TestView>{});
   const double seconds = seconds_since(t0);
   if (which == EvalSet::Validation) {
     result_.val_loss = e.loss;
@@ -434,7 +443,8 @@ void Loop::evaluate_set(std::int64_t step, EvalSet which) {
                .seconds = seconds,
                .test_top5 = e.top5,
                .classes = e.classes,
-               .confusion = e.confusion};
+               .confusion = e.confusion,
+               .views = with_views ? static_cast<int>(o_.final_views.size()) : 1};
   each([&](Hook& h) { h.on_eval(r); });
   // A model that computes NaN or Inf on held-out data has diverged even when the training loss
   // of the last step was finite (an update can overflow the weights it leaves behind). The hooks
@@ -473,6 +483,7 @@ FitResult Loop::run() {
   TrainingPosition pos;
   std::optional<CheckpointInfo> resumed;
   fs::path resumed_from, moved_aside;
+  std::vector<optim::NamedState> resumed_tensors;
   int removed = 0;
   // Across processes, rank 0 alone looks after train_dir (it writes the checkpoints); every rank
   // loads the checkpoint rank 0 chose.
@@ -497,6 +508,7 @@ FitResult Loop::run() {
       }
       chosen = processes_.broadcast(chosen, 0);
       if (!chosen.empty()) {
+        resumed_tensors = load_hook_tensors(chosen);  // read and verified before the model changes
         resumed = load_checkpoint(chosen, trainer_.model(), optimizer_, trainer_.loss_scaler());
         trainer_.broadcast_from_replica0();
         pos = resumed->position;
@@ -537,7 +549,8 @@ FitResult Loop::run() {
                   .resumed_from = resumed_from,
                   .removed_files = removed,
                   .moved_aside = moved_aside,
-                  .run_id = run_id_};
+                  .run_id = run_id_,
+                  .resumed_tensors = std::move(resumed_tensors)};
   each([&](Hook& h) { h.on_start(start); });
 
   // ---- the loop -----------------------------------------------------------------------------

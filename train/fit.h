@@ -71,6 +71,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "data/augment.h"
+#include "data/views.h"
 #include "io/safetensors.h"
 #include "optim/schedule.h"
 #include "train/hook.h"
@@ -127,6 +128,10 @@ struct FitOptions {
   // the training set); must outlive fit(). Null: the test set is evaluated during training.
   const data::Dataset* validation_set = nullptr;
   int eval_batch = 0;              // 0: batch
+  // Test-time augmentation of the final evaluation of the test set (data/views.h; test_views(2)
+  // is airbench94's): each row's logits summed over these views. Evaluations during training
+  // stay plain. Empty: plain.
+  std::vector<data::TestView> final_views = {};
   int log_every = 10;              // steps between on_log records
   // checkpoints
   std::filesystem::path train_dir = {};  // empty: no checkpoints and no resume
@@ -151,9 +156,11 @@ FitResult fit(tower::Trainer& trainer, optim::Optimizer& optimizer, const data::
 
 // Loss and top-1 accuracy of the trainer's model over every image of `set` (the final partial
 // batch kept), in batches of `batch` split over the towers, each image through `transform`
-// (normalisation only by default; fit() passes its augment's mean and std).
+// (normalisation only by default; fit() passes its augment's mean and std), and, with views, each
+// row's logits summed over its test-time views (Trainer::evaluate).
 tower::EvalResult evaluate(tower::Trainer& trainer, const data::Dataset& set, int batch, int loader_threads = 1,
-                           const data::Augment& transform = data::eval_transform());
+                           const data::Augment& transform = data::eval_transform(),
+                           const std::vector<data::TestView>& views = {});
 
 // `e` with every device's allocator report and what would make the run fit (a smaller
 // FitOptions::batch, GPU pool options, a larger ProcessOptions::memory_limit_mb), as fit() throws

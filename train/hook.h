@@ -31,6 +31,9 @@
 // - save_state(metadata): before each checkpoint is written, what a hook needs to go on alike in a
 //   resumed run (a best value, a count); the checkpoint's metadata holds it, and a resumed run's
 //   on_start finds it in StartInfo::resumed->metadata. Keys are the hook's own (prefix them).
+// - save_tensors(): the same for tensors (a weight average), written to the checkpoint's
+//   hook_state.safetensors (train/checkpoint.h); a resumed run's on_start finds them in
+//   StartInfo::resumed_tensors. Names are the hook's own (prefix them).
 // - An exception thrown by a hook leaves fit() at once (no final evaluation or checkpoint), as a
 //   crash would; checkpoints already written are kept.
 
@@ -81,6 +84,7 @@ struct StartInfo {
   int removed_files = 0;                  // a new run: files of an earlier run deleted from train_dir
   std::filesystem::path moved_aside = {}; // a new run: where an earlier run's files were moved
   std::string run_id;                     // new for a new run, the checkpoint's for a resumed one
+  std::vector<optim::NamedState> resumed_tensors = {};  // every hook's save_tensors() at the checkpoint
 };
 
 struct FitResult {
@@ -118,6 +122,8 @@ class Hook {
   virtual std::vector<std::filesystem::path> files() const { return {}; }
   // Adds the hook's state to a checkpoint's metadata (see the contract).
   virtual void save_state(io::Metadata& metadata) const {}
+  // The hook's tensors for a checkpoint (see the contract).
+  virtual std::vector<optim::NamedState> save_tensors() const { return {}; }
 
   // Ends the run early (see the contract). Outside fit() it does nothing.
   void stop_training(std::string reason, bool evaluate = true);

@@ -47,6 +47,7 @@ ordered_json json_of(const EvalRecord& r) {
     j[p + "_class_acc"] = per_class;
   }
   j["examples"] = r.examples;
+  if (r.views > 1) j["views"] = r.views;
   return j;
 }
 

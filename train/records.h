@@ -65,6 +65,7 @@ struct EvalRecord {
   // [true label][top-1 prediction] counts, classes x classes, row-major (tower::EvalResult).
   int classes = 0;
   std::vector<std::int64_t> confusion = {};
+  int views = 1;                // test-time views per image (FitOptions::final_views)
 };
 
 struct CheckpointRecord {

@@ -4,6 +4,7 @@
 #include "train/checkpoint.h"
 #include "train/fit.h"
 #include "train/hook.h"
+#include "train/lookahead.h"
 #include "train/metrics_file.h"
 #include "train/monitor.h"
 #include "train/records.h"

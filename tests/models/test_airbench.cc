@@ -100,7 +100,7 @@ TEST_CASE("patch whitening matches airbench94's eigen-filters (each up to its si
                     Catch::Contains("full-rank"));
 }
 
-TEST_CASE("airbench94: state_dict names and shapes are PyTorch's; frozen weights are buffers",
+TEST_CASE("airbench94: state_dict names and shapes are PyTorch's, frozen weights are buffers",
           "[models][airbench][torch]") {
   auto model = models::make_model("airbench94", Device::cpu());
   std::set<std::string> ours;

@@ -258,3 +258,48 @@ TEST_CASE("a checkpoint holds the loss scaler's state, and a damaged one loads n
   CHECK(untouched.sgd.step_count() == 0);
   CHECK(fresh.state().scale == tw::tower::LossScaler().state().scale);
 }
+
+TEST_CASE("a checkpoint holds the update counts of parameters a frozen group held back, and refuses "
+          "damaged ones",
+          "[train][checkpoint][groups]") {
+  fresh_devices();
+  TempDir dir;
+  tw::io::CheckpointDir ckdir(dir.path);
+  auto model = tw::models::make_model("tfcnn", tw::Device::cpu(0), {.num_classes = 10, .seed = 1});
+  std::vector<tw::optim::ParameterSlot> slots;
+  std::size_t offset = 0;
+  for (const auto& [name, t] : model->named_parameters()) {
+    slots.push_back({name, offset, static_cast<std::size_t>(t.numel()), t.shape()});
+    offset += static_cast<std::size_t>(t.numel());
+  }
+  auto adam_over = [&](std::vector<float>& p) {
+    return std::make_unique<tw::optim::Adam>(
+        tw::optim::ParameterSet::single(std::span<float>(p), std::span<const float>(p), slots),
+        tw::optim::AdamOptions{.lr = 1e-3},
+        std::vector<tw::optim::ParameterGroup>{{.name = "head", .slots = tw::optim::slots_containing("fc3"), .frozen = true}});
+  };
+  auto params = model->flat_parameters().to_host();
+  auto adam = adam_over(params);
+  adam->step();
+  adam->step();
+  adam->set_group_frozen("head", false);
+  adam->step();
+  REQUIRE(adam->state().slot_steps == std::map<std::string, std::int64_t>{{"fc3.weight", 1}, {"fc3.bias", 1}});
+  const fs::path ckpt = save_checkpoint(ckdir, *model, *adam, {.step = 3}, {}, 0);
+
+  std::vector<float> other = params;
+  auto resumed = adam_over(other);
+  load_checkpoint(ckpt, *model, *resumed);
+  CHECK(resumed->state().step == 3);
+  CHECK(resumed->state().slot_steps == adam->state().slot_steps);
+
+  // Update counts above the step are damage: refused, naming the field.
+  std::vector<float> fresh = params;
+  auto never_stepped = adam_over(fresh);
+  TempDir bad_dir;
+  tw::io::CheckpointDir bad(bad_dir.path);
+  const fs::path damaged =
+      save_checkpoint(bad, *model, *never_stepped, {.step = 3}, {{"optimizer_slot_steps", R"({"fc3.weight": 9})"}}, 0);
+  CHECK_THROWS_WITH(load_checkpoint(damaged, *model, *resumed),
+                    Catch::Contains("optimizer_slot_steps") && Catch::Contains("fc3.weight"));
+}
