@@ -42,13 +42,16 @@ const std::vector<Field>& fields() {
       {"builtin_test_size", &TrainOptions::builtin_test_size, "test images of the built-in dataset", 1, 1e8, "Data"},
       {"val_split", &TrainOptions::val_split, "hold out this fraction of the training set (of each class, chosen by --seed) as a validation set: evaluations during training use it and the test set is evaluated once, at the end (0: none)", 0, 0.99, "Data"},
       {"val_dir", &TrainOptions::val_dir, "a validation set of its own, read like --data_dir (an image folder: its test/ sub-folder if it has one, else the folder; CIFAR binary: its test batch); evaluated as --val_split's", 0, 0, "Data"},
+      {"crop_padding", &TrainOptions::crop_padding, "random crops of each training image padded by this many pixels on every side (0: none; not on the built-in dataset)", 0, 1024, "Data"},
+      {"pad_mode", &TrainOptions::pad_mode, "the crops' padding: zeros (torchvision's RandomCrop) or reflect (PyTorch's reflect padding, airbench94's)", 0, 0, "Data", "zeros|reflect"},
+      {"flip", &TrainOptions::flip, "horizontal flips of training images: random (each image, each epoch) | alternating (a random flip per image in even epochs, the opposite in odd ones: airbench94's) | none (not on the built-in dataset)", 0, 0, "Data", "random|alternating|none"},
       {"cutout", &TrainOptions::cutout, "side in pixels of the square cut out of each training image (0: none; DeVries & Taylor use 16 on CIFAR-10)", 0, 1024, "Data"},
       {"image_size", &TrainOptions::image_size, "the model's input size, N or HxW: images of another size (CIFAR's 32x32, an image folder's) are resized to it, bilinear", 0, 0, "Data"},
       {"mean", &TrainOptions::mean, "per-channel mean subtracted from pixels scaled to [0, 1]: R,G,B, or cifar10 (0.4914,0.4822,0.4465) or imagenet (0.485,0.456,0.406); evaluation and cifar10_eval use the same", 0, 0, "Data"},
       {"std", &TrainOptions::stddev, "per-channel standard deviation the pixels are divided by after --mean: R,G,B, or cifar10 (0.247,0.2435,0.2616) or imagenet (0.229,0.224,0.225)", 0, 0, "Data"},
       {"mixup", &TrainOptions::mixup, "mix each training image with its batch neighbour, weights lambda ~ Beta(ALPHA, ALPHA), and their targets alike (Zhang et al.; 0: off, 0.2 is usual for CIFAR)", 0, 100, "Data"},
       {"cutmix", &TrainOptions::cutmix, "paste a box of each training image's batch neighbour into it, area 1 - lambda with lambda ~ Beta(ALPHA, ALPHA), targets weighted by area (Yun et al.; 0: off, 1.0 is usual); with --mixup, each batch takes one of the two", 0, 100, "Data"},
-      {"model", &TrainOptions::model, "tfcnn|resnet20|resnet32|resnet44|resnet56|resnet110", 0, 0, "Model"},
+      {"model", &TrainOptions::model, "tfcnn|resnet20|resnet32|resnet44|resnet56|resnet110|airbench94", 0, 0, "Model"},
       {"precision", &TrainOptions::precision, "convolutions and matrix products in fp32, or on bf16 or fp16 operands with fp32 accumulation (the rest stays fp32; bf16 without bf16 instructions, and fp16 always, emulated: slower than fp32); fp16 scales the loss dynamically", 0, 0, "Model", "fp32|bf16|fp16"},
       {"devices", &TrainOptions::devices, "towers of this process: 'all' (every logical device) or a list, e.g. /cpu:0,/cpu:1 or /gpu:0,/gpu:1; under mpirun a name with a task (/job:worker/task:1/device:GPU:0) is a device of that rank only", 0, 0, "Devices"},
       {"num_gpus", &TrainOptions::num_gpus, "use the first N GPUs (TensorFlow tutorial flag; -1: all)", -1, 1 << 20, "Devices"},
@@ -69,7 +72,10 @@ const std::vector<Field>& fields() {
       {"warmup_epochs", &TrainOptions::warmup_epochs, "linear warm-up from 0 over this many epochs", 0, 1e6, "Optimizer"},
       {"label_smoothing", &TrainOptions::label_smoothing, "targets (1 - s) * onehot + s / classes in the training loss", 0, 0.999, "Optimizer"},
       {"clip_grad_norm", &TrainOptions::clip_grad_norm, "scale the gradients down to this global L2 norm when it is larger, as torch.nn.utils.clip_grad_norm_ (0: off)", 0, 1e12, "Optimizer"},
-      {"epochs", &TrainOptions::epochs, "epochs to train", 1, 1 << 24},
+      {"epochs", &TrainOptions::epochs, "epochs to train; a fraction stops inside the last one (9.9: 90% of the tenth)", 0.001, 1 << 24},
+      {"recipe", &TrainOptions::recipe, "a published recipe's settings for every option not given: airbench94 (Keller Jordan's CIFAR-10 speed recipe: its network, whitening from data, batch 1024, Nesterov SGD with its lr groups, label smoothing, its schedule, alternating flips, Lookahead, six test views; docs/training-fast.md) | none", 0, 0, "Training", "none|airbench94"},
+      {"tta", &TrainOptions::tta, "test-time augmentation of the final evaluation: 0 (none) | 1 (the image and its mirror) | 2 (also shifted one pixel both ways: airbench94's six views); evaluations during training stay plain", 0, 2},
+      {"lookahead", &TrainOptions::lookahead, "Lookahead weight averaging every N steps (airbench94's: an average of the weights, which the weights are set to; 0: off)", 0, 1 << 24},
       {"dry_run", &TrainOptions::dry_run, "print what the run would use (model, data, towers and their rows, devices, length, checkpoints, each device's memory after one forward and backward) and stop: nothing is trained or written", 0, 0},
       {"max_steps", &TrainOptions::max_steps, "stop after this many steps (0: --epochs decides)", 0, 1e15},
       {"eval_every", &TrainOptions::eval_every, "evaluate every N epochs (0: only at the end), on the validation set when there is one (--val_split, --val_dir), else on the test split", 0, 1 << 24},
@@ -357,6 +363,7 @@ Resolved TrainCommandLine::resolve() const {
     set_train_option(c.train, name, value);
     given.insert(name);
   }
+  apply_recipe(c.train, given);
   return {c.train, c.process.merged_with(process_flags_), given};
 }
 
@@ -408,6 +415,25 @@ std::string to_json(const TrainOptions& opts) {
     std::visit([&](auto member) { j[f.name] = opts.*member; }, f.member);
   }
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);  // a path need not be UTF-8
+}
+
+void apply_recipe(TrainOptions& opts, const std::set<std::string>& given) {
+  if (opts.recipe != "airbench94") return;
+  // airbench94's hyperparameters are per 1024 examples with a summed loss and decoupled from the
+  // momentum: lr 11.5 and weight decay 0.0153 become PyTorch SGD's lr 11.5 / K and weight decay
+  // 0.0153 * 1024 / 11.5 with K = 1024 * (1 + 1 / (1 - 0.85)). Towers average the loss over the
+  // global batch B (Note [Why towers scale loss by B]): the same updates take lr * B and weight
+  // decay / B, that is lr 1.5 and weight decay 0.0153 / 11.5 at B = 1024 (the 64x lr of the
+  // batch-norm biases is a parameter group, set with the model).
+  const std::vector<std::pair<const char*, std::string>> settings = {
+      {"model", "airbench94"},   {"batch_size", "1024"},     {"epochs", "9.9"},
+      {"optimizer", "nesterov"}, {"lr", "1.5"},              {"momentum", "0.85"},
+      {"weight_decay", number_text(0.0153 / 11.5)},          {"schedule", "linear:0=0.2,0.23=1,1=0.07"},
+      {"warmup_epochs", "0"},    {"label_smoothing", "0.2"}, {"crop_padding", "2"},
+      {"pad_mode", "reflect"},   {"flip", "alternating"},    {"tta", "2"},
+      {"lookahead", "5"},        {"save_every", "0"}};
+  for (const auto& [name, value] : settings)
+    if (!given.count(name)) set_train_option(opts, name, value);
 }
 
 std::string as_flags(std::string_view message) {

@@ -38,6 +38,9 @@ struct TrainOptions {
   int loader_threads = 1;              // background threads preparing batches
   std::int64_t builtin_train_size = 5000;  // images of the built-in dataset's splits
   std::int64_t builtin_test_size = 1000;
+  int crop_padding = 4;                // random crops of the image padded by N pixels (0: none)
+  std::string pad_mode = "zeros";      // zeros | reflect: the crop's padding
+  std::string flip = "random";         // random | alternating | none: horizontal flips
   int cutout = 0;                      // side of the cutout square on training images (0: none)
   double mixup = 0.0;                  // > 0: mixup of training batches, lambda ~ Beta(mixup, mixup)
   double cutmix = 0.0;                 // > 0: CutMix, lambda ~ Beta(cutmix, cutmix); with --mixup, one or the other per batch
@@ -70,8 +73,12 @@ struct TrainOptions {
   double warmup_epochs = 0.0;
   double label_smoothing = 0.0;        // targets (1 - s) * onehot + s / classes
   double clip_grad_norm = 0.0;         // > 0: the gradients' global L2 norm is clipped to this
+  int tta = 0;                         // test-time views of the final evaluation: 0 | 1 (mirror) | 2 (airbench94's six)
+  int lookahead = 0;                   // > 0: Lookahead weight averaging every N steps (train/lookahead.h)
+  // a recipe: the settings of a published run for every option not given (apply_recipe)
+  std::string recipe = "none";         // none | airbench94
   // length
-  int epochs = 3;
+  double epochs = 3;                   // a fraction ends the run inside its last epoch
   std::int64_t max_steps = 0;          // > 0: stop after this many steps (wins over epochs)
   int eval_every = 1;                  // epochs between evaluations (0: only at the end)
   std::string keep_best = {};          // a metric (val_acc, loss, ...): its best checkpoint in train_dir/best
@@ -104,6 +111,10 @@ struct TrainOptions {
 void set_train_option(TrainOptions& opts, std::string_view name, std::string_view value);
 // Whether `name` is a training option.
 bool is_train_option(std::string_view name);
+
+// --recipe: sets every option the recipe fixes and `given` does not name (a flag or the config
+// file wins). airbench94: see docs/training-fast.md. "none" sets nothing.
+void apply_recipe(TrainOptions& opts, const std::set<std::string>& given);
 
 // A library error's message in this program's words: the option fields the library names
 // (core/error.h's render_options) as the flags that set them, "FitOptions::batch" as

@@ -367,6 +367,52 @@ void write_confusion(const fs::path& path, const train::EvalRecord& r, const std
   io::write_file_atomically(path, j.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
 }
 
+// What a model or a recipe adds to the run: airbench94's whitening layer from the first 5,000
+// training images (a new run; a resumed one has it in its checkpoint), and --recipe airbench94's
+// parameter groups (batch-norm biases at 64x the lr, the whitening bias frozen after 3 epochs).
+struct Recipe {
+  std::vector<std::pair<std::string, std::string>> fields;  // for the start-up block
+  std::unique_ptr<train::LambdaHook> hook;
+};
+
+Recipe set_up_recipe(const TrainOptions& o, tower::Trainer& trainer, optim::Optimizer& optimizer,
+                     const data::Dataset& train_set, const data::Augment& augment) {
+  Recipe r;
+  if (models::Airbench94* net = models::as_airbench94(trainer.model()); net && !o.resume && o.init_from.empty()) {
+    const auto t0 = Clock::now();
+    const int n = static_cast<int>(std::min<std::int64_t>(5000, train_set.size()));
+    data::Loader first(train_set, {.batch = n, .augment = {.mean = augment.mean, .std = augment.std},
+                                   .shuffle = false, .drop_last = false, .threads = 0});
+    const data::Batch& b = *first.begin();
+    net->whiten(Tensor::from_host(std::span<const float>(b.images.data(), b.n * b.image_floats()),
+                                  {b.n, b.h, b.w, b.c}, Device::cpu()));
+    trainer.broadcast_from_replica0();
+    r.fields.emplace_back("whitening", str("2x2 patches of the first ", n, " training images, in ",
+                                           std::lround(seconds_since(t0) * 1000), " ms"));
+  }
+  if (o.recipe == "airbench94") {
+    optimizer.set_groups({{.name = "norm_biases", .slots = optim::slots_containing("norm"), .lr_scale = 64,
+                           .weight_decay = o.weight_decay / 64},
+                          {.name = "whitening_bias", .slots = optim::slots_named({"0.bias"})}});
+    r.hook = std::make_unique<train::LambdaHook>();
+    constexpr std::int64_t kWhiteningBiasEpochs = 3;
+    r.hook->start = [&optimizer](const train::StartInfo& s) {
+      if (s.position.epoch >= kWhiteningBiasEpochs) optimizer.set_group_frozen("whitening_bias", true);
+    };
+    r.hook->epoch_end = [&optimizer](std::int64_t epoch) {
+      if (epoch + 1 == kWhiteningBiasEpochs) optimizer.set_group_frozen("whitening_bias", true);
+    };
+    r.fields.emplace_back("recipe", "airbench94: batch-norm biases at 64x the lr with weight decay / 64, "
+                                    "the whitening bias trained for 3 epochs, then frozen");
+  }
+  if (o.lookahead > 0)
+    r.fields.emplace_back("lookahead", str("every ", o.lookahead, " steps, decay 0.95^5 * (step / steps)^3"));
+  if (o.tta > 0)
+    r.fields.emplace_back("test views", o.tta == 1 ? "the image and its mirror, in the final evaluation"
+                                                   : "six (mirror, one-pixel shifts), in the final evaluation");
+  return r;
+}
+
 std::string optimizer_description(const TrainOptions& o) {
   std::string out = o.optimizer + ", lr " + str(o.lr);
   if (o.optimizer == "sgd" || o.optimizer == "nesterov") out += str(", momentum ", o.momentum);
@@ -508,7 +554,13 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                            " gives a global batch of ", fopts.batch, ": use a batch of at least 2");
   // The built-in set already varies position, scale and colour, so it gets no crop or flip;
   // cutout, when asked for, applies to every dataset.
-  fopts.augment = dataset_kind(o) == data::DatasetKind::Builtin ? data::eval_transform() : data::cifar_augment();
+  fopts.augment = data::eval_transform();
+  if (dataset_kind(o) != data::DatasetKind::Builtin) {
+    fopts.augment.crop_padding = o.crop_padding;
+    fopts.augment.pad_mode = o.pad_mode == "reflect" ? data::PadMode::Reflect : data::PadMode::Zeros;
+    fopts.augment.flip = o.flip != "none";
+    fopts.augment.flip_mode = o.flip == "alternating" ? data::FlipMode::Alternating : data::FlipMode::Random;
+  }
   fopts.augment.cutout = o.cutout;
   const Preprocessing prep = preprocessing(o);
   fopts.augment.mean = prep.mean;
@@ -519,8 +571,12 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                            " training images; use 0 (none) .. ", std::max(shape.h, shape.w), " (16 is usual for CIFAR-10)");
   fopts.seed = o.seed;
   fopts.loader_threads = o.loader_threads;
-  fopts.epochs = o.epochs;
+  // A fractional --epochs ends inside its last epoch: ceil(epochs * steps per epoch) steps.
+  fopts.epochs = static_cast<int>(std::ceil(o.epochs));
   fopts.max_steps = o.max_steps;
+  if (fopts.max_steps == 0 && o.epochs != std::floor(o.epochs))
+    fopts.max_steps = static_cast<std::int64_t>(std::ceil(o.epochs * static_cast<double>(train::plan(*train_set, fopts).steps_per_epoch)));
+  if (o.tta > 0) fopts.final_views = data::test_views(o.tta);
   const std::optional<train::PlateauOptions> plateau = parse_plateau(o.schedule);
   // The metrics watched, checked here so that their errors speak in flags.
   for (const auto& [flag, metric, used] : {std::tuple{"keep_best", o.keep_best, !o.keep_best.empty()},
@@ -576,6 +632,7 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   } catch (const OutOfMemory& e) {
     throw train::explain_out_of_memory(e, devices, fopts.batch);
   }
+  const Recipe recipe = set_up_recipe(o, *trainer, *optimizer, *train_set, fopts.augment);
   // --init_from: a new run from a checkpoint's (or a state_dict's) weights.
   fs::path initial_weights;
   if (!o.init_from.empty()) {
@@ -602,6 +659,7 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
                                                   : "as the run recorded them, except " + describe_changes(resumption.changed),
                        "resumed");
     train::set_field(f, "optimizer", optimizer_description(o));
+    for (const auto& [key, value] : recipe.fields) train::set_field(f, key, value, "optimizer");
     if (world.size() > 1)
       train::set_field(f, "processes", str(world.name(), "; ", towers.size(), " towers (", devices.size(),
                                            " per process)"), "devices");
@@ -670,6 +728,9 @@ FitResult run_training(const TrainOptions& options, ProcessOptions process, Repo
   } catch (const InvalidArgument& e) {
     raise<InvalidArgument>("--keep_best / --early_stop / --schedule plateau: ", e.what());
   }
+  std::optional<train::Lookahead> lookahead;
+  if (o.lookahead > 0) hooks.push_back(&lookahead.emplace(train::LookaheadOptions{.every = o.lookahead}));
+  if (recipe.hook) hooks.push_back(recipe.hook.get());
   hooks.insert(hooks.end(), extra.begin(), extra.end());
 
   try {

@@ -346,3 +346,32 @@ TEST_CASE("library errors name fields and the program shows its flags", "[cifar1
   CHECK(as_flags("fewer prefetched batches (LoaderOptions::prefetch)") ==
         "fewer prefetched batches (LoaderOptions::prefetch)");
 }
+
+TEST_CASE("--recipe airbench94 sets what the recipe fixes, except what a flag or the config file gives",
+          "[cifar10][options][recipe]") {
+  const std::string ini = temp_file("recipe.ini", "[train]\nlr = 2.0\n");
+  Resolved r = parse({"--recipe", "airbench94", "--batch_size", "512", "--config", ini});
+  CHECK(r.train.model == "airbench94");
+  CHECK(r.train.batch_size == 512);  // the flag
+  CHECK(r.train.lr == 2.0);          // the config file
+  CHECK(r.train.epochs == 9.9);
+  CHECK(r.train.optimizer == "nesterov");
+  CHECK(r.train.momentum == 0.85);
+  // airbench94's decoupled weight decay 0.0153 per 1024 examples at lr 11.5: 0.0153 / 11.5 per
+  // example under a mean loss.
+  CHECK(r.train.weight_decay == Approx(0.0153 / 11.5).epsilon(1e-9));
+  CHECK(r.train.schedule == "linear:0=0.2,0.23=1,1=0.07");
+  CHECK(r.train.label_smoothing == 0.2);
+  CHECK(r.train.crop_padding == 2);
+  CHECK(r.train.pad_mode == "reflect");
+  CHECK(r.train.flip == "alternating");
+  CHECK(r.train.tta == 2);
+  CHECK(r.train.lookahead == 5);
+  CHECK_FALSE(r.given.count("lookahead"));  // a resumed run takes the recorded value
+  // Without a recipe nothing changes; an unknown one is refused naming the known ones.
+  CHECK(parse({}).train.model == TrainOptions{}.model);
+  TrainOptions o;
+  CHECK_THROWS_WITH(set_train_option(o, "recipe", "airbench96"),
+                    Catch::Contains("airbench96") && Catch::Contains("none, airbench94"));
+  std::filesystem::remove(ini);
+}

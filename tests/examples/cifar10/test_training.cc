@@ -681,3 +681,50 @@ TEST_CASE("cifar10_predict classifies image files as the evaluation does, prepro
   CHECK_THROWS_WITH(run_prediction({}, {.checkpoint = o.train_dir, .inputs = {(dir.path / "bad.png").string()}}, {}, preporter),
                     Catch::Contains("bad.png"));
 }
+
+TEST_CASE("--recipe airbench94 whitens from the data, trains the whitening bias for 3 epochs, stops inside "
+          "a fractional epoch and evaluates through six views at the end",
+          "[cifar10][training][recipe]") {
+  fresh_devices();
+  TempDir dir;
+  Output out;
+  Reporter reporter(out.reporter_options());
+  TrainOptions o = tiny_options(dir.path);
+  o.recipe = "airbench94";
+  o.batch_size = 64;  // 2 steps an epoch
+  o.epochs = 3.5;     // 7 steps
+  o.save_every = 2;
+  o.keep_checkpoints = 0;
+  o.lookahead = 0;  // Lookahead would average the frozen bias with its earlier values
+  apply_recipe(o, {"builtin_train_size", "builtin_test_size", "batch_size", "epochs", "save_every",
+                   "keep_checkpoints", "lookahead", "train_dir", "devices", "loader_threads", "log_every",
+                   "eval_every", "lr"});
+  FitResult r = run_training(o, {}, reporter);
+  CHECK(r.steps == 7);
+  CHECK(steps_in(dir.path) == std::vector<std::int64_t>{2, 4, 6, 7});
+  auto tensor_at = [&](int step, const std::string& name) {
+    char ckpt[32];
+    std::snprintf(ckpt, sizeof ckpt, "ckpt-%010d", step);
+    return tensors_of(dir.path / ckpt / kModelFile).at(name);
+  };
+  auto bias_at = [&](int step) { return tensor_at(step, "0.bias"); };
+  CHECK(bias_at(4) != bias_at(6));  // trained in the third epoch (steps 5 and 6)
+  CHECK(bias_at(6) == bias_at(7));  // frozen from the fourth
+  // The whitening layer is the data's, not the model's initial one.
+  const auto weight = tensor_at(7, "0.weight");
+  REQUIRE(weight.size() == 24 * 3 * 2 * 2 * sizeof(float));
+  for (const auto& [name, t] : tw::models::make_model("airbench94", tw::Device::cpu(0))->named_buffers())
+    if (name == "0.weight") {
+      const auto initial = t.to_host();
+      CHECK(std::memcmp(initial.data(), weight.data(), weight.size()) != 0);
+    }
+  auto metrics = jsonl(dir.path / "metrics.jsonl");
+  REQUIRE(metrics.size() >= 2);
+  CHECK_FALSE(metrics[metrics.size() - 2].contains("views"));  // the plain evaluation at the end
+  CHECK(metrics.back()["views"] == 6);
+  CHECK(metrics.back()["step"] == 7);
+  const std::string text = out.text();
+  CHECK_THAT(text, Catch::Contains("whitening") && Catch::Contains("first 128 training images") &&
+                       Catch::Contains("64x the lr") && Catch::Contains("six (mirror, one-pixel shifts)") &&
+                       Catch::Contains("linear:0=0.2,0.23=1,1=0.07"));
+}
