@@ -263,9 +263,10 @@ void Reporter::eval(const EvalRecord& r) {
   const char* p = r.set == EvalSet::Validation ? "val" : "test";
   char line[256];
   std::snprintf(line, sizeof line,
-                "eval  epoch %.2f  step %lld  %s_loss %.4f  %s_acc %.2f%%  top-5 %.2f%%  (%lld images, %.1f s)",
+                "eval  epoch %.2f  step %lld  %s_loss %.4f  %s_acc %.2f%%  top-5 %.2f%%  (%lld images%s, %.1f s)",
                 r.epoch, static_cast<long long>(r.step), p, r.test_loss, p, 100.0 * r.test_acc, 100.0 * r.test_top5,
-                static_cast<long long>(r.examples), r.seconds);
+                static_cast<long long>(r.examples), r.views > 1 ? str(" x ", r.views, " views").c_str() : "",
+                r.seconds);
   write_locked(line);
 }
 

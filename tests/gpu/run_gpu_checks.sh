@@ -23,7 +23,8 @@
 #   bench    a traced ResNet-20 run on /gpu:0 (where a step's time goes, op by op), then ResNet-20
 #            and tfcnn training on /gpu:0 in fp32, bf16 and fp16, towerflow
 #            (towerflow_bench_train) and PyTorch (bench/peers/torch_cifar_bench.py --device cuda,
-#            channels-last, autocast) alternating, and their ratios
+#            channels-last, autocast) alternating, and their ratios; the airbench94 recipe for one
+#            epoch, towerflow on /gpu:0 and bench/peers/airbench94_torch.py on the same GPU
 #
 # Every command runs under `timeout` (its limit is for a 16-core node; TW_GPU_CHECK_TIMEOUT_SCALE=N
 # multiplies them on a slower machine); GPU binaries run one at a time with
@@ -354,6 +355,23 @@ part_bench() {
       done
     done
   done
+  # The airbench94 recipe (docs/training-fast.md), one epoch on 50,000 synthetic images (no data
+  # travels to the node): towerflow on /gpu:0 and the PyTorch reference on the same GPU, each
+  # timed as airbench times itself, after a warm-up run of the reference.
+  step bench "towerflow airbench94, 1 epoch on /gpu:0" 300 "$state/logs/bench_airbench94_tw.log" \
+    "$(bin cifar10_train)" --recipe airbench94 --devices /gpu:0 --epochs 1 --builtin_train_size 50000 \
+    --builtin_test_size 10000 --loader_threads 4 --progress json --log_every 1 --tensorboard=false \
+    --start_over delete --train_dir "$state/runs/airbench94"
+  if [ $have_torch = 1 ]; then
+    python3 -c 'import os, sys
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+for name, n in [("data_batch_%d.bin" % i, 10000) for i in range(1, 6)] + [("test_batch.bin", 10000)]:
+    data = bytearray(os.urandom(n * 3073)); data[0::3073] = bytes(v % 10 for v in data[0::3073])
+    open(os.path.join(d, name), "wb").write(data)' \
+      "$state/airbench94_data"
+    step bench "PyTorch airbench94, 1 epoch on cuda" 300 "$state/logs/bench_airbench94_pt.log" \
+      python3 bench/peers/airbench94_torch.py --device cuda --data "$state/airbench94_data" --epochs 1 --json
+  fi
   [ $have_torch = 1 ] || record bench "PyTorch peer" "skipped" 0 "" "this Python has no PyTorch with CUDA"
 }
 

@@ -249,3 +249,18 @@ TEST_CASE("a step window reports its steps' means and per-step times, then start
   CHECK(empty.loss == 0.0);
   CHECK(empty.img_per_s == 0.0);
 }
+
+TEST_CASE("an evaluation through test views says how many, in plain lines and JSON", "[train][reporter]") {
+  Captured out;
+  {
+    Reporter r({.progress = Progress::Plain, .out = out.file});
+    r.eval({.step = 476, .epoch = 9.9, .test_loss = 0.5, .test_acc = 0.9, .examples = 10000, .seconds = 97, .views = 6});
+    r.eval({.step = 476, .epoch = 9.9, .test_loss = 0.5, .test_acc = 0.9, .examples = 10000, .seconds = 17});
+  }
+  auto lines = out.lines();
+  REQUIRE(lines.size() == 2);
+  CHECK_THAT(lines[0], Catch::Contains("(10000 images x 6 views, 97.0 s)"));
+  CHECK_THAT(lines[1], Catch::Contains("(10000 images, 17.0 s)"));
+  CHECK(nlohmann::json::parse(to_json(EvalRecord{.step = 1, .views = 6}))["views"] == 6);
+  CHECK_FALSE(nlohmann::json::parse(to_json(EvalRecord{.step = 1})).contains("views"));
+}

@@ -347,7 +347,7 @@ TEST_CASE("library errors name fields and the program shows its flags", "[cifar1
         "fewer prefetched batches (LoaderOptions::prefetch)");
 }
 
-TEST_CASE("--recipe airbench94 sets what the recipe fixes, except what a flag or the config file gives",
+TEST_CASE("cifar10_train --recipe airbench94 sets what the recipe fixes, except what a flag or the config file gives",
           "[cifar10][options][recipe]") {
   const std::string ini = temp_file("recipe.ini", "[train]\nlr = 2.0\n");
   Resolved r = parse({"--recipe", "airbench94", "--batch_size", "512", "--config", ini});

@@ -682,7 +682,7 @@ TEST_CASE("cifar10_predict classifies image files as the evaluation does, prepro
                     Catch::Contains("bad.png"));
 }
 
-TEST_CASE("--recipe airbench94 whitens from the data, trains the whitening bias for 3 epochs, stops inside "
+TEST_CASE("cifar10_train --recipe airbench94 whitens from the data, trains the whitening bias for 3 epochs, stops inside "
           "a fractional epoch and evaluates through six views at the end",
           "[cifar10][training][recipe]") {
   fresh_devices();
