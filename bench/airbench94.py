@@ -14,7 +14,7 @@ evaluation's eval_s.
                         [--seeds 0,1,2] [--epochs 9.9] [--only towerflow|torch] [extra cifar10_train flags after --]
 
 Writes bench/results/airbench94-<cpu>-<date>.{jsonl,md} (and .png, the accuracy against time,
-with matplotlib) and prints one JSON line per run and per epoch. --epochs below 9.9 times a
+with matplotlib; each run's output in -<impl>-<seed>.log) and prints one JSON line per run and per epoch. --epochs below 9.9 times a
 shortened run (the schedule is the recipe's over the shorter run): for a first timing only.
 """
 import argparse
@@ -50,6 +50,13 @@ def cpu_slug():
     return f"{name}-f{fam.group(1)}m{fam.group(2)}" if fam else name
 
 
+def portable(cmd, a, workdir):
+    """The command as the report shows it: paths inside the repository relative to it, the data
+    folder as DATA_DIR and the scratch folder as WORK."""
+    text = " ".join(cmd).replace(REPO + os.sep, "").replace(workdir, "WORK")
+    return text.replace(a.data, "DATA_DIR")
+
+
 def towerflow_run(a, seed, workdir):
     """One cifar10_train run: its time, accuracies and (time, plain accuracy) per epoch."""
     train_dir = os.path.join(workdir, f"tw-{seed}")
@@ -61,8 +68,11 @@ def towerflow_run(a, seed, workdir):
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"airbench94: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    with open(f"{a.out}-towerflow-{seed}.log", "w") as f:
+        f.write(p.stdout)
     lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     start = next(l for l in lines if l.get("event") == "start")
+    lines = [l for l in lines if "event" not in l]  # the training and evaluation records
     whiten_ms = float(re.search(r"in (\d+) ms", start.get("whitening", "in 0 ms")).group(1))
     batch = int(re.match(r"(\d+)", start["batch"]).group(1))
     train_s, last_step, curve, final = whiten_ms / 1000.0, 0, [], None
@@ -79,7 +89,7 @@ def towerflow_run(a, seed, workdir):
         final = {"test_acc": curve[-1]["val_acc"], "eval_s": curve[-1]["eval_s"]}
     return {"impl": "towerflow", "seed": seed, "time_s": train_s + final["eval_s"], "whiten_s": whiten_ms / 1000.0,
             "tta_eval_s": final["eval_s"], "acc_tta": final["test_acc"], "acc_plain": curve[-1]["val_acc"],
-            "steps": last_step, "process_wall_s": wall, "curve": curve, "command": " ".join(cmd)}
+            "steps": last_step, "process_wall_s": wall, "curve": curve, "command": portable(cmd, a, workdir)}
 
 
 def torch_run(a, seed, workdir):
@@ -91,6 +101,8 @@ def torch_run(a, seed, workdir):
     wall = time.monotonic() - t0
     if p.returncode != 0:
         sys.exit(f"airbench94: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    with open(f"{a.out}-torch-{seed}.log", "w") as f:
+        f.write(p.stdout + p.stderr)
     lines = [json.loads(l) for l in open(jsonl)]
     run = next(l for l in lines if l.get("kind") == "run")
     curve = [{"epoch": l["epoch"], "step": l["step"], "time_s": l["time_s"], "val_acc": l["val_acc"]}
@@ -98,7 +110,7 @@ def torch_run(a, seed, workdir):
     return {"impl": "torch", "seed": seed, "time_s": run["time_s"], "whiten_s": run["whiten_s"],
             "tta_eval_s": run["tta_eval_s"], "acc_tta": run["acc_tta"], "acc_plain": run["acc_plain"],
             "steps": run["steps"], "torch": run.get("torch"), "process_wall_s": wall, "curve": curve,
-            "command": " ".join(cmd)}
+            "command": portable(cmd, a, workdir)}
 
 
 def plot(runs, path):
@@ -137,8 +149,8 @@ def main():
     ap.add_argument("extra", nargs="*", help="flags for cifar10_train, after --")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
-    out = a.out or os.path.join(REPO, "bench", "results",
-                                f"airbench94-{cpu_slug()}-{datetime.date.today().isoformat()}")
+    a.out = out = a.out or os.path.join(REPO, "bench", "results",
+                                        f"airbench94-{cpu_slug()}-{datetime.date.today().isoformat()}")
     runs = []
     with tempfile.TemporaryDirectory(prefix="airbench94-") as workdir:
         for seed in seeds:

@@ -424,14 +424,15 @@ void apply_recipe(TrainOptions& opts, const std::set<std::string>& given) {
   // 0.0153 * 1024 / 11.5 with K = 1024 * (1 + 1 / (1 - 0.85)). Towers average the loss over the
   // global batch B (Note [Why towers scale loss by B]): the same updates take lr * B and weight
   // decay / B, that is lr 1.5 and weight decay 0.0153 / 11.5 at B = 1024 (the 64x lr of the
-  // batch-norm biases is a parameter group, set with the model).
+  // batch-norm biases is a parameter group, set with the model). Batch norm takes its statistics
+  // over the whole global batch, as the recipe's single device does, whatever the towers.
   const std::vector<std::pair<const char*, std::string>> settings = {
       {"model", "airbench94"},   {"batch_size", "1024"},     {"epochs", "9.9"},
       {"optimizer", "nesterov"}, {"lr", "1.5"},              {"momentum", "0.85"},
       {"weight_decay", number_text(0.0153 / 11.5)},          {"schedule", "linear:0=0.2,0.23=1,1=0.07"},
       {"warmup_epochs", "0"},    {"label_smoothing", "0.2"}, {"crop_padding", "2"},
       {"pad_mode", "reflect"},   {"flip", "alternating"},    {"tta", "2"},
-      {"lookahead", "5"},        {"save_every", "0"}};
+      {"lookahead", "5"},        {"save_every", "0"},        {"batch_norm", "sync"}};
   for (const auto& [name, value] : settings)
     if (!given.count(name)) set_train_option(opts, name, value);
 }

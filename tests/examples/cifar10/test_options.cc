@@ -367,6 +367,7 @@ TEST_CASE("cifar10_train --recipe airbench94 sets what the recipe fixes, except 
   CHECK(r.train.flip == "alternating");
   CHECK(r.train.tta == 2);
   CHECK(r.train.lookahead == 5);
+  CHECK(r.train.batch_norm == "sync");  // statistics over the global batch, as on one device
   CHECK_FALSE(r.given.count("lookahead"));  // a resumed run takes the recorded value
   // Without a recipe nothing changes; an unknown one is refused naming the known ones.
   CHECK(parse({}).train.model == TrainOptions{}.model);
