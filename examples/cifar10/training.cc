@@ -368,7 +368,8 @@ void write_confusion(const fs::path& path, const train::EvalRecord& r, const std
 }
 
 // What a model or a recipe adds to the run: airbench94's whitening layer from the first 5,000
-// training images (a new run; a resumed one has it in its checkpoint), and --recipe airbench94's
+// training images (a resumed run then loads its checkpoint's over it; --init_from's weights keep
+// theirs), and --recipe airbench94's
 // parameter groups (batch-norm biases at 64x the lr, the whitening bias frozen after 3 epochs).
 struct Recipe {
   std::vector<std::pair<std::string, std::string>> fields;  // for the start-up block
@@ -378,7 +379,7 @@ struct Recipe {
 Recipe set_up_recipe(const TrainOptions& o, tower::Trainer& trainer, optim::Optimizer& optimizer,
                      const data::Dataset& train_set, const data::Augment& augment) {
   Recipe r;
-  if (models::Airbench94* net = models::as_airbench94(trainer.model()); net && !o.resume && o.init_from.empty()) {
+  if (models::Airbench94* net = models::as_airbench94(trainer.model()); net && o.init_from.empty()) {
     const auto t0 = Clock::now();
     const int n = static_cast<int>(std::min<std::int64_t>(5000, train_set.size()));
     data::Loader first(train_set, {.batch = n, .augment = {.mean = augment.mean, .std = augment.std},
