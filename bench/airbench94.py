@@ -30,17 +30,8 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cpu_model():
-    fields = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return "unknown CPU"
-    return f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+sys.path.insert(0, os.path.join(REPO, "bench"))
+from straggler import cpu_model  # noqa: E402  (the model name with its family and model numbers)
 
 
 def cpu_slug():
