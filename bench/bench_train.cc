@@ -45,6 +45,7 @@
 #include "core/collectives/process_group.h"
 #include "core/cuda/context.h"
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/memory/allocator.h"
 #include "core/platform/registry.h"
 #include "core/trace.h"
@@ -154,6 +155,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision, "fp32 | bf16 | fp16: convolutions and matrix products on bf16 or fp16 operands, fp32 accumulation (fp16 with dynamic loss scaling)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))->capture_default_str();
   app.add_flag("--json", json, "print one JSON line per result");
+  std::string kernel_choice = "auto";
+  app.add_option("--kernel_choice", kernel_choice, "auto | fixed: each convolution and matrix product on the fastest "
+                 "kernel of this CPU, measured at its first call and cached (core/kernel_choice.h), or on towerflow's fixed rule")
+      ->check(CLI::IsMember({"auto", "fixed"}))->capture_default_str();
   std::string trace_path;
   app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "
                                         "and print the time per op");
@@ -173,6 +178,7 @@ int main(int argc, char** argv) {
     if (cpus > 1) opts.device_count["CPU"] = cpus;
     tw::initialise_devices(opts);
     for (const auto& d : devices) (void)tw::device_info(d);  // NotFound names the devices that exist
+    tw::set_kernel_choice(tw::parse_kernel_choice(kernel_choice, "--kernel_choice"));
 
     tw::tower::TrainerOptions topts;
     topts.reduction = tw::tower::parse_reduction(reduction_spec);
@@ -296,6 +302,15 @@ int main(int argc, char** argv) {
                 reduction_ms, optimizer_ms);
     std::printf("# pools: %.1f MiB over %zu device(s), %zu regions added in the timed steps, peak %.1f MiB on one device\n",
                 pool_bytes / 1048576.0, devices.size(), new_regions, peak_bytes / 1048576.0);
+    const std::vector<tw::KernelChoiceRecord> choices = tw::kernel_choices();
+    if (tw::kernel_choice() == tw::KernelChoice::kAuto) {
+      const std::string cache = tw::kernel_choice_cache();
+      std::printf("# kernel choice: auto, %zu problems chosen before the timed steps (cache: %s)\n",
+                  choices.size(), cache.empty() ? "none" : cache.c_str());
+      for (const auto& r : choices) std::printf("#   %s\n", tw::format_kernel_choice(r).c_str());
+    } else {
+      std::printf("# kernel choice: fixed\n");
+    }
     if (json) {
       std::vector<std::string> names;
       for (const auto& d : devices) names.push_back(d.str());
@@ -324,7 +339,17 @@ int main(int argc, char** argv) {
                           {"loss_first", losses.front()},
                           {"loss_last", losses.back()},
                           {"pool_regions_new_in_timed_steps", new_regions},
+                          {"kernel_choice", kernel_choice},
                           {"check", ok ? "ok" : "FAIL"}};
+      nlohmann::json kc = nlohmann::json::array();
+      for (const auto& r : choices) {
+        nlohmann::json ms = nlohmann::json::object();
+        for (const auto& [name, t] : r.ms) ms[name] = t;
+        kc.push_back({{"layer", r.layer}, {"pass", r.pass}, {"problem", r.problem},
+                      {"operands", r.operands}, {"threads", r.threads}, {"chosen", r.chosen},
+                      {"cached", r.from_cache}, {"ms", ms}});
+      }
+      j["kernel_choices"] = kc;
       std::printf("%s\n", j.dump().c_str());
     }
     return ok ? 0 : 1;

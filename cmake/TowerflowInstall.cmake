@@ -75,7 +75,7 @@ set(TW_PUBLIC_HEADERS
     core/platform/options.h core/platform/platform.h core/platform/registry.h core/queue_event.h
     core/tensor/batch_norm_sync.h core/tensor/device_ops.h core/tensor/dtype.h core/tensor/ops.h
     core/tensor/optimizer_update.h core/tensor/precision.h
-    core/tensor/tensor.h core/trace.h core/version.h data/augment.h data/batch.h data/builtin.h
+    core/tensor/tensor.h core/trace.h core/version.h core/kernel_choice.h data/augment.h data/batch.h data/builtin.h
     data/cifar.h data/data.h data/dataset.h data/image_codec.h data/image_folder.h data/loader.h
     data/open.h data/resized.h data/subset.h data/views.h io/atomic_file.h io/checkpoint_dir.h io/crc32c.h
     io/io.h io/model_state.h io/safetensors.h io/summary_writer.h io/train_dir_lock.h

@@ -1,12 +1,13 @@
 #pragma once
 // Umbrella header of towerflow's core: devices and the process options that make them, errors,
-// logging, tensors and their ops, modules and layers, allocators, process groups, traces and the
+// logging, the CPU's kernel choice, tensors and their ops, modules and layers, allocators, process groups, traces and the
 // version. The other areas have their own: tower/tower.h, optim/optim.h, data/data.h,
 // models/models.h, io/io.h, train/train.h.
 #include "core/collectives/context.h"        // IWYU pragma: export
 #include "core/collectives/process_group.h"  // IWYU pragma: export
 #include "core/device.h"                     // IWYU pragma: export
 #include "core/error.h"                      // IWYU pragma: export
+#include "core/kernel_choice.h"              // IWYU pragma: export
 #include "core/log.h"                        // IWYU pragma: export
 #include "core/memory/memory.h"              // IWYU pragma: export
 #include "core/nn/init.h"                    // IWYU pragma: export

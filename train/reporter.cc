@@ -11,6 +11,7 @@
 
 #include "core/collectives/process_group.h"
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/platform/registry.h"
 #include "tower/trainer.h"
 #include "train/fit.h"
@@ -141,6 +142,8 @@ void Reporter::set_start_block(std::string title, std::function<void(const Start
 
 
 void Reporter::on_start(const StartInfo& start) {
+  first_step_done_ = false;
+  kernel_choices_before_ = kernel_choices().size();
   devices_ = start.trainer.devices();
   time_left_ = TimeLeft();
   last_step_ = start.position.step;
@@ -203,6 +206,38 @@ void Reporter::on_end(const FitResult& r) {
   if (!devices_.empty()) f.emplace_back("peak memory", peak_text);
   if (!r.last_checkpoint.empty()) f.emplace_back("checkpoint", r.last_checkpoint.string());
   summary(f, json_line(j));
+}
+
+void Reporter::on_step(const StepInfo&) {
+  if (first_step_done_) return;
+  first_step_done_ = true;
+  if (kernel_choice() != KernelChoice::kAuto) return;
+  const std::vector<KernelChoiceRecord> all = kernel_choices();
+  if (all.size() <= kernel_choices_before_) return;
+  const std::string cache = kernel_choice_cache();
+  const std::string title = "kernels chosen in the first step (--kernel_choice auto; cache " +
+                            (cache.empty() ? std::string("none") : cache) + ")";
+  std::lock_guard lock(mu_);
+  if (progress_ == Progress::Json) {
+    ordered_json j;
+    j["event"] = "kernel_choice";
+    j["cache"] = cache;
+    ordered_json choices = ordered_json::array();
+    for (std::size_t i = kernel_choices_before_; i < all.size(); ++i) {
+      const KernelChoiceRecord& r = all[i];
+      ordered_json ms = ordered_json::object();
+      for (const auto& [name, t] : r.ms) ms[name] = round_to(t, 3);
+      choices.push_back({{"layer", r.layer}, {"pass", r.pass}, {"problem", r.problem},
+                         {"operands", r.operands}, {"threads", r.threads}, {"chosen", r.chosen},
+                         {"cached", r.from_cache}, {"ms", ms}});
+    }
+    j["choices"] = choices;
+    write_locked(json_line(j));
+    return;
+  }
+  write_locked(title);
+  for (std::size_t i = kernel_choices_before_; i < all.size(); ++i)
+    write_locked("  " + format_kernel_choice(all[i]));
 }
 
 void Reporter::on_log(const TrainRecord& r) {

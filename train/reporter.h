@@ -75,6 +75,7 @@ class Reporter : public Hook {
   // The hook (see above).
   void on_start(const StartInfo& start) override;
   void on_log(const TrainRecord& r) override;
+  void on_step(const StepInfo&) override;  // after the run's first step: the kernels chosen in it
   void on_epoch_end(std::int64_t) override { epoch_end(); }
   void on_eval(const EvalRecord& r) override;
   void on_end(const FitResult& result) override;
@@ -114,6 +115,8 @@ class Reporter : public Hook {
   std::int64_t steps_per_epoch_ = 1;
   int epochs_ = 0, eval_every_ = 0;
   bool evaluates_ = false;                // the run has a validation or test set
+  bool first_step_done_ = false;
+  std::size_t kernel_choices_before_ = 0;  // of the process, when the run started
 };
 
 std::string format_duration(double seconds);  // "1:02:03", "4:05"

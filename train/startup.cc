@@ -7,6 +7,7 @@
 
 #include "core/collectives/process_group.h"
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/platform/registry.h"
 #include "core/tensor/device_ops.h"
 #include "core/version.h"
@@ -89,7 +90,10 @@ Fields start_fields(const StartInfo& s) {
   for (const auto& d : devices)
     if (std::find(kinds.begin(), kinds.end(), d.kind) == kinds.end()) {
       kinds.push_back(d.kind);
-      f.emplace_back(str(d.is_cpu() ? "cpu" : "gpu", " kernels"), describe_kernels(d));
+      std::string kernels = describe_kernels(d);
+      if (d.is_cpu() && kernel_choice() == KernelChoice::kAuto)
+        kernels += "; convolutions and matrix products on the fastest candidate, measured in the first step";
+      f.emplace_back(str(d.is_cpu() ? "cpu" : "gpu", " kernels"), kernels);
     }
   f.emplace_back("device options", to_string(process_options()));
   const auto& t = s.trainer.options();

@@ -186,11 +186,9 @@ std::int64_t y_size(const Conv2dShape& s) {
   return std::int64_t(s.n) * s.out_h() * s.out_w() * s.c_out;
 }
 
-bool use_onednn() { return active_bf16_kernels() == Bf16Kernels::OneDnn; }
-
-// towerflow's own kernels in use (pairs or AMX), or null.
-const Bf16KernelTable* own_kernels() {
-  switch (active_bf16_kernels()) {
+// towerflow's own kernels k (pairs or AMX), or null.
+const Bf16KernelTable* own_kernels(Bf16Kernels k) {
+  switch (k) {
 #if defined(TW_HAVE_BF16_PAIRS)
     case Bf16Kernels::Avx512Bf16:
       return &towerflow_bf16_pairs_avx512bf16;
@@ -286,57 +284,115 @@ std::string describe_bf16_kernels() {
   return "oneDNN " + onednn::version() + ", " + isa + " (" + how + "; " + why + ")";
 }
 
+bool bf16_kernels_fixed() {
+  std::lock_guard lock(g_mu);
+  if (g_forced) return true;
+  const char* env = std::getenv("TOWERFLOW_BF16_KERNELS");
+  return env && *env && std::string_view(env) != "auto";
+}
+
+std::vector<Bf16Kernels> runnable_bf16_kernels() {
+  std::vector<Bf16Kernels> out{Bf16Kernels::Emulated};
+  if (onednn::built() && onednn::jit_bf16()) out.push_back(Bf16Kernels::OneDnn);
+  const bool avx512 = active_isa() == Isa::Avx512;
+  if (pairs_built() && avx512 && cpu_has_avx512_bf16()) out.push_back(Bf16Kernels::Avx512Bf16);
+  if (amx_built() && avx512 && cpu_has_amx_bf16()) out.push_back(Bf16Kernels::Amx);
+  return out;
+}
+
 void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k) {
   if (k) require(*k, "a test");
   std::lock_guard lock(g_mu);
   g_forced = k;
 }
 
-void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                         const float* w, const float* bias_or_null, float* y) {
+bool conv2d_forward_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                              const float* x, const float* w, const float* bias_or_null, float* y) {
   s.validate();
-  if (use_onednn() && onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y)) return;
-  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx.threads(), s, x, w, bias_or_null, y);
+  if (const Bf16KernelTable* p = own_kernels(k)) {
+    p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
+    return true;
+  }
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_forward_bias(ctx, s, xr, wr, bias_or_null, y);
+  return true;
 }
 
-void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                                const float* w, float* dx) {
+bool conv2d_backward_input_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const float* dy, const float* w, float* dx) {
   s.validate();
-  if (use_onednn() && onednn::conv2d_backward_input(ctx, s, dy, w, dx)) return;
-  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_backward_input(ctx, s, dy, w, dx);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_input(ctx.threads(), s, dy, w, dx);
+  if (const Bf16KernelTable* p = own_kernels(k)) {
+    p->conv2d_backward_input(ctx, s, dy, w, dx);
+    return true;
+  }
   const float* dyr = rounded(ctx, dy, y_size(s), 0);
   const float* wr = rounded(ctx, w, w_size(s), 1);
   conv2d_backward_input(ctx, s, dyr, wr, dx);
+  return true;
 }
 
-void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                                 const float* dy, float* dw) {
+bool conv2d_backward_weight_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                      const float* x, const float* dy, float* dw) {
   s.validate();
-  if (use_onednn() && onednn::conv2d_backward_weight(ctx, s, x, dy, dw)) return;
-  if (const Bf16KernelTable* p = own_kernels()) return p->conv2d_backward_weight(ctx, s, x, dy, dw);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_weight(ctx.threads(), s, x, dy, dw);
+  if (const Bf16KernelTable* p = own_kernels(k)) {
+    p->conv2d_backward_weight(ctx, s, x, dy, dw);
+    return true;
+  }
   const float* xr = rounded(ctx, x, x_size(s), 0);
   const float* dyr = rounded(ctx, dy, y_size(s), 1);
   conv2d_backward_weight(ctx, s, xr, dyr, dw);
+  return true;
 }
 
-void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
-               const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+bool gemm_bf16_with(Bf16Kernels kernels, const CpuContext& ctx, bool trans_a, bool trans_b, int m,
+                    int n, int k, const float* a, int lda, const float* b, int ldb, float* c,
+                    int ldc) {
   // Empty and invalid problems: gemm's own rules and messages.
   if (m <= 0 || n <= 0 || k <= 0 || lda < (trans_a ? m : k) || ldb < (trans_b ? k : n) || ldc < n) {
     gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
-    return;
+    return true;
   }
-  if (use_onednn() && onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc)) return;
-  if (const Bf16KernelTable* p = own_kernels())
-    return p->gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (kernels == Bf16Kernels::OneDnn)
+    return onednn::gemm(ctx.threads(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+  if (const Bf16KernelTable* p = own_kernels(kernels)) {
+    p->gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return true;
+  }
   // op(a) and op(b) as stored: [m, k] or [k, m] rows of lda; [k, n] or [n, k] rows of ldb.
   const std::int64_t a_n = std::int64_t(trans_a ? k : m) * lda, b_n = std::int64_t(trans_b ? n : k) * ldb;
   const float* ar = rounded(ctx, a, a_n - (lda - (trans_a ? m : k)), 0);
   const float* br = rounded(ctx, b, b_n - (ldb - (trans_b ? k : n)), 1);
   gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, ar, lda, br, ldb, 0.0f, c, ldc);
+  return true;
+}
+
+// The active kernels, and the emulated path where they decline (oneDNN's reference problems).
+void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                         const float* w, const float* bias_or_null, float* y) {
+  if (!conv2d_forward_bf16_with(active_bf16_kernels(), ctx, s, x, w, bias_or_null, y))
+    conv2d_forward_bf16_with(Bf16Kernels::Emulated, ctx, s, x, w, bias_or_null, y);
+}
+
+void conv2d_backward_input_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                const float* w, float* dx) {
+  if (!conv2d_backward_input_bf16_with(active_bf16_kernels(), ctx, s, dy, w, dx))
+    conv2d_backward_input_bf16_with(Bf16Kernels::Emulated, ctx, s, dy, w, dx);
+}
+
+void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                 const float* dy, float* dw) {
+  if (!conv2d_backward_weight_bf16_with(active_bf16_kernels(), ctx, s, x, dy, dw))
+    conv2d_backward_weight_bf16_with(Bf16Kernels::Emulated, ctx, s, x, dy, dw);
+}
+
+void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+               const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  if (!gemm_bf16_with(active_bf16_kernels(), ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc))
+    gemm_bf16_with(Bf16Kernels::Emulated, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
 }
 
 }  // namespace towerflow::cpu

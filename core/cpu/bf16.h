@@ -67,6 +67,14 @@ std::string describe_bf16_kernels();
 // oneDNN's instruction set on this CPU ("avx512_core_bf16", ...); empty in a build without oneDNN.
 std::string onednn_isa();
 
+// Whether TOWERFLOW_BF16_KERNELS (not auto) or a test fixes the kernels: then no other is tried.
+bool bf16_kernels_fixed();
+// The kernels this build and CPU run at their full speed, the candidates of a measured choice
+// (kernel_choice.h): emulated always; onednn where oneDNN has JIT bf16 kernels here; avx512bf16
+// and amx where the CPU has the instructions and the avx512 kernels run. Never the *-emulated
+// twins, which are for tests.
+std::vector<Bf16Kernels> runnable_bf16_kernels();
+
 // Tests: use these kernels (DeviceError where they cannot run), or nullopt for the automatic
 // choice. Not thread-safe with running kernels.
 void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k);
@@ -80,5 +88,16 @@ void conv2d_backward_weight_bf16(const CpuContext& ctx, const Conv2dShape& s, co
 // c[m, n] = op(a) op(b), row-major (gemm.h's arguments with alpha = 1, beta = 0).
 void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
                const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+
+// The same on the kernels k, one of runnable_bf16_kernels() or the active ones. False, having
+// written nothing, where k is onednn and oneDNN has only a reference kernel for the problem.
+bool conv2d_forward_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                              const float* x, const float* w, const float* bias_or_null, float* y);
+bool conv2d_backward_input_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const float* dy, const float* w, float* dx);
+bool conv2d_backward_weight_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                      const float* x, const float* dy, float* dw);
+bool gemm_bf16_with(Bf16Kernels k, const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n,
+                    int k_dim, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
 
 }  // namespace towerflow::cpu

@@ -1,8 +1,8 @@
-// bf16 convolutions and GEMM through oneDNN (onednn_impl.h).
+// Convolutions and GEMM through oneDNN (onednn_impl.h), on bf16 or fp32 operands.
 //
-// Each problem gets, once per thread, the oneDNN primitive for bf16 sources and weights with fp32
-// outputs, the reorders that convert our fp32 operands into the bf16 layouts it asked for (the
-// rounding is oneDNN's, to nearest even), and those bf16 buffers. Activations stay NHWC, which
+// Each problem gets, once per thread, the oneDNN primitive for bf16 (or fp32) sources and weights
+// with fp32 outputs, the reorders that convert our fp32 operands into the layouts it asked for (for
+// bf16 the rounding is oneDNN's, to nearest even), and those buffers. Activations stay NHWC, which
 // oneDNN's JIT and AMX kernels read directly; weights go into oneDNN's blocked layout, and the
 // weight gradient comes back out of it into OIHW.
 //
@@ -96,7 +96,7 @@ struct Problem {
 };
 
 enum Kind { kForward, kBackwardInput, kBackwardWeight, kGemm };
-using Key = std::array<int, 16>;
+using Key = std::array<int, 17>;
 
 struct ThreadState {
   dnnl::stream stream{engine()};
@@ -109,9 +109,11 @@ ThreadState& state(int threads) {
   return t;
 }
 
-Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias) {
+dt operand_type(Operands op) { return op == Operands::kBf16 ? dt::bf16 : dt::f32; }
+
+Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias, Operands op) {
   return {kind, s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w, s.pad_h,
-          s.pad_w, threads, bias ? 1 : 0, 0, 0};
+          s.pad_w, threads, bias ? 1 : 0, static_cast<int>(op), 0, 0};
 }
 
 struct ConvDescs {
@@ -136,8 +138,8 @@ ConvDescs conv_descs(const Conv2dShape& s) {
   return d;
 }
 
-dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias) {
-  const memory::desc src(d.src, dt::bf16, tag::nhwc), wei(d.weights, dt::bf16, tag::any),
+dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias, dt op) {
+  const memory::desc src(d.src, op, tag::nhwc), wei(d.weights, op, tag::any),
       dst(d.dst, dt::f32, tag::nhwc);
   const memory::desc bias_md = bias ? memory::desc(d.bias, dt::f32, tag::a) : memory::desc();
   return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, wei,
@@ -145,11 +147,11 @@ dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool 
           engine()};
 }
 
-Problem make_forward(const Conv2dShape& s, bool bias) {
+Problem make_forward(const Conv2dShape& s, bool bias, dt op) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const auto pd = forward_hint(d, bias);
+  const auto pd = forward_hint(d, bias, op);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_forward(pd);
   p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
@@ -157,15 +159,15 @@ Problem make_forward(const Conv2dShape& s, bool bias) {
   return p;
 }
 
-Problem make_backward_input(const Conv2dShape& s) {
+Problem make_backward_input(const Conv2dShape& s, dt op) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const memory::desc dsrc(d.src, dt::f32, tag::nhwc), wei(d.weights, dt::bf16, tag::any),
-      ddst(d.dst, dt::bf16, tag::nhwc);
+  const memory::desc dsrc(d.src, dt::f32, tag::nhwc), wei(d.weights, op, tag::any),
+      ddst(d.dst, op, tag::nhwc);
   const dnnl::convolution_backward_data::primitive_desc pd(
       {dnnl::algorithm::convolution_direct, dsrc, wei, ddst, d.strides, d.pad_l, d.pad_r},
-      engine(), forward_hint(d, false));
+      engine(), forward_hint(d, false, op));
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_backward_data(pd);
   p.a = Conversion(memory::desc(d.dst, dt::f32, tag::nhwc), pd.diff_dst_desc());
@@ -173,15 +175,15 @@ Problem make_backward_input(const Conv2dShape& s) {
   return p;
 }
 
-Problem make_backward_weight(const Conv2dShape& s) {
+Problem make_backward_weight(const Conv2dShape& s, dt op) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const memory::desc src(d.src, dt::bf16, tag::nhwc), dwei(d.weights, dt::f32, tag::any),
-      ddst(d.dst, dt::bf16, tag::nhwc);
+  const memory::desc src(d.src, op, tag::nhwc), dwei(d.weights, dt::f32, tag::any),
+      ddst(d.dst, op, tag::nhwc);
   const dnnl::convolution_backward_weights::primitive_desc pd(
       {dnnl::algorithm::convolution_direct, src, dwei, ddst, d.strides, d.pad_l, d.pad_r},
-      engine(), forward_hint(d, false));
+      engine(), forward_hint(d, false, op));
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_backward_weights(pd);
   p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
@@ -221,6 +223,15 @@ void checked(const char* what, F f) {
   }
 }
 
+const char* what(Operands op, Kind kind) {
+  static constexpr const char* kNames[2][4] = {
+      {"bf16 convolution (forward)", "bf16 convolution (backward input)",
+       "bf16 convolution (backward weight)", "bf16 matrix product"},
+      {"fp32 convolution (forward)", "fp32 convolution (backward input)",
+       "fp32 convolution (backward weight)", "fp32 matrix product"}};
+  return kNames[op == Operands::kBf16 ? 0 : 1][kind];
+}
+
 }  // namespace
 
 bool built() { return true; }
@@ -254,14 +265,14 @@ bool has_bits(dnnl_cpu_isa_t bits) {
 bool native_bf16() { return has_bits(dnnl_cpu_isa_avx512_core_bf16); }
 bool jit_bf16() { return has_bits(dnnl_cpu_isa_avx512_core); }
 
-bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias_or_null, float* y) {
-  ThreadState& t = state(ctx.threads());
+bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y, Operands op) {
+  ThreadState& t = state(threads);
   const bool bias = bias_or_null != nullptr;
-  Problem& p = problem(t, conv_key(kForward, s, ctx.threads(), bias),
-                       [&] { return make_forward(s, bias); });
+  Problem& p = problem(t, conv_key(kForward, s, threads, bias, op),
+                       [&] { return make_forward(s, bias, operand_type(op)); });
   if (p.reference) return false;
-  checked("bf16 convolution (forward)", [&] {
+  checked(what(op, kForward), [&] {
     const ConvDescs d = conv_descs(s);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, p.a.in(t.stream, x)},
@@ -276,13 +287,13 @@ bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x,
   return true;
 }
 
-bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
-  ThreadState& t = state(ctx.threads());
-  Problem& p = problem(t, conv_key(kBackwardInput, s, ctx.threads(), false),
-                       [&] { return make_backward_input(s); });
+bool conv2d_backward_input(int threads, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx, Operands op) {
+  ThreadState& t = state(threads);
+  Problem& p = problem(t, conv_key(kBackwardInput, s, threads, false, op),
+                       [&] { return make_backward_input(s, operand_type(op)); });
   if (p.reference) return false;
-  checked("bf16 convolution (backward input)", [&] {
+  checked(what(op, kBackwardInput), [&] {
     const ConvDescs d = conv_descs(s);
     p.primitive.execute(t.stream,
                         {{DNNL_ARG_DIFF_DST, p.a.in(t.stream, dy)},
@@ -293,13 +304,13 @@ bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
   return true;
 }
 
-bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                            const float* dy, float* dw) {
-  ThreadState& t = state(ctx.threads());
-  Problem& p = problem(t, conv_key(kBackwardWeight, s, ctx.threads(), false),
-                       [&] { return make_backward_weight(s); });
+bool conv2d_backward_weight(int threads, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw, Operands op) {
+  ThreadState& t = state(threads);
+  Problem& p = problem(t, conv_key(kBackwardWeight, s, threads, false, op),
+                       [&] { return make_backward_weight(s, operand_type(op)); });
   if (p.reference) return false;
-  checked("bf16 convolution (backward weight)", [&] {
+  checked(what(op, kBackwardWeight), [&] {
     const ConvDescs d = conv_descs(s);
     memory user_dw(memory::desc(d.weights, dt::f32, tag::oihw), engine(), dw);
     const bool blocked = static_cast<bool>(p.blocked_result);
@@ -312,17 +323,19 @@ bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const f
   return true;
 }
 
-bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
-          int lda, const float* b, int ldb, float* c, int ldc) {
-  ThreadState& t = state(ctx.threads());
-  const Key key{kGemm, m, n, k, lda, ldb, ldc, trans_a, trans_b, ctx.threads(), 0, 0, 0, 0, 0, 0};
+bool gemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc, Operands op) {
+  ThreadState& t = state(threads);
+  const Key key{kGemm, m, n, k, lda, ldb, ldc, trans_a, trans_b, threads, static_cast<int>(op),
+                0, 0, 0, 0, 0, 0};
+  const dt type = operand_type(op);
   const memory::desc a_user({m, k}, dt::f32, trans_a ? memory::dims{1, lda} : memory::dims{lda, 1});
   const memory::desc b_user({k, n}, dt::f32, trans_b ? memory::dims{1, ldb} : memory::dims{ldb, 1});
   const memory::desc c_user({m, n}, dt::f32, memory::dims{ldc, 1});
   Problem& p = problem(t, key, [&] {
     Problem q;
     const dnnl::matmul::primitive_desc pd(
-        {memory::desc({m, k}, dt::bf16, tag::ab), memory::desc({k, n}, dt::bf16, tag::ab), c_user},
+        {memory::desc({m, k}, type, tag::ab), memory::desc({k, n}, type, tag::ab), c_user},
         engine());
     if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
     q.primitive = dnnl::matmul(pd);
@@ -331,7 +344,7 @@ bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k
     return q;
   });
   if (p.reference) return false;
-  checked("bf16 matrix product", [&] {
+  checked(what(op, kGemm), [&] {
     p.primitive.execute(t.stream, {{DNNL_ARG_SRC, p.a.in(t.stream, a)},
                                    {DNNL_ARG_WEIGHTS, p.b.in(t.stream, b)},
                                    {DNNL_ARG_DST, memory(c_user, engine(), c)}});

@@ -1,5 +1,5 @@
 // A build without oneDNN (-DTOWERFLOW_ONEDNN=OFF, or libdnnl-dev not installed): bf16 runs
-// emulated (bf16.cc never calls these kernels, since built() is false).
+// emulated and fp32 on towerflow's kernels (nothing calls these kernels, since built() is false).
 #include "core/cpu/onednn_impl.h"
 
 namespace towerflow::cpu::onednn {
@@ -10,20 +10,20 @@ std::string isa() { return ""; }
 bool native_bf16() { return false; }
 bool jit_bf16() { return false; }
 
-bool conv2d_forward(const CpuContext&, const Conv2dShape&, const float*, const float*, const float*,
-                    float*) {
+bool conv2d_forward(int, const Conv2dShape&, const float*, const float*, const float*,
+                    float*, Operands) {
   return false;
 }
-bool conv2d_backward_input(const CpuContext&, const Conv2dShape&, const float*, const float*,
-                           float*) {
+bool conv2d_backward_input(int, const Conv2dShape&, const float*, const float*,
+                           float*, Operands) {
   return false;
 }
-bool conv2d_backward_weight(const CpuContext&, const Conv2dShape&, const float*, const float*,
-                            float*) {
+bool conv2d_backward_weight(int, const Conv2dShape&, const float*, const float*,
+                            float*, Operands) {
   return false;
 }
-bool gemm(const CpuContext&, bool, bool, int, int, int, const float*, int, const float*, int,
-          float*, int) {
+bool gemm(int, bool, bool, int, int, int, const float*, int, const float*, int,
+          float*, int, Operands) {
   return false;
 }
 

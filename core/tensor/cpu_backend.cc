@@ -13,9 +13,11 @@
 #include "core/cpu/isa.h"
 #include "core/cpu/bf16.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/kernel_choice.h"
 #include "core/cpu/pool.h"
 #include "core/error.h"
 #include "core/memory/allocator.h"
+#include "core/tensor/ops.h"
 #include "core/tensor/optimizer_update.h"
 
 namespace towerflow {
@@ -192,36 +194,37 @@ class CpuBackend final : public Backend {
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
   void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                       const float* bias, float* y) override {
-    cpu::conv2d_forward_bias(ctx_, s, x, w, bias, y);
+    cpu::conv2d_forward_chosen(ctx_, s, x, w, bias, y, false, OpScope::current());
   }
   void conv2d_backward_input(const Conv2dShape& s, const float* dy, const float* w,
                              float* dx) override {
-    cpu::conv2d_backward_input(ctx_, s, dy, w, dx);
+    cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, false, OpScope::current());
   }
   void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                               float* dw) override {
-    cpu::conv2d_backward_weight(ctx_, s, x, dy, dw);
+    cpu::conv2d_backward_weight_chosen(ctx_, s, x, dy, dw, false, OpScope::current());
   }
   // bf16 only (supports(kFp16Products) is false).
   void conv2d_forward_half(Precision p, const Conv2dShape& s, const float* x, const float* w,
                            const float* bias, float* y) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_forward_half");
-    cpu::conv2d_forward_bf16(ctx_, s, x, w, bias, y);
+    cpu::conv2d_forward_chosen(ctx_, s, x, w, bias, y, true, OpScope::current());
   }
   void conv2d_backward_input_half(Precision p, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_input_half");
-    cpu::conv2d_backward_input_bf16(ctx_, s, dy, w, dx);
+    cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, true, OpScope::current());
   }
   void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_weight_half");
-    cpu::conv2d_backward_weight_bf16(ctx_, s, x, dy, dw);
+    cpu::conv2d_backward_weight_chosen(ctx_, s, x, dy, dw, true, OpScope::current());
   }
   void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                  int lda, const float* b, int ldb, float* c, int ldc) override {
     if (p != Precision::Bf16) no_half_products(p, "gemm_half");
-    cpu::gemm_bf16(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    cpu::gemm_chosen(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, true,
+                     OpScope::current());
   }
   void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) override {
     cpu::conv2d_backward_bias(ctx_, s, dy, db);
@@ -315,6 +318,9 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
+    if (alpha == 1.0f && beta == 0.0f)
+      return cpu::gemm_chosen(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, false,
+                              OpScope::current());
     cpu::gemm(ctx_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 

@@ -62,6 +62,7 @@ struct TrainOptions {
   std::string reduction = "all_reduce";   // all_reduce | bucketed[:MB] | parameter_device[:DEVICE]
   std::string batch_norm = "per_tower";   // per_tower | sync (statistics over all towers)
   std::string precision = "fp32";         // fp32 | bf16 (core/tensor/precision.h)
+  std::string kernel_choice = "fixed";    // fixed | auto (core/kernel_choice.h)
   std::string optimizer = "sgd";       // sgd (with --momentum) | adam
   double lr = 0.05;
   double momentum = 0.9;

@@ -12,6 +12,7 @@
 
 #include "core/collectives/process_group.h"
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/log.h"
 #include "core/memory/allocator.h"
 #include "core/platform/logical.h"
@@ -488,6 +489,7 @@ std::vector<Device> choose_devices(const TrainOptions& o, ProcessOptions& proces
                 .hardware_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency())),
                 .two_cpu_towers = !explicit_list && o.num_gpus <= 0});
   const auto& all = initialise_devices(process);
+  set_kernel_choice(parse_kernel_choice(o.kernel_choice, "--kernel_choice"));
   std::vector<Device> gpus, cpus;
   for (const auto& ld : all) (ld.device.is_gpu() ? gpus : cpus).push_back(ld.device);
 

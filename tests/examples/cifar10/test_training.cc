@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/platform/platform.h"
 #include "core/platform/registry.h"
 #include "core/version.h"
@@ -727,4 +728,48 @@ TEST_CASE("cifar10_train --recipe airbench94 whitens from the data, trains the w
   CHECK_THAT(text, Catch::Contains("whitening") && Catch::Contains("first 128 training images") &&
                        Catch::Contains("64x the lr") && Catch::Contains("six (mirror, one-pixel shifts)") &&
                        Catch::Contains("linear:0=0.2,0.23=1,1=0.07"));
+}
+
+TEST_CASE("cifar10_train --kernel_choice auto lists the kernels chosen in the first step, and a second run "
+          "reads them from the cache and trains to the same loss",
+          "[cifar10][training][kernel_choice]") {
+  fresh_devices();
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() /
+                                      ("towerflow-cli-kernel-choices-" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(cache);
+  tw::reset_kernel_choices_for_testing();
+  tw::set_kernel_choice_cache(cache.string());
+  auto run = [&](const std::string& choice) {
+    fresh_devices();
+    TempDir dir;
+    Output out;
+    Reporter reporter(out.reporter_options());
+    TrainOptions o = tiny_options(dir.path);
+    o.kernel_choice = choice;
+    const FitResult r = run_training(o, {}, reporter);
+    return std::pair{r, out.text()};
+  };
+  const auto [fixed, fixed_text] = run("fixed");
+  CHECK_THAT(fixed_text, !Catch::Contains("kernels chosen"));
+  const auto [first, first_text] = run("auto");
+  tw::reset_kernel_choices_for_testing();  // as a new process: the cache file only
+  const auto [second, second_text] = run("auto");
+  tw::set_kernel_choice(tw::KernelChoice::kFixed);
+  tw::reset_kernel_choices_for_testing();
+  tw::set_kernel_choice_cache("");
+  std::filesystem::remove(cache);
+  INFO(first_text);
+  INFO(second_text);
+  CHECK_THAT(first_text, Catch::Contains("measured in the first step"));
+  // The candidates agree to rounding, so the losses do; the second run makes the first's choices.
+  CHECK(first.test_loss == Approx(fixed.test_loss).epsilon(1e-3));
+  CHECK(second.test_loss == first.test_loss);
+  if (tw::kernel_choice_candidates().size() > 1) {
+    // The reporter's JSON form here (the text form is checked in docs/cli.md's commands).
+    CHECK_THAT(first_text, Catch::Contains("{\"event\":\"kernel_choice\",\"cache\":\"" + cache.string() + "\"") &&
+                               Catch::Contains("\"layer\":\"conv1\",\"pass\":\"forward\"") &&
+                               Catch::Contains("\"cached\":false") && !Catch::Contains("\"cached\":true"));
+    CHECK_THAT(second_text, Catch::Contains("\"layer\":\"conv1\",\"pass\":\"forward\"") &&
+                                Catch::Contains("\"cached\":true") && !Catch::Contains("\"cached\":false"));
+  }
 }

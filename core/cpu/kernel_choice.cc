@@ -1,0 +1,586 @@
+#include "core/cpu/kernel_choice.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <unordered_map>
+
+#include "core/cpu/bf16.h"
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
+#include "core/cpu/onednn_impl.h"
+#include "core/error.h"
+#include "core/kernel_choice.h"
+#include "core/log.h"
+#include "core/version.h"
+
+// Note [Measured kernel choice]
+// A problem (pass, shape, operand type, thread count) is measured once per process, at its first
+// call: every candidate runs once untimed (oneDNN builds its primitive, scratch buffers grow), then
+// the candidates run in turn, kTimedRuns rounds or fewer past kTimeBudgetS (in turn, so that a
+// machine whose speed drifts favours none); a candidate's time is its fastest run. The
+// winner runs once more if it was not the last to run, so the call's output is the winner's, as
+// every later call's is. The fixed choice (candidates[0]) keeps the problem unless another
+// candidate beats it by kChoiceMargin.
+//
+// One mutex covers the table of choices and every measurement, so towers that meet a new problem
+// at once measure one at a time (each on its own threads) and a tower waits for a measurement in
+// progress rather than making a second one; no measurement waits on anything else. After its
+// first call each thread finds a problem's choice in its own table, without the lock.
+
+namespace towerflow {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kTimedRuns = 3;
+constexpr double kTimeBudgetS = 0.25;
+constexpr const char* kCacheFormat = "towerflow kernel choices 1";
+
+struct State {
+  std::mutex mu;
+  std::atomic<int> mode{-1};  // a KernelChoice, -1 until first read
+  std::optional<std::string> cache_path;
+  bool cache_read = false;
+  nlohmann::json cache = nlohmann::json::object();  // key -> {"chosen", "ms"}
+  std::unordered_map<std::string, std::string> chosen;  // full key -> candidate
+  std::vector<KernelChoiceRecord> records;
+  std::unordered_map<std::string, std::string> layer_of_shape;  // forward's scope, for backward
+  std::optional<std::string> forced;  // force_kernel_candidate_for_testing
+  std::atomic<std::uint64_t> generation{1};  // bumped by reset, so threads drop their tables
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+KernelChoice mode_locked(State& s) {
+  if (s.mode.load() < 0) {
+    const char* env = std::getenv("TOWERFLOW_KERNEL_CHOICE");
+    s.mode = static_cast<int>(env && *env ? parse_kernel_choice(env, "TOWERFLOW_KERNEL_CHOICE")
+                                          : KernelChoice::kFixed);
+  }
+  return static_cast<KernelChoice>(s.mode.load());
+}
+
+std::string default_cache_path() {
+  if (const char* env = std::getenv("TOWERFLOW_KERNEL_CACHE")) {
+    const std::string v(env);
+    return v == "none" ? "" : v;
+  }
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return std::string(xdg) + "/towerflow/kernel-choices.json";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return std::string(home) + "/.cache/towerflow/kernel-choices.json";
+  return "";
+}
+
+const std::string& cache_path_locked(State& s) {
+  if (!s.cache_path) s.cache_path = default_cache_path();
+  return *s.cache_path;
+}
+
+// The CPU part of every cache key: what makes a measurement of one machine mean nothing on
+// another (the model, the kernels' instruction set, oneDNN's version and instruction set, the
+// build).
+std::string cpu_key() {
+  static const std::string key = [] {
+    std::string model = "unknown CPU";
+    std::string family, number;
+    std::ifstream in("/proc/cpuinfo");
+    for (std::string line; std::getline(in, line);) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      std::string name = line.substr(0, colon);
+      while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.pop_back();
+      const std::string value = colon + 2 <= line.size() ? line.substr(colon + 2) : "";
+      if (name == "model name") model = value;
+      else if (name == "cpu family") family = value;
+      else if (name == "model") number = value;
+      if (name == "processor" && value != "0") break;  // the first CPU's lines are enough
+    }
+    std::string k = model;
+    if (!family.empty()) k += " (family " + family + " model " + number + ")";
+    k += "; kernels " + std::string(cpu::isa_name(cpu::active_isa()));
+    if (cpu::onednn::built()) k += "; oneDNN " + cpu::onednn::version() + " " + cpu::onednn::isa();
+    k += "; " + version_string();
+    return k;
+  }();
+  return key;
+}
+
+// Reads the cache file once (the lock held). A missing file is an empty cache; an unreadable or
+// malformed one is reported and ignored (it is rewritten by the next measurement).
+void read_cache_locked(State& s) {
+  if (s.cache_read) return;
+  s.cache_read = true;
+  const std::string& path = cache_path_locked(s);
+  if (path.empty() || !std::filesystem::exists(path)) return;
+  try {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error("cannot open it");
+    const nlohmann::json j = nlohmann::json::parse(in);
+    if (!j.is_object() || j.value("format", "") != kCacheFormat || !j.contains("choices") ||
+        !j["choices"].is_object())
+      throw std::runtime_error(std::string("it is not a kernel-choice cache of format '") +
+                               kCacheFormat + "'");
+    s.cache = j["choices"];
+  } catch (const std::exception& e) {
+    log_warning(str("kernel choice cache ", path, " is not usable (", e.what(),
+                    "): every choice is measured again and the file rewritten; set "
+                    "TOWERFLOW_KERNEL_CACHE to use another file"));
+    s.cache = nlohmann::json::object();
+  }
+}
+
+// Rewrites the cache file with everything known (the lock held): a temporary file renamed over
+// it, so a reader never sees half a file. A failure is reported once; the run goes on.
+void write_cache_locked(State& s) {
+  const std::string& path = cache_path_locked(s);
+  if (path.empty()) return;
+  static bool reported = false;
+  try {
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    {
+      std::ofstream out(tmp, std::ios::trunc);
+      out << nlohmann::json{{"format", kCacheFormat}, {"choices", s.cache}}.dump(1) << "\n";
+      if (!out.flush()) throw std::runtime_error("cannot write " + tmp);
+    }
+    std::filesystem::rename(tmp, p);
+  } catch (const std::exception& e) {
+    if (!reported)
+      log_warning(str("kernel choice cache ", path, " cannot be written (", e.what(),
+                      "): choices are kept for this process only"));
+    reported = true;
+  }
+}
+
+// The tables each thread keeps of choices it has looked up.
+struct ThreadTable {
+  std::uint64_t generation = 0;
+  std::unordered_map<std::string, std::string> chosen;
+};
+
+}  // namespace
+
+const char* kernel_choice_name(KernelChoice c) { return c == KernelChoice::kAuto ? "auto" : "fixed"; }
+
+KernelChoice parse_kernel_choice(std::string_view text, std::string_view what) {
+  if (text == "auto") return KernelChoice::kAuto;
+  if (text == "fixed") return KernelChoice::kFixed;
+  raise<InvalidArgument>(what, " '", text, "' is not a choice; use auto (the fastest kernel of each "
+                         "problem, measured at its first call) or fixed (towerflow's own rule)");
+}
+
+void set_kernel_choice(KernelChoice c) { state().mode = static_cast<int>(c); }
+
+KernelChoice kernel_choice() {
+  State& s = state();
+  if (const int m = s.mode.load(); m >= 0) return static_cast<KernelChoice>(m);
+  std::lock_guard lock(s.mu);
+  return mode_locked(s);
+}
+
+std::string kernel_choice_cache() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return cache_path_locked(s);
+}
+
+void set_kernel_choice_cache(std::string path) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.cache_path = path == "none" ? "" : std::move(path);
+  s.cache_read = false;
+  s.cache = nlohmann::json::object();
+}
+
+std::vector<KernelChoiceRecord> kernel_choices() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  return s.records;
+}
+
+std::string format_kernel_choice(const KernelChoiceRecord& r) {
+  std::ostringstream o;
+  o << (r.layer.empty() ? "(no scope)" : r.layer) << "  " << r.pass << "  " << r.problem << "  "
+    << r.operands << " x" << r.threads << (r.threads == 1 ? " thread: " : " threads: ") << r.chosen;
+  if (r.from_cache) {
+    o << " (cached)";
+    return o.str();
+  }
+  o.setf(std::ios::fixed);
+  o.precision(2);
+  std::string others;
+  for (const auto& [name, ms] : r.ms) {
+    if (name == r.chosen) {
+      o << " " << ms << " ms";
+    } else {
+      std::ostringstream t;
+      t.setf(std::ios::fixed);
+      t.precision(2);
+      t << (others.empty() ? "" : ", ") << name << " " << ms;
+      others += t.str();
+    }
+  }
+  if (!others.empty()) o << " (" << others << ")";
+  return o.str();
+}
+
+void reset_kernel_choices_for_testing() {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.chosen.clear();
+  s.records.clear();
+  s.layer_of_shape.clear();
+  s.cache = nlohmann::json::object();
+  s.cache_read = false;
+  ++s.generation;
+}
+
+namespace cpu {
+
+void run_chosen(const ChoiceProblem& p, std::string_view layer,
+                const std::vector<std::string>& candidates,
+                const std::function<bool(const std::string&)>& run) {
+  State& s = state();
+  const std::string operands = p.bf16 ? "bf16" : "fp32";
+  const std::string local_key = str(operands, " ", p.threads, " threads ", p.key);
+  // Fast path: this thread has seen the problem.
+  thread_local ThreadTable table;
+  if (const std::uint64_t g = s.generation.load(); table.generation != g) {
+    table.chosen.clear();
+    table.generation = g;
+  } else if (const auto it = table.chosen.find(local_key); it != table.chosen.end()) {
+    if (!run(it->second)) run(candidates.front());
+    return;
+  }
+  std::unique_lock lock(s.mu);
+  if (mode_locked(s) == KernelChoice::kFixed || candidates.size() < 2) {
+    lock.unlock();
+    run(candidates.front());
+    return;
+  }
+  if (s.forced) {
+    const bool listed = std::find(candidates.begin(), candidates.end(), *s.forced) != candidates.end();
+    const std::string name = listed ? *s.forced : candidates.front();
+    lock.unlock();
+    if (!run(name)) run(candidates.front());
+    return;
+  }
+  const std::string full_key = cpu_key() + " | " + local_key;
+  if (const auto it = s.chosen.find(full_key); it != s.chosen.end()) {
+    const std::string choice = it->second;
+    lock.unlock();
+    table.chosen.emplace(local_key, choice);
+    if (!run(choice)) run(candidates.front());
+    return;
+  }
+  KernelChoiceRecord record{.layer = std::string(layer), .pass = p.pass, .problem = p.problem,
+                            .operands = operands, .threads = p.threads};
+  if (record.layer.empty()) {
+    if (const auto it = s.layer_of_shape.find(p.problem); it != s.layer_of_shape.end())
+      record.layer = it->second;
+  } else {
+    s.layer_of_shape.emplace(p.problem, record.layer);
+  }
+  read_cache_locked(s);
+  std::string choice;
+  if (const auto it = s.cache.find(full_key); it != s.cache.end() && it->is_object()) {
+    const std::string cached = it->value("chosen", "");
+    if (std::find(candidates.begin(), candidates.end(), cached) != candidates.end() &&
+        run(cached)) {
+      choice = cached;
+      record.from_cache = true;
+    }
+  }
+  if (choice.empty()) {
+    // Note [Measured kernel choice].
+    std::vector<std::string> runnable;
+    for (const std::string& c : candidates)
+      if (run(c)) runnable.push_back(c);  // the untimed run; a candidate that declines is out
+    std::vector<double> fastest(runnable.size(), std::numeric_limits<double>::infinity());
+    const Clock::time_point begin = Clock::now();
+    for (int r = 0; r < kTimedRuns; ++r) {
+      for (std::size_t i = 0; i < runnable.size(); ++i) {
+        const Clock::time_point t0 = Clock::now();
+        run(runnable[i]);
+        fastest[i] = std::min(fastest[i], std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      if (std::chrono::duration<double>(Clock::now() - begin).count() > kTimeBudgetS) break;
+    }
+    double best = std::numeric_limits<double>::infinity();
+    double fixed_time = best;
+    for (std::size_t i = 0; i < runnable.size(); ++i) {
+      record.ms.emplace_back(runnable[i], fastest[i] * 1e3);
+      if (runnable[i] == candidates.front()) fixed_time = fastest[i];
+      if (fastest[i] < best) {
+        best = fastest[i];
+        choice = runnable[i];
+      }
+    }
+    const std::string last = runnable.empty() ? "" : runnable.back();
+    if (choice.empty())
+      raise<InternalError>("kernel choice: every candidate declined ", p.pass, " ", p.problem);
+    if (choice != candidates.front() && fixed_time < std::numeric_limits<double>::infinity() &&
+        best > fixed_time * (1.0 - kChoiceMargin))
+      choice = candidates.front();
+    if (choice != last) run(choice);
+    nlohmann::json ms = nlohmann::json::object();
+    for (const auto& [name, t] : record.ms) ms[name] = t;
+    s.cache[full_key] = {{"chosen", choice}, {"ms", ms}, {"layer", record.layer}};
+    write_cache_locked(s);
+  }
+  record.chosen = choice;
+  s.chosen.emplace(full_key, choice);
+  s.records.push_back(std::move(record));
+  lock.unlock();
+  table.chosen.emplace(local_key, choice);
+}
+
+void force_kernel_candidate_for_testing(std::optional<std::string> name) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  s.forced = std::move(name);
+  ++s.generation;
+}
+
+namespace {
+
+std::string conv_problem(const Conv2dShape& s) {
+  return str(s.n, "x", s.h, "x", s.w, "x", s.c_in, " -> ", s.c_out, ", ", s.kh, "x", s.kw,
+             ", stride ", s.stride_h, s.stride_w != s.stride_h ? str("x", s.stride_w) : "",
+             ", pad ", s.pad_h, s.pad_w != s.pad_h ? str("x", s.pad_w) : "");
+}
+
+std::vector<std::string> candidate_names(bool bf16) {
+  std::vector<std::string> out;
+  if (bf16) {
+    out.emplace_back(bf16_kernels_name(active_bf16_kernels()));
+    if (bf16_kernels_fixed()) return out;
+    for (const Bf16Kernels k : runnable_bf16_kernels())
+      if (out.front() != bf16_kernels_name(k)) out.emplace_back(bf16_kernels_name(k));
+    return out;
+  }
+  out.emplace_back("towerflow");
+  if (onednn::built()) out.emplace_back("onednn");
+  return out;
+}
+
+const std::vector<std::string>& candidates(bool bf16) {
+  // The bf16 list follows the active kernels, which a test may change: built per call there.
+  static const std::vector<std::string> fp32 = candidate_names(false);
+  if (!bf16) return fp32;
+  thread_local std::vector<std::string> b;
+  b = candidate_names(true);
+  return b;
+}
+
+// Note [oneDNN on the context's threads]
+// Debian's oneDNN runs on OpenMP. Called on the context's threads' count, its OpenMP workers spin
+// after each call while the context's own pool wants the same cores: on a 2-core Zen 3, tfcnn's
+// step ran slower with oneDNN's convolution for conv1 (8 ms against towerflow's 16 alone) than
+// without it. So oneDNN's fp32 candidate runs on one OpenMP thread, the calling one (no OpenMP
+// team), on each of the context's threads, each over a slice of the problem: forward and backward
+// input over images, backward weight over images with the slices' gradients summed in slice order
+// (the same result for the same thread count), matmul over rows of the product.
+
+// The slices [0, n) is cut into: as many as threads, each at least min_rows long.
+int slices(const CpuContext& ctx, std::int64_t n, std::int64_t min_rows) {
+  return static_cast<int>(std::clamp<std::int64_t>(n / std::max<std::int64_t>(1, min_rows), 1, ctx.threads()));
+}
+
+// Runs f(slice, begin, end) for each slice on the context's threads; false if any returns false.
+template <typename F>
+bool on_slices(const CpuContext& ctx, int count, std::int64_t n, F f) {
+  std::atomic<bool> ok{true};
+  ctx.parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
+    for (std::int64_t i = b; i < e; ++i)
+      if (!f(static_cast<int>(i), i * n / count, (i + 1) * n / count)) ok = false;
+  });
+  return ok;
+}
+
+Conv2dShape with_images(const Conv2dShape& s, std::int64_t images) {
+  Conv2dShape t = s;
+  t.n = static_cast<int>(images);
+  return t;
+}
+
+bool onednn_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias, float* y) {
+  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
+  return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
+    return onednn::conv2d_forward(1, with_images(s, e - b), x + b * in, w, bias, y + b * out,
+                                  onednn::Operands::kFp32);
+  });
+}
+
+bool onednn_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
+  return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
+    return onednn::conv2d_backward_input(1, with_images(s, e - b), dy + b * out, w, dx + b * in,
+                                         onednn::Operands::kFp32);
+  });
+}
+
+bool onednn_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw) {
+  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
+  const std::int64_t wn = std::int64_t{s.c_out} * s.c_in * s.kh * s.kw;
+  const int count = slices(ctx, s.n, 1);
+  thread_local std::vector<float> partial;  // the caller's: slices 1.. write here
+  if (static_cast<std::int64_t>(partial.size()) < (count - 1) * wn)
+    partial.resize(static_cast<std::size_t>((count - 1) * wn));
+  float* const part = partial.data();
+  if (!on_slices(ctx, count, s.n, [&](int i, std::int64_t b, std::int64_t e) {
+        return onednn::conv2d_backward_weight(1, with_images(s, e - b), x + b * in, dy + b * out,
+                                              i == 0 ? dw : part + (i - 1) * wn,
+                                              onednn::Operands::kFp32);
+      }))
+    return false;
+  for (int i = 1; i < count; ++i) {
+    const float* p = part + (i - 1) * wn;
+    for (std::int64_t j = 0; j < wn; ++j) dw[j] += p[j];
+  }
+  return true;
+}
+
+bool onednn_gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+                 const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
+  return on_slices(ctx, slices(ctx, m, 16), m, [&](int, std::int64_t r0, std::int64_t r1) {
+    const float* a0 = trans_a ? a + r0 : a + r0 * lda;  // rows r0.. of op(a)
+    return onednn::gemm(1, trans_a, trans_b, static_cast<int>(r1 - r0), n, k, a0, lda, b, ldb,
+                        c + r0 * ldc, ldc, onednn::Operands::kFp32);
+  });
+}
+
+Bf16Kernels bf16_by_name(const std::string& name) {
+  for (const Bf16Kernels k : built_bf16_kernels())
+    if (name == bf16_kernels_name(k)) return k;
+  raise<InternalError>("kernel choice: no bf16 kernels named '", name, "'");
+}
+
+// The fixed choice of a bf16 problem must not decline: oneDNN's reference problems run emulated.
+bool bf16_or_emulated(const std::string& name, bool is_fixed, const std::function<bool(Bf16Kernels)>& f) {
+  if (f(bf16_by_name(name))) return true;
+  return is_fixed ? f(Bf16Kernels::Emulated) : false;
+}
+
+}  // namespace
+
+}  // namespace cpu
+
+std::vector<std::string> kernel_choice_candidates(bool bf16) { return cpu::candidate_names(bf16); }
+
+namespace cpu {
+
+void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                           const float* w, const float* bias_or_null, float* y, bool bf16,
+                           std::string_view layer) {
+  const std::vector<std::string>& c = candidates(bf16);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2) {
+    if (bf16) return conv2d_forward_bf16(ctx, s, x, w, bias_or_null, y);
+    return conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
+  }
+  const std::string problem = conv_problem(s);
+  const ChoiceProblem p{.key = "conv forward " + problem + (bias_or_null ? " +bias" : ""),
+                        .pass = "forward", .problem = problem, .bf16 = bf16,
+                        .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    if (bf16)
+      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+        return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
+      });
+    if (name == "onednn") return onednn_forward(ctx, s, x, w, bias_or_null, y);
+    conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
+    return true;
+  });
+}
+
+void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                  const float* w, float* dx, bool bf16, std::string_view layer) {
+  const std::vector<std::string>& c = candidates(bf16);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2) {
+    if (bf16) return conv2d_backward_input_bf16(ctx, s, dy, w, dx);
+    return conv2d_backward_input(ctx, s, dy, w, dx);
+  }
+  const std::string problem = conv_problem(s);
+  const ChoiceProblem p{.key = "conv backward input " + problem, .pass = "backward input",
+                        .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    if (bf16)
+      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+        return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx);
+      });
+    if (name == "onednn") return onednn_backward_input(ctx, s, dy, w, dx);
+    conv2d_backward_input(ctx, s, dy, w, dx);
+    return true;
+  });
+}
+
+void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                   const float* dy, float* dw, bool bf16, std::string_view layer) {
+  const std::vector<std::string>& c = candidates(bf16);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2) {
+    if (bf16) return conv2d_backward_weight_bf16(ctx, s, x, dy, dw);
+    return conv2d_backward_weight(ctx, s, x, dy, dw);
+  }
+  const std::string problem = conv_problem(s);
+  const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
+                        .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    if (bf16)
+      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+        return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
+      });
+    if (name == "onednn") return onednn_backward_weight(ctx, s, x, dy, dw);
+    conv2d_backward_weight(ctx, s, x, dy, dw);
+    return true;
+  });
+}
+
+void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+                 const float* a, int lda, const float* b, int ldb, float* c, int ldc, bool bf16,
+                 std::string_view layer) {
+  const std::vector<std::string>& cands = candidates(bf16);
+  const bool invalid = m <= 0 || n <= 0 || k <= 0 || lda < (trans_a ? m : k) ||
+                       ldb < (trans_b ? k : n) || ldc < n;
+  if (kernel_choice() == KernelChoice::kFixed || cands.size() < 2 || invalid) {
+    if (bf16) return gemm_bf16(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+  }
+  const std::string problem = str(m, "x", k, trans_a ? " (a^T)" : "", " * ", k, "x", n,
+                                  trans_b ? " (b^T)" : "");
+  const ChoiceProblem p{.key = str("matmul ", problem, " ld ", lda, ",", ldb, ",", ldc),
+                        .pass = "matmul", .problem = problem, .bf16 = bf16,
+                        .threads = ctx.threads()};
+  run_chosen(p, layer, cands, [&](const std::string& name) {
+    if (bf16)
+      return bf16_or_emulated(name, name == cands.front(), [&](Bf16Kernels kk) {
+        return gemm_bf16_with(kk, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+      });
+    if (name == "onednn")
+      return onednn_gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    return true;
+  });
+}
+
+}  // namespace cpu
+}  // namespace towerflow

@@ -1,0 +1,52 @@
+#pragma once
+// The CPU's convolutions and matrix products through the kernel choice of core/kernel_choice.h
+// (private to core): the CPU backend calls these; each runs the problem on the fixed kernels or
+// on the measured fastest. Arguments, layouts and overwrite rules are conv.h's and gemm.h's.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/cpu/context.h"
+#include "core/shapes.h"
+
+namespace towerflow::cpu {
+
+// `bf16`: operands read as bf16 (bf16.h) rather than fp32. `layer` names the call's op scope for
+// the record of a new choice.
+void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                           const float* w, const float* bias_or_null, float* y, bool bf16,
+                           std::string_view layer);
+void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                  const float* w, float* dx, bool bf16, std::string_view layer);
+void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                   const float* dy, float* dw, bool bf16, std::string_view layer);
+// c = op(a) op(b) (alpha 1, beta 0).
+void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
+                 const float* a, int lda, const float* b, int ldb, float* c, int ldc, bool bf16,
+                 std::string_view layer);
+
+// The mechanism under the four above, for them and for tests.
+struct ChoiceProblem {
+  std::string key;       // the problem, unique with the operands and threads: the cache's key
+  std::string pass;      // KernelChoiceRecord::pass
+  std::string problem;   // KernelChoiceRecord::problem
+  bool bf16 = false;
+  int threads = 1;
+};
+// run(name) runs the problem on candidate `name` and returns false where that candidate declines
+// it (having written nothing). candidates[0] is the fixed choice, which must not decline; in auto
+// mode a candidate other than it must be at least kChoiceMargin faster to be chosen, so that
+// measuring noise does not flip a choice between runs.
+inline constexpr double kChoiceMargin = 0.05;
+void run_chosen(const ChoiceProblem& p, std::string_view layer,
+                const std::vector<std::string>& candidates,
+                const std::function<bool(const std::string&)>& run);
+
+// Tests: in auto mode, run every problem on the candidate `name` where it is one (and where it
+// declines, on the fixed choice) without measuring or recording; nullopt to measure again.
+void force_kernel_candidate_for_testing(std::optional<std::string> name);
+
+}  // namespace towerflow::cpu

@@ -1,0 +1,326 @@
+// The measured kernel choice (core/kernel_choice.h, core/cpu/kernel_choice.h): the mechanism on
+// candidates of known speed (busy loops), its cache file, and every real candidate this build and
+// CPU run, each against towerflow's fixed kernels, on every ResNet-20 and tfcnn shape and odd ones.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/cpu/conv.h"
+#include "core/cpu/gemm.h"
+#include "core/cpu/kernel_choice.h"
+#include "core/cpu/onednn_impl.h"
+#include "core/error.h"
+#include "core/kernel_choice.h"
+#include "core/log.h"
+#include "kernel_test_util.h"
+
+using namespace towerflow;
+using namespace towerflow::cpu;
+using towerflow::cpu::testing::compare;
+using towerflow::cpu::testing::random_vector;
+
+namespace {
+
+// Puts the choice in a known state for one test and restores the fixed default after it.
+struct ChoiceScope {
+  std::filesystem::path cache;
+  explicit ChoiceScope(KernelChoice mode, std::string cache_name = "") {
+    reset_kernel_choices_for_testing();
+    force_kernel_candidate_for_testing(std::nullopt);
+    if (!cache_name.empty()) {
+      cache = std::filesystem::temp_directory_path() /
+              ("towerflow-test-" + std::to_string(::getpid()) + "-" + cache_name + ".json");
+      std::filesystem::remove(cache);
+    }
+    set_kernel_choice_cache(cache.string());
+    set_kernel_choice(mode);
+  }
+  ~ChoiceScope() {
+    set_kernel_choice(KernelChoice::kFixed);
+    force_kernel_candidate_for_testing(std::nullopt);
+    reset_kernel_choices_for_testing();
+    set_kernel_choice_cache("");
+    if (!cache.empty()) std::filesystem::remove(cache);
+  }
+};
+
+void spin_for(double ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (std::chrono::steady_clock::now() < until) {
+  }
+}
+
+// Candidates that take known times; counts the runs of each and remembers the last.
+struct Fake {
+  std::map<std::string, double> ms;
+  std::map<std::string, bool> declines;
+  std::map<std::string, int> runs;
+  std::string last;
+  bool run(const std::string& name) {
+    if (declines[name]) return false;
+    ++runs[name];
+    last = name;
+    spin_for(ms.at(name));
+    return true;
+  }
+};
+
+ChoiceProblem problem(const std::string& key) {
+  return {.key = key, .pass = "forward", .problem = key, .bf16 = false, .threads = 1};
+}
+
+void run(Fake& f, const std::string& key, const std::vector<std::string>& candidates,
+         std::string_view layer = "layer") {
+  run_chosen(problem(key), layer, candidates, [&](const std::string& n) { return f.run(n); });
+}
+
+}  // namespace
+
+TEST_CASE("kernel choice: fixed runs the first candidate only and records nothing", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kFixed);
+  Fake f{.ms = {{"towerflow", 0.5}, {"onednn", 0.1}}};
+  for (int i = 0; i < 3; ++i) run(f, "p", {"towerflow", "onednn"});
+  CHECK(f.runs["towerflow"] == 3);
+  CHECK(f.runs["onednn"] == 0);
+  CHECK(kernel_choices().empty());
+}
+
+TEST_CASE("kernel choice: auto measures each candidate once, keeps the fastest, ends on it", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  Fake f{.ms = {{"towerflow", 3.0}, {"onednn", 0.5}, {"other", 1.5}}};
+  run(f, "p", {"towerflow", "onednn", "other"}, "conv1");
+  CHECK(f.last == "onednn");  // the call's output is the winner's
+  const int measured = f.runs["towerflow"];
+  CHECK(measured >= 2);  // one untimed run, then at least one timed
+  for (int i = 0; i < 4; ++i) run(f, "p", {"towerflow", "onednn", "other"}, "conv1");
+  CHECK(f.runs["towerflow"] == measured);  // no more measuring
+  CHECK(f.last == "onednn");
+  const auto records = kernel_choices();
+  REQUIRE(records.size() == 1);
+  CHECK(records[0].chosen == "onednn");
+  CHECK(records[0].layer == "conv1");
+  CHECK_FALSE(records[0].from_cache);
+  REQUIRE(records[0].ms.size() == 3);
+  for (const auto& [name, ms] : records[0].ms) {
+    INFO(name);
+    CHECK(ms >= f.ms[name]);
+    CHECK(ms < f.ms[name] + 20.0);
+  }
+  const std::string line = format_kernel_choice(records[0]);
+  INFO(line);
+  CHECK(line.find("conv1  forward  p  fp32 x1 thread: onednn") == 0);
+  CHECK(line.find("towerflow") != std::string::npos);
+  // Another problem is measured on its own.
+  run(f, "q", {"towerflow", "onednn"});
+  CHECK(kernel_choices().size() == 2);
+}
+
+TEST_CASE("kernel choice: the fixed candidate stays unless another beats it by the margin", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  // 2% faster is within kChoiceMargin (5%): the fixed kernel keeps the problem.
+  Fake f{.ms = {{"towerflow", 4.0}, {"onednn", 4.0 * 0.98}}};
+  run(f, "p", {"towerflow", "onednn"});
+  CHECK(kernel_choices().at(0).chosen == "towerflow");
+  CHECK(f.last == "towerflow");
+}
+
+TEST_CASE("kernel choice: a candidate that declines is not timed or chosen", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  Fake f{.ms = {{"towerflow", 1.0}, {"onednn", 0.1}}, .declines = {{"onednn", true}}};
+  run(f, "p", {"towerflow", "onednn"});
+  const auto r = kernel_choices().at(0);
+  CHECK(r.chosen == "towerflow");
+  REQUIRE(r.ms.size() == 1);
+  CHECK(r.ms[0].first == "towerflow");
+}
+
+TEST_CASE("kernel choice: a second process reads the choice from the cache without measuring", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto, "cache");
+  Fake f{.ms = {{"towerflow", 2.0}, {"onednn", 0.2}}};
+  run(f, "p", {"towerflow", "onednn"});
+  REQUIRE(std::filesystem::exists(scope.cache));
+  {
+    std::ifstream in(scope.cache);
+    const auto j = nlohmann::json::parse(in);
+    CHECK(j.at("format") == "towerflow kernel choices 1");
+    REQUIRE(j.at("choices").size() == 1);
+    const auto& entry = j.at("choices").begin().value();
+    CHECK(entry.at("chosen") == "onednn");
+    CHECK(j.at("choices").begin().key().find("fp32 1 threads p") != std::string::npos);
+  }
+  // As a new process: nothing chosen yet, the same cache file.
+  reset_kernel_choices_for_testing();
+  Fake g{.ms = {{"towerflow", 2.0}, {"onednn", 0.2}}};
+  run(g, "p", {"towerflow", "onednn"});
+  CHECK(g.runs["towerflow"] == 0);
+  CHECK(g.runs["onednn"] == 1);
+  const auto r = kernel_choices().at(0);
+  CHECK(r.from_cache);
+  CHECK(r.chosen == "onednn");
+  CHECK(format_kernel_choice(r).find("onednn (cached)") != std::string::npos);
+  // A cached choice that is no longer a candidate is measured again.
+  reset_kernel_choices_for_testing();
+  Fake h{.ms = {{"towerflow", 0.2}, {"amx", 2.0}}};
+  run(h, "p", {"towerflow", "amx"});
+  CHECK(h.runs["amx"] >= 2);
+  CHECK(kernel_choices().at(0).chosen == "towerflow");
+}
+
+TEST_CASE("kernel choice: a damaged cache file is reported, measured around and rewritten", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto, "damaged");
+  std::ofstream(scope.cache) << "{\"format\": \"towerflow kernel choices 1\", \"choices\": [tru";
+  std::vector<std::string> warnings;
+  const LogSink previous = set_log_sink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::Warning) warnings.emplace_back(m);
+  });
+  Fake f{.ms = {{"towerflow", 1.5}, {"onednn", 0.1}}};
+  run(f, "p", {"towerflow", "onednn"});
+  set_log_sink(previous);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find(scope.cache.string()) != std::string::npos);
+  CHECK(warnings[0].find("measured again") != std::string::npos);
+  CHECK(warnings[0].find("TOWERFLOW_KERNEL_CACHE") != std::string::npos);
+  CHECK(kernel_choices().at(0).chosen == "onednn");
+  std::ifstream in(scope.cache);
+  CHECK(nlohmann::json::parse(in).at("choices").size() == 1);  // rewritten whole
+}
+
+TEST_CASE("kernel choice: a mode that is not one is refused with the choices", "[kernel_choice]") {
+  CHECK(parse_kernel_choice("auto") == KernelChoice::kAuto);
+  CHECK(parse_kernel_choice("fixed") == KernelChoice::kFixed);
+  CHECK_THROWS_MATCHES(parse_kernel_choice("fastest", "--kernel_choice"), InvalidArgument,
+                       Catch::Matchers::Message(
+                           "--kernel_choice 'fastest' is not a choice; use auto (the fastest kernel "
+                           "of each problem, measured at its first call) or fixed (towerflow's own rule)"));
+}
+
+namespace {
+
+std::vector<std::string> fp32_candidates() {
+  std::vector<std::string> c{"towerflow"};
+  if (onednn::built()) c.emplace_back("onednn");
+  return c;
+}
+
+// ResNet-20's and tfcnn's convolutions at a small batch, and odd ones: batches that the two slices
+// of a 2-thread context cut unevenly, 1x1 strided (oneDNN declines some), unequal strides.
+const std::vector<Conv2dShape> kChoiceShapes = {
+    {.n = 3, .h = 32, .w = 32, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 32, .w = 32, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 3, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 32, .w = 32, .c_in = 16, .c_out = 32, .kh = 1, .kw = 1, .stride_h = 2, .stride_w = 2},
+    {.n = 2, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 3, .h = 16, .w = 16, .c_in = 32, .c_out = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+    {.n = 3, .h = 32, .w = 32, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+    {.n = 2, .h = 16, .w = 16, .c_in = 64, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+    {.n = 1, .h = 10, .w = 11, .c_in = 20, .c_out = 6, .kh = 5, .kw = 4, .stride_h = 3, .stride_w = 2, .pad_h = 2, .pad_w = 1},
+    {.n = 5, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3},
+};
+
+}  // namespace
+
+TEST_CASE("kernel choice: every fp32 candidate agrees with towerflow's kernels on every shape",
+          "[kernel_choice]") {
+  for (const std::string& candidate : fp32_candidates()) {
+    for (const int threads : {1, 2}) {
+      const ChoiceScope scope(KernelChoice::kAuto);
+      force_kernel_candidate_for_testing(candidate);
+      const CpuContext ctx(threads);
+      std::uint32_t seed = 10;
+      for (const Conv2dShape& s : kChoiceShapes) {
+        INFO(candidate << " on " << threads << " threads: " << s.to_string());
+        const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in,
+                          wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                          yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+        const auto x = random_vector(xn, seed), w = random_vector(wn, seed + 1),
+                   dy = random_vector(yn, seed + 2), bias = random_vector(std::size_t(s.c_out), seed + 3);
+        seed += 4;
+        // Outputs start as NaN: the chosen kernel must overwrite all of each.
+        std::vector<float> y(yn, NAN), dx(xn, NAN), dw(wn, NAN), ry(yn), rdx(xn), rdw(wn);
+        conv2d_forward_chosen(ctx, s, x.data(), w.data(), bias.data(), y.data(), false, "t");
+        conv2d_backward_input_chosen(ctx, s, dy.data(), w.data(), dx.data(), false, "t");
+        conv2d_backward_weight_chosen(ctx, s, x.data(), dy.data(), dw.data(), false, "t");
+        conv2d_forward_bias(ctx, s, x.data(), w.data(), bias.data(), ry.data());
+        conv2d_backward_input(ctx, s, dy.data(), w.data(), rdx.data());
+        conv2d_backward_weight(ctx, s, x.data(), dy.data(), rdw.data());
+        const auto ey = compare(y, ry), edx = compare(dx, rdx), edw = compare(dw, rdw);
+        INFO("y " << ey.describe() << "; dx " << edx.describe() << "; dw " << edw.describe());
+        CHECK(ey.max_error < 1e-5);
+        CHECK(edx.max_error < 1e-5);
+        CHECK(edw.max_error < 1e-5);
+        // The same call again gives the same bits.
+        std::vector<float> dw2(wn);
+        conv2d_backward_weight_chosen(ctx, s, x.data(), dy.data(), dw2.data(), false, "t");
+        CHECK(dw2 == dw);
+      }
+      // Matrix products: tfcnn's and ResNet-20's fully connected layers (forward, both
+      // gradients), with rows the slices cut unevenly and leading dimensions wider than the rows.
+      struct Mm {
+        bool ta, tb;
+        int m, n, k, lda, ldb, ldc;
+      };
+      for (const Mm& g : {Mm{false, true, 37, 24, 96, 96, 96, 24}, Mm{false, false, 37, 96, 24, 24, 96, 96},
+                          Mm{true, false, 24, 96, 37, 24, 96, 96}, Mm{false, true, 5, 10, 64, 70, 64, 12},
+                          Mm{true, true, 19, 7, 11, 23, 13, 9}}) {
+        INFO(candidate << " on " << threads << " threads: matmul " << g.m << "x" << g.n << "x" << g.k
+                       << " ta " << g.ta << " tb " << g.tb);
+        const auto a = random_vector(std::size_t(g.ta ? g.k : g.m) * g.lda, seed),
+                   b = random_vector(std::size_t(g.tb ? g.n : g.k) * g.ldb, seed + 1);
+        seed += 2;
+        std::vector<float> c(std::size_t(g.m) * g.ldc, NAN), rc(std::size_t(g.m) * g.ldc, NAN);
+        gemm_chosen(ctx, g.ta, g.tb, g.m, g.n, g.k, a.data(), g.lda, b.data(), g.ldb, c.data(), g.ldc, false, "t");
+        gemm(ctx, g.ta, g.tb, g.m, g.n, g.k, 1.0f, a.data(), g.lda, b.data(), g.ldb, 0.0f, rc.data(), g.ldc);
+        std::vector<float> got, want;
+        for (int i = 0; i < g.m; ++i)
+          for (int j = 0; j < g.n; ++j) {
+            got.push_back(c[std::size_t(i) * g.ldc + j]);
+            want.push_back(rc[std::size_t(i) * g.ldc + j]);
+          }
+        const auto e = compare(got, want);
+        INFO(e.describe());
+        CHECK(e.max_error < 1e-5);
+      }
+      CHECK(kernel_choices().empty());  // forced: nothing measured
+    }
+  }
+}
+
+TEST_CASE("kernel choice: auto on real kernels chooses per problem and matches the fixed results",
+          "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  const CpuContext ctx(2);
+  const Conv2dShape s{.n = 4, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+  const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * 9,
+                    yn = std::size_t(s.n) * s.h * s.w * s.c_out;
+  const auto x = random_vector(xn, 1), w = random_vector(wn, 2), dy = random_vector(yn, 3);
+  std::vector<float> y(yn), ry(yn), dw(wn), rdw(wn);
+  conv2d_forward_chosen(ctx, s, x.data(), w.data(), nullptr, y.data(), false, "block.conv");
+  conv2d_backward_weight_chosen(ctx, s, x.data(), dy.data(), dw.data(), false, "");
+  conv2d_forward(ctx, s, x.data(), w.data(), ry.data());
+  conv2d_backward_weight(ctx, s, x.data(), dy.data(), rdw.data());
+  CHECK(compare(y, ry).max_error < 1e-5);
+  CHECK(compare(dw, rdw).max_error < 1e-5);
+  const auto records = kernel_choices();
+  const std::size_t expected = fp32_candidates().size() > 1 ? 2 : 0;
+  REQUIRE(records.size() == expected);
+  for (const auto& r : records) {
+    INFO(format_kernel_choice(r));
+    CHECK(r.layer == "block.conv");  // the backward pass is named after its forward
+    CHECK(r.ms.size() == fp32_candidates().size());
+    CHECK(r.problem == "4x16x16x16 -> 32, 3x3, stride 1, pad 1");
+  }
+  // Later calls give the chosen kernel's bits.
+  std::vector<float> y2(yn);
+  conv2d_forward_chosen(ctx, s, x.data(), w.data(), nullptr, y2.data(), false, "block.conv");
+  CHECK(y2 == y);
+}
