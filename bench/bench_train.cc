@@ -48,6 +48,7 @@
 #include "core/kernel_choice.h"
 #include "core/memory/allocator.h"
 #include "core/platform/registry.h"
+#include "core/tensor/mac_counter.h"
 #include "core/trace.h"
 #include "models/models.h"
 #include "optim/sgd.h"
@@ -126,6 +127,57 @@ class GpuStepTimer {
   std::vector<std::unique_ptr<tw::gpu::GpuEvent>> start_, stop_;
 };
 
+// --describe: one image through the model on /cpu:0 in training mode, its loss and backward, with
+// the multiply-adds counted as the CPU runs them.
+int describe_step(const std::string& model_name, int classes, float lr) {
+  const tw::Device cpu = tw::Device::cpu(0);
+  auto model = tw::models::make_model(model_name, cpu, {.num_classes = classes, .seed = 0});
+  model->train(true);
+  std::vector<float> image(32 * 32 * 3, 0.5f);
+  const std::vector<std::int32_t> label{1};
+  nlohmann::json layers = nlohmann::json::array();
+  std::int64_t forward = 0, backward = 0;
+  std::size_t forward_rows = 0;
+  {
+    tw::MacCounter count;
+    const tw::Tensor x = tw::Tensor::from_host(image, {1, 32, 32, 3}, cpu);
+    const tw::Tensor y = tw::Tensor::from_host(std::span<const std::int32_t>(label), {1}, cpu);
+    const tw::Tensor logits = model->forward(x);
+    forward = count.total();
+    forward_rows = count.rows().size();
+    tw::softmax_cross_entropy(logits, y).backward();
+    backward = count.total() - forward;
+    for (std::size_t i = 0; i < count.rows().size(); ++i) {
+      const auto& r = count.rows()[i];
+      layers.push_back({{"scope", r.scope}, {"op", r.op}, {"shape", r.shape}, {"macs", r.macs},
+                        {"pass", i < forward_rows ? "forward" : "backward"}});
+    }
+  }
+  nlohmann::json params = nlohmann::json::array(), buffers = nlohmann::json::array();
+  std::int64_t count = 0;
+  for (const auto& [name, t] : model->named_parameters()) {
+    params.push_back({{"name", name}, {"shape", t.shape()}, {"trainable", t.requires_grad()}});
+    count += t.numel();
+  }
+  for (const auto& [name, t] : model->named_buffers())
+    buffers.push_back({{"name", name}, {"shape", t.shape()}});
+  const nlohmann::json j = {
+      {"framework", "towerflow"},
+      {"model", model_name},
+      {"params", count},
+      {"parameters", params},
+      {"buffers", buffers},
+      {"fwd_macs_per_img", forward},
+      {"bwd_macs_per_img", backward},
+      {"fwd_macs_per_img_analytic", tw::models::forward_macs_per_image(model_name, classes)},
+      {"layers", layers},
+      {"loss", "softmax cross-entropy, mean over the batch"},
+      {"optimizer", "SGD momentum 0.9, coupled L2 weight decay 5e-4 on every parameter (torch.optim.SGD), lr " +
+                        tw::str(lr)}};
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,12 +211,17 @@ int main(int argc, char** argv) {
   app.add_option("--kernel_choice", kernel_choice, "auto | fixed: each convolution and matrix product on the fastest "
                  "kernel of this CPU, measured at its first call and cached (core/kernel_choice.h), or on towerflow's fixed rule")
       ->check(CLI::IsMember({"auto", "fixed"}))->capture_default_str();
+  bool describe = false;
+  app.add_flag("--describe", describe, "print what one training step computes, as one JSON line, and exit: the layers' "
+               "multiply-adds counted as they run on one image (forward and backward), every parameter and buffer "
+               "with its shape, the loss and the optimizer (bench/peers/check_equivalence.py compares the peers with it)");
   std::string trace_path;
   app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "
                                         "and print the time per op");
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (describe) return describe_step(model_name, classes, lr);
     const std::vector<tw::Device> devices = parse_devices(devices_spec);
     tw::collectives::ProcessGroup& world = tw::collectives::world();
     tw::ProcessOptions opts;

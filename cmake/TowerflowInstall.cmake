@@ -73,7 +73,7 @@ set(TW_PUBLIC_HEADERS
     core/nn/init.h core/nn/layers.h core/nn/module.h core/nn/whitening.h core/platform/ini.h
     core/platform/logical.h
     core/platform/options.h core/platform/platform.h core/platform/registry.h core/queue_event.h
-    core/tensor/batch_norm_sync.h core/tensor/device_ops.h core/tensor/dtype.h core/tensor/ops.h
+    core/tensor/batch_norm_sync.h core/tensor/device_ops.h core/tensor/dtype.h core/tensor/mac_counter.h core/tensor/ops.h
     core/tensor/optimizer_update.h core/tensor/precision.h
     core/tensor/tensor.h core/trace.h core/version.h core/kernel_choice.h data/augment.h data/batch.h data/builtin.h
     data/cifar.h data/data.h data/dataset.h data/image_codec.h data/image_folder.h data/loader.h

@@ -17,6 +17,7 @@
 #include "core/platform/options.h"           // IWYU pragma: export
 #include "core/platform/registry.h"          // IWYU pragma: export
 #include "core/tensor/device_ops.h"          // IWYU pragma: export
+#include "core/tensor/mac_counter.h"         // IWYU pragma: export
 #include "core/tensor/ops.h"                 // IWYU pragma: export
 #include "core/tensor/tensor.h"              // IWYU pragma: export
 #include "core/trace.h"                      // IWYU pragma: export

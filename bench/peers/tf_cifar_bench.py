@@ -83,6 +83,9 @@ def parse_args():
                     help="tf.function(jit_compile=True) for the step (only with --towers 1)")
     ap.add_argument("--layers", action="store_true", help="print per-layer MAC table")
     ap.add_argument("--json", action="store_true", help="print one JSON result line at the end")
+    ap.add_argument("--describe", action="store_true",
+                    help="print what one training step computes as one line 'DESCRIBE {json}' and exit "
+                         "(bench/peers/check_equivalence.py)")
     args = ap.parse_args()
     if args.towers < 1:
         ap.error("--towers must be >= 1")
@@ -170,6 +173,95 @@ def build_resnet20(b, n=3):
 BUILDERS = {"tfcnn": build_tfcnn, "resnet20": build_resnet20}
 
 
+def graph_macs(graph, outputs):
+    """Multiply-adds of the convolutions and matrix products that a traced step runs, forward and
+    backward apart (the tape's ops are named gradient_tape/...), from the ops' own shapes. Only ops
+    the outputs depend on count: TensorFlow prunes the rest of a function before it runs it (the
+    first convolution's input gradient, say, which the tape traces but nothing reads)."""
+    needed, stack = set(), [t.op for t in outputs]
+    while stack:
+        op = stack.pop()
+        if op.name in needed:
+            continue
+        needed.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    def dims(t):
+        return [int(d) for d in t.shape]
+
+    def prod(v):
+        out = 1
+        for d in v:
+            out *= d
+        return out
+
+    rows, fwd, bwd = [], 0, 0
+    for op in graph.get_operations():
+        if op.name not in needed:
+            continue
+        t = op.type
+        if t == "Conv2D":
+            kh, kw, ci, _ = dims(op.inputs[1])
+            macs, kind = prod(dims(op.outputs[0])) * kh * kw * ci, "conv forward"
+        elif t == "Conv2DBackpropInput":
+            kh, kw, ci, _ = dims(op.inputs[1])
+            macs, kind = prod(dims(op.inputs[2])) * kh * kw * ci, "conv backward input"
+        elif t == "Conv2DBackpropFilter":
+            kh, kw, ci, _ = dims(op.outputs[0])
+            macs, kind = prod(dims(op.inputs[2])) * kh * kw * ci, "conv backward weight"
+        elif t == "MatMul":
+            a, b = dims(op.inputs[0]), dims(op.inputs[1])
+            m = a[1] if op.get_attr("transpose_a") else a[0]
+            k = a[0] if op.get_attr("transpose_a") else a[1]
+            n = b[0] if op.get_attr("transpose_b") else b[1]
+            macs, kind = m * n * k, "matmul"
+        else:
+            continue
+        backward = op.name.startswith("gradient_tape")
+        rows.append(dict(scope=op.name, op=kind, macs=macs))
+        if backward:
+            bwd += macs
+        else:
+            fwd += macs
+    return rows, fwd, bwd
+
+
+def describe(tf, model, tvars, builder_rows, args, nparams):
+    """One image through the model in training mode, its loss and gradients, traced as the step
+    traces them; multiply-adds counted from the traced graph's ops."""
+    def grads(x, y):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(x, training=True), tf.float32)
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+        return tape.gradient(loss, tvars)
+
+    concrete = tf.function(grads, autograph=False).get_concrete_function(
+        tf.TensorSpec((1, 32, 32, 3), tf.float32), tf.TensorSpec((1,), tf.int64))
+    rows, fwd, bwd = graph_macs(concrete.graph, concrete.outputs)
+
+    def torch_layout(shape):  # Keras kernels HWIO -> OIHW, Dense [in, out] -> [out, in]
+        shape = [int(d) for d in shape]
+        if len(shape) == 4:
+            return [shape[3], shape[2], shape[0], shape[1]]
+        if len(shape) == 2:
+            return [shape[1], shape[0]]
+        return shape
+
+    return dict(
+        framework="tensorflow", tf_version=tf.version.VERSION, model=args.model, params=nparams,
+        parameters=[dict(name=v.path if hasattr(v, "path") else v.name, shape=torch_layout(v.shape), trainable=True)
+                    for v in tvars],
+        buffers=[dict(name=v.path if hasattr(v, "path") else v.name, shape=[int(d) for d in v.shape])
+                 for v in model.non_trainable_variables],
+        fwd_macs_per_img=fwd, bwd_macs_per_img=bwd,
+        fwd_macs_per_img_builder=sum(r[3] for r in builder_rows),
+        layers=[dict(scope=name, op=kind, shape=desc, macs=macs) for name, kind, desc, macs in builder_rows],
+        graph_products=rows,
+        loss="tf.nn.sparse_softmax_cross_entropy_with_logits, mean over the global batch",
+        optimizer=f"hand-written SGD: lr {args.lr}, momentum 0.9, coupled L2 weight decay 5e-4 on every "
+                  "trainable variable (torch.optim.SGD semantics)")
+
+
 def main():
     args = parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # hide TF's INFO banner lines
@@ -236,6 +328,9 @@ def main():
     fwd_macs = sum(r[3] for r in b.rows)
     fwd_flops = 2 * fwd_macs
     nparams = int(sum(int(np.prod([int(d) for d in v.shape])) for v in tvars))
+    if args.describe:
+        print("DESCRIBE " + json.dumps(describe(tf, model, tvars, b.rows, args, nparams)), flush=True)
+        return 0
 
     rng = np.random.default_rng(args.seed)
     x_np = rng.standard_normal((B, 32, 32, 3), dtype=np.float32)

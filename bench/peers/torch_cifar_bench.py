@@ -143,6 +143,31 @@ def count_forward_macs(model, hw=32):
     return rows
 
 
+def describe(model_name, lr):
+    """One image through the model in training mode, its loss and backward, as the step runs them:
+    multiply-adds counted by torch.utils.flop_counter (2 FLOPs each), every parameter and buffer."""
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(0)
+    model = MODELS[model_name]()
+    model.train()
+    x = torch.full((1, 3, 32, 32), 0.5)
+    y = torch.tensor([1])
+    with FlopCounterMode(display=False) as fwd:
+        out = model(x)
+    loss = F.cross_entropy(out, y)
+    with FlopCounterMode(display=False) as bwd:
+        loss.backward()
+    layers = [dict(scope=name, op=kind, shape=desc, macs=macs) for name, kind, desc, macs in count_forward_macs(model)]
+    return dict(
+        framework="pytorch", torch_version=torch.__version__, model=model_name,
+        params=sum(p.numel() for p in model.parameters()),
+        parameters=[dict(name=n, shape=list(p.shape), trainable=p.requires_grad) for n, p in model.named_parameters()],
+        buffers=[dict(name=n, shape=list(b.shape)) for n, b in model.named_buffers() if b.dim() > 0],
+        fwd_macs_per_img=fwd.get_total_flops() // 2, bwd_macs_per_img=bwd.get_total_flops() // 2,
+        layers=layers, loss="F.cross_entropy, mean over the batch",
+        optimizer=f"torch.optim.SGD(lr={lr}, momentum=0.9, weight_decay=5e-4) on every parameter")
+
+
 # ----------------------------------------------------------------------------
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,7 +187,13 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
     ap.add_argument("--layers", action="store_true", help="print per-layer MAC table")
     ap.add_argument("--json", action="store_true", help="print one JSON result line at the end")
+    ap.add_argument("--describe", action="store_true",
+                    help="print what one training step computes as one line 'DESCRIBE {json}' and exit "
+                         "(bench/peers/check_equivalence.py)")
     args = ap.parse_args()
+    if args.describe:
+        print("DESCRIBE " + json.dumps(describe(args.model, args.lr)))
+        return 0
     device = torch.device(args.device)
     if args.bf16 and args.fp16:
         ap.error("--bf16 and --fp16 exclude each other")

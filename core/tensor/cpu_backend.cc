@@ -17,6 +17,7 @@
 #include "core/cpu/pool.h"
 #include "core/error.h"
 #include "core/memory/allocator.h"
+#include "core/tensor/mac_counter.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/optimizer_update.h"
 
@@ -192,37 +193,56 @@ class CpuBackend final : public Backend {
   }
 
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
+  // For a MacCounter of this thread, if one lives (mac_counter.h).
+  static void count_conv(const char* op, const Conv2dShape& s) {
+    if (!MacCounter::active()) return;
+    const std::int64_t macs = std::int64_t{s.n} * s.out_h() * s.out_w() * s.c_out * s.c_in * s.kh * s.kw;
+    MacCounter::count(op, str(s.n, "x", s.h, "x", s.w, "x", s.c_in, " -> ", s.c_out, ", ", s.kh, "x", s.kw,
+                              ", stride ", s.stride_h, ", pad ", s.pad_h), macs);
+  }
+  static void count_gemm(bool trans_a, bool trans_b, int m, int n, int k) {
+    if (!MacCounter::active()) return;
+    MacCounter::count("matmul", str(m, "x", k, trans_a ? " (a^T)" : "", " * ", k, "x", n, trans_b ? " (b^T)" : ""),
+                      std::int64_t{m} * n * k);
+  }
   void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                       const float* bias, float* y) override {
+    count_conv("conv forward", s);
     cpu::conv2d_forward_chosen(ctx_, s, x, w, bias, y, false, OpScope::current());
   }
   void conv2d_backward_input(const Conv2dShape& s, const float* dy, const float* w,
                              float* dx) override {
+    count_conv("conv backward input", s);
     cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, false, OpScope::current());
   }
   void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                               float* dw) override {
+    count_conv("conv backward weight", s);
     cpu::conv2d_backward_weight_chosen(ctx_, s, x, dy, dw, false, OpScope::current());
   }
   // bf16 only (supports(kFp16Products) is false).
   void conv2d_forward_half(Precision p, const Conv2dShape& s, const float* x, const float* w,
                            const float* bias, float* y) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_forward_half");
+    count_conv("conv forward", s);
     cpu::conv2d_forward_chosen(ctx_, s, x, w, bias, y, true, OpScope::current());
   }
   void conv2d_backward_input_half(Precision p, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_input_half");
+    count_conv("conv backward input", s);
     cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, true, OpScope::current());
   }
   void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_weight_half");
+    count_conv("conv backward weight", s);
     cpu::conv2d_backward_weight_chosen(ctx_, s, x, dy, dw, true, OpScope::current());
   }
   void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                  int lda, const float* b, int ldb, float* c, int ldc) override {
     if (p != Precision::Bf16) no_half_products(p, "gemm_half");
+    count_gemm(trans_a, trans_b, m, n, k);
     cpu::gemm_chosen(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, true,
                      OpScope::current());
   }
@@ -318,6 +338,7 @@ class CpuBackend final : public Backend {
 
   void gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
+    count_gemm(trans_a, trans_b, m, n, k);
     if (alpha == 1.0f && beta == 0.0f)
       return cpu::gemm_chosen(ctx_, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, false,
                               OpScope::current());

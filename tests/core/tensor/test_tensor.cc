@@ -16,6 +16,7 @@
 #include "core/tensor/backend_impl.h"
 #include "core/tensor/cpu_backend.h"
 #include "core/tensor/device_ops.h"
+#include "core/tensor/mac_counter.h"
 #include "core/tensor/ops.h"
 
 namespace towerflow {
@@ -332,6 +333,49 @@ TEST_CASE("steady-state steps reuse pool memory: no new regions", "[tensor][memo
   CHECK(after.num_regions == before.num_regions);
   CHECK(after.pool_bytes == before.pool_bytes);
   CHECK(after.num_allocs > before.num_allocs);  // the steps did allocate, from the pool
+}
+
+TEST_CASE("MacCounter counts the products the CPU runs on this thread, forward and backward, by scope",
+          "[tensor][mac_counter]") {
+  const Device cpu = Device::cpu(0);
+  Tensor x = Tensor::full({2, 8, 8, 3}, 0.5f, cpu);
+  x.set_requires_grad(true);
+  Tensor w = Tensor::full({4, 3, 3, 3}, 0.1f, cpu);
+  w.set_requires_grad(true);
+  Tensor fc = Tensor::full({5, 4 * 4 * 4}, 0.1f, cpu);
+  fc.set_requires_grad(true);
+  const std::int64_t conv_macs = 2LL * 4 * 4 * 4 * 3 * 9;  // stride 2, pad 1: 4x4 outputs
+  const std::int64_t fc_macs = 2LL * 5 * 64;
+  MacCounter outer;
+  std::int64_t inner_total = 0;
+  {
+    MacCounter count;  // the innermost counts
+    Tensor y;
+    {
+      OpScope scope("block.conv");
+      y = conv2d(x, w, Tensor(), {.stride = 2, .padding = 1});
+    }
+    const Tensor logits = linear(flatten(y), fc, Tensor());
+    REQUIRE(count.rows().size() == 2);
+    CHECK(count.rows()[0].scope == "block.conv");
+    CHECK(count.rows()[0].op == "conv forward");
+    CHECK(count.rows()[0].shape == "2x8x8x3 -> 4, 3x3, stride 2, pad 1");
+    CHECK(count.rows()[0].macs == conv_macs);
+    CHECK(count.rows()[1].op == "matmul");
+    CHECK(count.rows()[1].macs == fc_macs);
+    sum(logits).backward();
+    // Both gradients of each product: input and weights.
+    CHECK(count.total("conv forward") == conv_macs);
+    CHECK(count.total("conv backward") == 2 * conv_macs);
+    CHECK(count.total("matmul") == 3 * fc_macs);
+    inner_total = count.total();
+    // Another thread's products are its own.
+    std::thread([&] { (void)conv2d(x.detach(), w.detach(), Tensor(), {.stride = 2, .padding = 1}); }).join();
+    CHECK(count.total() == inner_total);
+  }
+  CHECK(outer.total() == 0);
+  (void)conv2d(x.detach(), w.detach(), Tensor(), {.stride = 2, .padding = 1});
+  CHECK(outer.total() == conv_macs);  // the outer counter again, once the inner is gone
 }
 
 }  // namespace towerflow
