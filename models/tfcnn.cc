@@ -31,11 +31,11 @@ Tensor TfCnn::forward(const Tensor& x) {
   Tensor y;
   {
     OpScope scope("pool1");
-    y = max_pool2d(relu(conv1_->forward(x)), pool);
+    y = max_pool2d_relu(conv1_->forward(x), pool);  // max_pool2d(relu(...)), one pass
   }
   {
     OpScope scope("pool2");
-    y = towerflow::flatten(max_pool2d(relu(conv2_->forward(y)), pool));
+    y = towerflow::flatten(max_pool2d_relu(conv2_->forward(y), pool));
   }
   {
     OpScope scope("fc1");

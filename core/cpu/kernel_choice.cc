@@ -254,6 +254,24 @@ void reset_kernel_choices_for_testing() {
 
 namespace cpu {
 
+std::string choose_fastest(const std::vector<std::pair<std::string, double>>& times,
+                           const std::string& fixed) {
+  std::string best;
+  double best_time = std::numeric_limits<double>::infinity();
+  double fixed_time = best_time;
+  for (const auto& [name, t] : times) {
+    if (name == fixed) fixed_time = t;
+    if (t < best_time) {
+      best_time = t;
+      best = name;
+    }
+  }
+  if (best != fixed && fixed_time < std::numeric_limits<double>::infinity() &&
+      best_time > fixed_time * (1.0 - kChoiceMargin))
+    return fixed;
+  return best;
+}
+
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
                 const std::function<bool(const std::string&)>& run) {
@@ -323,22 +341,11 @@ void run_chosen(const ChoiceProblem& p, std::string_view layer,
       }
       if (std::chrono::duration<double>(Clock::now() - begin).count() > kTimeBudgetS) break;
     }
-    double best = std::numeric_limits<double>::infinity();
-    double fixed_time = best;
-    for (std::size_t i = 0; i < runnable.size(); ++i) {
-      record.ms.emplace_back(runnable[i], fastest[i] * 1e3);
-      if (runnable[i] == candidates.front()) fixed_time = fastest[i];
-      if (fastest[i] < best) {
-        best = fastest[i];
-        choice = runnable[i];
-      }
-    }
+    for (std::size_t i = 0; i < runnable.size(); ++i) record.ms.emplace_back(runnable[i], fastest[i] * 1e3);
     const std::string last = runnable.empty() ? "" : runnable.back();
-    if (choice.empty())
+    if (runnable.empty())
       raise<InternalError>("kernel choice: every candidate declined ", p.pass, " ", p.problem);
-    if (choice != candidates.front() && fixed_time < std::numeric_limits<double>::infinity() &&
-        best > fixed_time * (1.0 - kChoiceMargin))
-      choice = candidates.front();
+    choice = choose_fastest(record.ms, candidates.front());
     if (choice != last) run(choice);
     nlohmann::json ms = nlohmann::json::object();
     for (const auto& [name, t] : record.ms) ms[name] = t;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/context.h"
@@ -41,6 +42,10 @@ struct ChoiceProblem {
 // mode a candidate other than it must be at least kChoiceMargin faster to be chosen, so that
 // measuring noise does not flip a choice between runs.
 inline constexpr double kChoiceMargin = 0.05;
+// The choice among measured times (candidate, time; at least one): the fastest, unless `fixed` is
+// among them and the fastest beats it by less than kChoiceMargin.
+std::string choose_fastest(const std::vector<std::pair<std::string, double>>& times,
+                           const std::string& fixed);
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
                 const std::function<bool(const std::string&)>& run);

@@ -527,6 +527,31 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) {
   return y;
 }
 
+Tensor max_pool2d_relu(const Tensor& x, Pool2dOptions opts) {
+  constexpr std::string_view kOp = "MaxPoolRelu";
+  const trace::Span trace_span("op", kOp, OpScope::current());
+  const Device d = common_device(kOp, {&x});
+  const Pool2dShape s = pool_shape(kOp, x, opts);
+  if (run_on_cpu_instead(kOp, OpKind::kMaxPool, d)) return max_pool2d_relu(to_cpu(x), opts).to(d);
+  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
+  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
+  Backend& be = backend_for(d);
+  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>());
+  be.relu_forward(y.numel(), y.data<float>(), y.data<float>());
+  if (needs_grad({&x})) {
+    // y's data, not y (y owns this node).
+    record(y, std::string(kOp), {x}, [s, argmax, out = y.detach(), xs = x.shape()](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor masked = empty_like(g);
+      be.relu_backward(g.numel(), out.data<float>(), g.data<float>(), masked.data<float>());
+      Tensor dx = Tensor::empty(xs, g.device());
+      be.max_pool_backward(s, masked.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
+      return std::vector<Tensor>{dx};
+    });
+  }
+  return y;
+}
+
 namespace {
 Tensor avg_pool_impl(std::string_view op, const Tensor& x, const Pool2dShape& s) {
   const trace::Span trace_span("op", op, OpScope::current());

@@ -70,6 +70,11 @@ struct Pool2dOptions {
 };
 // Floor mode; max pool pads with -inf, average pool counts padding (PyTorch's defaults).
 Tensor max_pool2d(const Tensor& x, Pool2dOptions opts);
+// max_pool2d(relu(x)), computed as relu(max_pool2d(x)): the same values and gradient bit for bit
+// (ReLU is monotone, so the window's first largest element is the same; a window whose largest is
+// not positive passes no gradient either way), with the ReLU and its gradient on the pooled tensor
+// instead of passes over x. Op "MaxPoolRelu".
+Tensor max_pool2d_relu(const Tensor& x, Pool2dOptions opts);
 Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts);
 // [n, h, w, c] -> [n, c]: the mean over h and w.
 Tensor global_avg_pool(const Tensor& x);

@@ -96,7 +96,7 @@ TEST_CASE("kernel choice: fixed runs the first candidate only and records nothin
 
 TEST_CASE("kernel choice: auto measures each candidate once, keeps the fastest, ends on it", "[kernel_choice]") {
   const ChoiceScope scope(KernelChoice::kAuto);
-  Fake f{.ms = {{"towerflow", 3.0}, {"onednn", 0.5}, {"other", 1.5}}};
+  Fake f{.ms = {{"towerflow", 6.0}, {"onednn", 0.3}, {"other", 3.0}}};
   run(f, "p", {"towerflow", "onednn", "other"}, "conv1");
   CHECK(f.last == "onednn");  // the call's output is the winner's
   const int measured = f.runs["towerflow"];
@@ -113,7 +113,7 @@ TEST_CASE("kernel choice: auto measures each candidate once, keeps the fastest, 
   for (const auto& [name, ms] : records[0].ms) {
     INFO(name);
     CHECK(ms >= f.ms[name]);
-    CHECK(ms < f.ms[name] + 20.0);
+    CHECK(ms < f.ms[name] + 200.0);  // the candidate's own time (a loaded machine adds to it)
   }
   const std::string line = format_kernel_choice(records[0]);
   INFO(line);
@@ -125,12 +125,13 @@ TEST_CASE("kernel choice: auto measures each candidate once, keeps the fastest, 
 }
 
 TEST_CASE("kernel choice: the fixed candidate stays unless another beats it by the margin", "[kernel_choice]") {
-  const ChoiceScope scope(KernelChoice::kAuto);
-  // 2% faster is within kChoiceMargin (5%): the fixed kernel keeps the problem.
-  Fake f{.ms = {{"towerflow", 4.0}, {"onednn", 4.0 * 0.98}}};
-  run(f, "p", {"towerflow", "onednn"});
-  CHECK(kernel_choices().at(0).chosen == "towerflow");
-  CHECK(f.last == "towerflow");
+  // The rule on exact times (a timed test would depend on the machine's load).
+  CHECK(choose_fastest({{"towerflow", 4.0}, {"onednn", 4.0 * 0.98}}, "towerflow") == "towerflow");
+  CHECK(choose_fastest({{"towerflow", 4.0}, {"onednn", 4.0 * 0.94}}, "towerflow") == "onednn");
+  CHECK(choose_fastest({{"towerflow", 4.0}, {"onednn", 4.5}}, "towerflow") == "towerflow");
+  CHECK(choose_fastest({{"emulated", 4.0}, {"onednn", 3.0}, {"amx", 1.0}}, "emulated") == "amx");
+  // Where the fixed one declined (not timed), the fastest of the others.
+  CHECK(choose_fastest({{"onednn", 3.0}, {"amx", 2.9}}, "emulated") == "amx");
 }
 
 TEST_CASE("kernel choice: a candidate that declines is not timed or chosen", "[kernel_choice]") {

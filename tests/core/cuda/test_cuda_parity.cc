@@ -1029,6 +1029,22 @@ TEST_CASE("a whole ResNet-20 training step on the GPU matches the CPU", "[cuda]"
   CHECK(relative_l2("resnet20 parameters after SGD", g.params, c.params) < 1e-6);
 }
 
+TEST_CASE("max_pool2d_relu (tfcnn's pooling) on the GPU matches the CPU, forward and backward", "[cuda]") {
+  tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
+  const auto v = random_vector(std::size_t(2) * 9 * 7 * 5, 77);
+  auto run = [&](const tw::Device& d) {
+    tw::Tensor x = tw::Tensor::from_host(std::span<const float>(v), {2, 9, 7, 5}, d);
+    x.set_requires_grad(true);
+    const tw::Tensor y = tw::max_pool2d_relu(x, {.kernel = 3, .stride = 2, .padding = 1});
+    tw::sum(y).backward();
+    return std::pair{y.to_host(), x.grad().to_host()};
+  };
+  const auto [cy, cdx] = run(tw::Device::cpu(0));
+  const auto [gy, gdx] = run(tw::Device::gpu(0));
+  expect_close("max_pool2d_relu forward", gy, cy, 0.0, 0.0);
+  expect_close("max_pool2d_relu backward", gdx, cdx, 0.0, 0.0);
+}
+
 TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, and ResNet-20 steps match the CPU's bf16 and fp16 steps",
           "[cuda][bf16]") {
   tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});

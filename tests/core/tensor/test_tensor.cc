@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "core/error.h"
@@ -376,6 +377,37 @@ TEST_CASE("MacCounter counts the products the CPU runs on this thread, forward a
   CHECK(outer.total() == 0);
   (void)conv2d(x.detach(), w.detach(), Tensor(), {.stride = 2, .padding = 1});
   CHECK(outer.total() == conv_macs);  // the outer counter again, once the inner is gone
+}
+
+TEST_CASE("max_pool2d_relu equals max_pool2d of relu bit for bit, forward and backward", "[tensor][pool]") {
+  // Values on a coarse grid, so windows hold ties, all-negative windows and zeros.
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int> level(-4, 4);
+  for (const Pool2dOptions o : {Pool2dOptions{.kernel = 3, .stride = 2, .padding = 1},
+                                Pool2dOptions{.kernel = 2, .stride = 2, .padding = 0},
+                                Pool2dOptions{.kernel = 3, .stride = 1, .padding = 1}}) {
+    INFO("kernel " << o.kernel << " stride " << o.stride << " padding " << o.padding);
+    const Shape shape{2, 9, 7, 5};
+    std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+    for (float& e : v) e = 0.5f * static_cast<float>(level(gen));
+    Tensor a = Tensor::from_host(std::span<const float>(v), shape, kCpu);
+    Tensor b = Tensor::from_host(std::span<const float>(v), shape, kCpu);
+    a.set_requires_grad(true);
+    b.set_requires_grad(true);
+    const Tensor ya = max_pool2d_relu(a, o);
+    const Tensor yb = max_pool2d(relu(b), o);
+    REQUIRE(ya.shape() == yb.shape());
+    CHECK(ya.to_host() == yb.to_host());
+    // An upstream gradient of mixed signs.
+    std::vector<float> g(static_cast<std::size_t>(ya.numel()));
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(static_cast<int>(i % 7) - 3) * 0.25f;
+    const Tensor up_grad = Tensor::from_host(std::span<const float>(g), ya.shape(), kCpu);
+    sum(mul(ya, up_grad)).backward();
+    sum(mul(yb, up_grad)).backward();
+    const auto ga = a.grad().to_host(), gb = b.grad().to_host();
+    CHECK(ga == gb);
+    CHECK(std::count_if(ga.begin(), ga.end(), [](float x) { return x != 0.0f; }) > 0);
+  }
 }
 
 }  // namespace towerflow
