@@ -14,7 +14,7 @@ evaluation's eval_s.
                         [--seeds 0,1,2] [--epochs 9.9] [--only towerflow|torch] [extra cifar10_train flags after --]
 
 Writes bench/results/airbench94-<cpu>-<date>.{jsonl,md} (and .png, the accuracy against time,
-with matplotlib; each run's output in -<impl>-<seed>.log) and prints one JSON line per run and per epoch. --epochs below 9.9 times a
+with matplotlib; each run's output, with the data and scratch folders as DATA_DIR and WORK, in -<impl>-<seed>.log) and prints one JSON line per run and per epoch. --epochs below 9.9 times a
 shortened run (the schedule is the recipe's over the shorter run): for a first timing only.
 """
 import argparse
@@ -60,7 +60,7 @@ def towerflow_run(a, seed, workdir):
     if p.returncode != 0:
         sys.exit(f"airbench94: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     with open(f"{a.out}-towerflow-{seed}.log", "w") as f:
-        f.write(p.stdout)
+        f.write(p.stdout.replace(workdir, "WORK").replace(a.data, "DATA_DIR"))
     lines = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
     start = next(l for l in lines if l.get("event") == "start")
     lines = [l for l in lines if "event" not in l]  # the training and evaluation records
@@ -93,7 +93,7 @@ def torch_run(a, seed, workdir):
     if p.returncode != 0:
         sys.exit(f"airbench94: {' '.join(cmd)} exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     with open(f"{a.out}-torch-{seed}.log", "w") as f:
-        f.write(p.stdout + p.stderr)
+        f.write((p.stdout + p.stderr).replace(workdir, "WORK").replace(a.data, "DATA_DIR"))
     lines = [json.loads(l) for l in open(jsonl)]
     run = next(l for l in lines if l.get("kind") == "run")
     curve = [{"epoch": l["epoch"], "step": l["step"], "time_s": l["time_s"], "val_acc": l["val_acc"]}
