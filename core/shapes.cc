@@ -38,6 +38,16 @@ std::string Conv2dShape::to_string() const {
              " stride=", stride_h, "x", stride_w, " pad=", pad_h, "x", pad_w);
 }
 
+std::string Conv2dShape::describe() const {
+  return str(n, "x", h, "x", w, "x", c_in, " -> ", c_out, ", ", kh, "x", kw, ", stride ", stride_h,
+             stride_w != stride_h ? str("x", stride_w) : "", ", pad ", pad_h,
+             pad_w != pad_h ? str("x", pad_w) : "");
+}
+
+std::string describe_matmul(bool trans_a, bool trans_b, int m, int n, int k) {
+  return str(m, "x", k, trans_a ? " (a^T)" : "", " * ", k, "x", n, trans_b ? " (b^T)" : "");
+}
+
 std::int64_t Conv2dShape::macs() const {
   return std::int64_t{n} * out_h() * out_w() * c_out * c_in * kh * kw;
 }

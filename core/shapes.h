@@ -17,6 +17,8 @@ struct Conv2dShape {
   void validate() const;
   // "n=128 h=32 w=32 c_in=16 c_out=16 k=3x3 stride=1x1 pad=1x1", for messages and benchmarks.
   std::string to_string() const;
+  // "128x32x32x3 -> 64, 5x5, stride 1, pad 2": for reports (kernel choice, MAC counts).
+  std::string describe() const;
   // Multiply-adds of one forward pass (each of the three kernels does this many).
   std::int64_t macs() const;
 };
@@ -29,5 +31,8 @@ struct Pool2dShape {
   void validate() const;
   std::string to_string() const;
 };
+
+// "128x4096 * 4096x384 (b^T)": c[m, n] = op(a) op(b), for reports.
+std::string describe_matmul(bool trans_a, bool trans_b, int m, int n, int k);
 
 }  // namespace towerflow

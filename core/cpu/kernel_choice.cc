@@ -53,6 +53,7 @@ struct State {
   std::atomic<int> mode{-1};  // a KernelChoice, -1 until first read
   std::optional<std::string> cache_path;
   bool cache_read = false;
+  bool write_failure_reported = false;  // once per cache path
   nlohmann::json cache = nlohmann::json::object();  // key -> {"chosen", "ms"}
   std::unordered_map<std::string, std::string> chosen;  // full key -> candidate
   std::vector<KernelChoiceRecord> records;
@@ -150,7 +151,6 @@ void read_cache_locked(State& s) {
 void write_cache_locked(State& s) {
   const std::string& path = cache_path_locked(s);
   if (path.empty()) return;
-  static bool reported = false;
   try {
     const std::filesystem::path p(path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
@@ -162,10 +162,10 @@ void write_cache_locked(State& s) {
     }
     std::filesystem::rename(tmp, p);
   } catch (const std::exception& e) {
-    if (!reported)
+    if (!s.write_failure_reported)
       log_warning(str("kernel choice cache ", path, " cannot be written (", e.what(),
                       "): choices are kept for this process only"));
-    reported = true;
+    s.write_failure_reported = true;
   }
 }
 
@@ -206,6 +206,7 @@ void set_kernel_choice_cache(std::string path) {
   std::lock_guard lock(s.mu);
   s.cache_path = path == "none" ? "" : std::move(path);
   s.cache_read = false;
+  s.write_failure_reported = false;
   s.cache = nlohmann::json::object();
 }
 
@@ -368,12 +369,6 @@ void force_kernel_candidate_for_testing(std::optional<std::string> name) {
 
 namespace {
 
-std::string conv_problem(const Conv2dShape& s) {
-  return str(s.n, "x", s.h, "x", s.w, "x", s.c_in, " -> ", s.c_out, ", ", s.kh, "x", s.kw,
-             ", stride ", s.stride_h, s.stride_w != s.stride_h ? str("x", s.stride_w) : "",
-             ", pad ", s.pad_h, s.pad_w != s.pad_h ? str("x", s.pad_w) : "");
-}
-
 std::vector<std::string> candidate_names(bool bf16) {
   std::vector<std::string> out;
   if (bf16) {
@@ -505,7 +500,7 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
     if (bf16) return conv2d_forward_bf16(ctx, s, x, w, bias_or_null, y);
     return conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
   }
-  const std::string problem = conv_problem(s);
+  const std::string problem = s.describe();
   const ChoiceProblem p{.key = "conv forward " + problem + (bias_or_null ? " +bias" : ""),
                         .pass = "forward", .problem = problem, .bf16 = bf16,
                         .threads = ctx.threads()};
@@ -527,7 +522,7 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
     if (bf16) return conv2d_backward_input_bf16(ctx, s, dy, w, dx);
     return conv2d_backward_input(ctx, s, dy, w, dx);
   }
-  const std::string problem = conv_problem(s);
+  const std::string problem = s.describe();
   const ChoiceProblem p{.key = "conv backward input " + problem, .pass = "backward input",
                         .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
@@ -548,7 +543,7 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
     if (bf16) return conv2d_backward_weight_bf16(ctx, s, x, dy, dw);
     return conv2d_backward_weight(ctx, s, x, dy, dw);
   }
-  const std::string problem = conv_problem(s);
+  const std::string problem = s.describe();
   const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
                         .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
@@ -572,8 +567,7 @@ void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n
     if (bf16) return gemm_bf16(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     return gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
   }
-  const std::string problem = str(m, "x", k, trans_a ? " (a^T)" : "", " * ", k, "x", n,
-                                  trans_b ? " (b^T)" : "");
+  const std::string problem = describe_matmul(trans_a, trans_b, m, n, k);
   const ChoiceProblem p{.key = str("matmul ", problem, " ld ", lda, ",", ldb, ",", ldc),
                         .pass = "matmul", .problem = problem, .bf16 = bf16,
                         .threads = ctx.threads()};

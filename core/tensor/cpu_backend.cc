@@ -195,15 +195,11 @@ class CpuBackend final : public Backend {
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
   // For a MacCounter of this thread, if one lives (mac_counter.h).
   static void count_conv(const char* op, const Conv2dShape& s) {
-    if (!MacCounter::active()) return;
-    const std::int64_t macs = std::int64_t{s.n} * s.out_h() * s.out_w() * s.c_out * s.c_in * s.kh * s.kw;
-    MacCounter::count(op, str(s.n, "x", s.h, "x", s.w, "x", s.c_in, " -> ", s.c_out, ", ", s.kh, "x", s.kw,
-                              ", stride ", s.stride_h, ", pad ", s.pad_h), macs);
+    if (MacCounter::active()) MacCounter::count(op, s.describe(), s.macs());
   }
   static void count_gemm(bool trans_a, bool trans_b, int m, int n, int k) {
-    if (!MacCounter::active()) return;
-    MacCounter::count("matmul", str(m, "x", k, trans_a ? " (a^T)" : "", " * ", k, "x", n, trans_b ? " (b^T)" : ""),
-                      std::int64_t{m} * n * k);
+    if (MacCounter::active())
+      MacCounter::count("matmul", describe_matmul(trans_a, trans_b, m, n, k), std::int64_t{m} * n * k);
   }
   void conv2d_forward(const Conv2dShape& s, const float* x, const float* w,
                       const float* bias, float* y) override {

@@ -506,50 +506,41 @@ Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
 }
 }  // namespace
 
-Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) {
-  constexpr std::string_view kOp = "MaxPool";
-  const trace::Span trace_span("op", kOp, OpScope::current());
-  const Device d = common_device(kOp, {&x});
-  const Pool2dShape s = pool_shape(kOp, x, opts);
-  if (run_on_cpu_instead(kOp, OpKind::kMaxPool, d)) return max_pool2d(to_cpu(x), opts).to(d);
+namespace {
+// max_pool2d, or with `relu` max_pool2d_relu: the ReLU on the pooled tensor, its gradient masking
+// the pooled gradient before the scatter.
+Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, bool relu) {
+  const trace::Span trace_span("op", op, OpScope::current());
+  const Device d = common_device(op, {&x});
+  const Pool2dShape s = pool_shape(op, x, opts);
+  if (run_on_cpu_instead(op, OpKind::kMaxPool, d)) return max_pool_impl(op, to_cpu(x), opts, relu).to(d);
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
   Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
-  backend_for(d).max_pool_forward(s, x.data<float>(), y.data<float>(),
-                                  argmax.data<std::int32_t>());
+  Backend& be = backend_for(d);
+  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>());
+  if (relu) be.relu_forward(y.numel(), y.data<float>(), y.data<float>());
   if (needs_grad({&x})) {
-    record(y, std::string(kOp), {x}, [s, argmax, xs = x.shape()](const Tensor& g) {
+    // y's data, not y (y owns this node), and only where the ReLU's gradient reads it.
+    record(y, std::string(op), {x}, [s, argmax, relu, out = relu ? y.detach() : Tensor(), xs = x.shape()](const Tensor& g) {
+      Backend& be = backend_for(g.device());
+      Tensor dy = g;
+      if (relu) {
+        dy = empty_like(g);
+        be.relu_backward(g.numel(), out.data<float>(), g.data<float>(), dy.data<float>());
+      }
       Tensor dx = Tensor::empty(xs, g.device());
-      backend_for(g.device())
-          .max_pool_backward(s, g.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
+      be.max_pool_backward(s, dy.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
       return std::vector<Tensor>{dx};
     });
   }
   return y;
 }
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) { return max_pool_impl("MaxPool", x, opts, false); }
 
 Tensor max_pool2d_relu(const Tensor& x, Pool2dOptions opts) {
-  constexpr std::string_view kOp = "MaxPoolRelu";
-  const trace::Span trace_span("op", kOp, OpScope::current());
-  const Device d = common_device(kOp, {&x});
-  const Pool2dShape s = pool_shape(kOp, x, opts);
-  if (run_on_cpu_instead(kOp, OpKind::kMaxPool, d)) return max_pool2d_relu(to_cpu(x), opts).to(d);
-  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
-  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
-  Backend& be = backend_for(d);
-  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>());
-  be.relu_forward(y.numel(), y.data<float>(), y.data<float>());
-  if (needs_grad({&x})) {
-    // y's data, not y (y owns this node).
-    record(y, std::string(kOp), {x}, [s, argmax, out = y.detach(), xs = x.shape()](const Tensor& g) {
-      Backend& be = backend_for(g.device());
-      Tensor masked = empty_like(g);
-      be.relu_backward(g.numel(), out.data<float>(), g.data<float>(), masked.data<float>());
-      Tensor dx = Tensor::empty(xs, g.device());
-      be.max_pool_backward(s, masked.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
-      return std::vector<Tensor>{dx};
-    });
-  }
-  return y;
+  return max_pool_impl("MaxPoolRelu", x, opts, true);
 }
 
 namespace {

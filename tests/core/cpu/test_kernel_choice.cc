@@ -195,6 +195,29 @@ TEST_CASE("kernel choice: a damaged cache file is reported, measured around and 
   CHECK(nlohmann::json::parse(in).at("choices").size() == 1);  // rewritten whole
 }
 
+TEST_CASE("kernel choice: a cache that cannot be written is reported once and the run goes on", "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  // A folder where the file should be: a path under a regular file cannot be made.
+  const auto blocker = std::filesystem::temp_directory_path() / ("towerflow-test-blocker-" + std::to_string(::getpid()));
+  std::ofstream(blocker) << "x";
+  const std::string path = (blocker / "kernel-choices.json").string();
+  set_kernel_choice_cache(path);
+  std::vector<std::string> warnings;
+  const LogSink previous = set_log_sink([&](LogLevel level, std::string_view m) {
+    if (level == LogLevel::Warning) warnings.emplace_back(m);
+  });
+  Fake f{.ms = {{"towerflow", 1.5}, {"onednn", 0.1}}};
+  run(f, "p", {"towerflow", "onednn"});
+  run(f, "q", {"towerflow", "onednn"});
+  set_log_sink(previous);
+  std::filesystem::remove(blocker);
+  CHECK(kernel_choices().size() == 2);  // both chosen, for this process
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find(path) != std::string::npos);
+  CHECK(warnings[0].find("cannot be written") != std::string::npos);
+  CHECK(warnings[0].find("for this process only") != std::string::npos);
+}
+
 TEST_CASE("kernel choice: a mode that is not one is refused with the choices", "[kernel_choice]") {
   CHECK(parse_kernel_choice("auto") == KernelChoice::kAuto);
   CHECK(parse_kernel_choice("fixed") == KernelChoice::kFixed);
