@@ -89,17 +89,37 @@ if(NOT _tw_cuda STREQUAL "OFF")
   endif()
 endif()
 
-# ---- oneDNN (bf16 CPU kernels; without it bf16 runs emulated) ------------------------------------
+# ---- oneDNN (bf16 CPU kernels, fp32 kernel-choice candidates; without it bf16 runs emulated) ----
+# TOWERFLOW_ONEDNN_ROOT is where scripts/install_deps.sh puts oneDNN 3 from PyPI (Intel's
+# onednn-cpu-gomp wheels, GNU OpenMP as Debian's); a oneDNN there is taken before the system's
+# (Debian's libdnnl-dev, oneDNN 2.6). An empty root, or none there, leaves the system's.
+set(TOWERFLOW_ONEDNN_ROOT "${PROJECT_SOURCE_DIR}/.deps/onednn" CACHE PATH
+    "A oneDNN install prefix taken before the system's (scripts/install_deps.sh fills the default)")
 set(TW_HAVE_ONEDNN OFF)
 string(TOUPPER "${TOWERFLOW_ONEDNN}" _tw_onednn)
 if(NOT _tw_onednn STREQUAL "OFF")
-  find_package(dnnl 2 CONFIG QUIET)
+  if(TOWERFLOW_ONEDNN_ROOT AND EXISTS "${TOWERFLOW_ONEDNN_ROOT}/lib/cmake/dnnl")
+    # A build folder configured before the root was filled remembers the system's oneDNN in
+    # dnnl_DIR, which find_package would take first.
+    string(FIND "${dnnl_DIR}" "${TOWERFLOW_ONEDNN_ROOT}/" _tw_at)
+    if(dnnl_DIR AND NOT _tw_at EQUAL 0)
+      unset(dnnl_DIR CACHE)
+    endif()
+    find_package(dnnl CONFIG QUIET PATHS "${TOWERFLOW_ONEDNN_ROOT}" NO_DEFAULT_PATH)
+  endif()
+  if(NOT dnnl_FOUND)
+    find_package(dnnl CONFIG QUIET)
+  endif()
   find_package(OpenMP COMPONENTS CXX QUIET)
-  if(dnnl_FOUND AND OpenMP_CXX_FOUND)
+  if(dnnl_FOUND AND dnnl_VERSION VERSION_LESS 2)
+    message(WARNING "oneDNN ${dnnl_VERSION} (${dnnl_DIR}) is older than 2.0; building without it")
+  elseif(dnnl_FOUND AND OpenMP_CXX_FOUND)
     set(TW_HAVE_ONEDNN ON)
-  elseif(_tw_onednn STREQUAL "ON")
-    message(FATAL_ERROR "TOWERFLOW_ONEDNN=ON but oneDNN (or OpenMP) was not found. Install it with: "
-                        "sudo apt-get install libdnnl-dev, or configure with -DTOWERFLOW_ONEDNN=OFF.")
+  endif()
+  if(NOT TW_HAVE_ONEDNN AND _tw_onednn STREQUAL "ON")
+    message(FATAL_ERROR "TOWERFLOW_ONEDNN=ON but oneDNN 2 or 3 (or OpenMP) was not found. Install it "
+                        "with scripts/install_deps.sh (oneDNN 3 from PyPI) or sudo apt-get install "
+                        "libdnnl-dev, or configure with -DTOWERFLOW_ONEDNN=OFF.")
   endif()
 endif()
 

@@ -98,6 +98,9 @@ install(TARGETS cifar10_train cifar10_eval cifar10_predict towerflow_devices tow
 set(TW_CONFIG_HAVE_CUDA ${TW_HAVE_CUDA})
 set(TW_CONFIG_HAVE_MPI ${TW_HAVE_MPI})
 set(TW_CONFIG_HAVE_ONEDNN ${TW_HAVE_ONEDNN})
+# The oneDNN the library was compiled against (its API differs between 2 and 3): the same one.
+set(TW_CONFIG_DNNL_VERSION "${dnnl_VERSION}")
+set(TW_CONFIG_DNNL_DIR "${dnnl_DIR}")
 file(WRITE ${PROJECT_BINARY_DIR}/towerflowConfig.cmake.in [=[
 # towerflow's CMake package. Usage:
 #   find_package(towerflow REQUIRED)
@@ -127,7 +130,7 @@ if(towerflow_HAVE_MPI)
   find_dependency(MPI COMPONENTS CXX)
 endif()
 if(towerflow_HAVE_ONEDNN)
-  find_dependency(dnnl CONFIG)
+  find_dependency(dnnl @TW_CONFIG_DNNL_VERSION@ CONFIG HINTS "@TW_CONFIG_DNNL_DIR@")
   find_dependency(OpenMP COMPONENTS CXX)
 endif()
 

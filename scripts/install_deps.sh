@@ -24,7 +24,7 @@ packages=(
   libboost-dev           # Boost.CRC: CRC-32C of TensorBoard's record framing; Boost.Random: mixup's Beta
   libonnx-dev            # towerflow_export --onnx (ONNX's protobuf classes)
   libopenmpi-dev openmpi-bin  # multi-process runs
-  libdnnl-dev            # oneDNN: bf16 CPU kernels (AVX512-BF16, AMX)
+  libdnnl-dev            # oneDNN 2.6, where oneDNN 3 (below) cannot be installed
   ocl-icd-opencl-dev     # Debian's oneDNN CMake config requires OpenCL (a Recommends, not a Depends)
   python3 python3-venv   # the Python tests and scripts (docs, plots, TensorBoard, mpirun cases)
   curl ca-certificates   # scripts/get_cifar10.sh
@@ -59,4 +59,27 @@ if ! "$venv/bin/python3" -c "import tensorboard, matplotlib, onnxruntime" 2> /de
   "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "${python_packages[@]}" ||
     echo "install_deps: could not install ${python_packages[*]} into $venv; the tests that read" \
          "with them will report themselves skipped"
+fi
+
+# oneDNN 3 (bf16 CPU kernels on AVX512-BF16 and AMX, fp32 candidates of --kernel_choice auto):
+# Intel's wheels from PyPI, built on GNU OpenMP as Debian's oneDNN 2.6 is, installed as a prefix
+# (lib/, include/, lib/cmake/dnnl) into $TOWERFLOW_ONEDNN_ROOT (default .deps/onednn in the source
+# tree), where CMake looks before the system's (TOWERFLOW_ONEDNN_ROOT in
+# cmake/TowerflowDependencies.cmake). Without PyPI the build takes Debian's 2.6.
+onednn_version=2023.2.0  # oneDNN 3.2
+onednn_root=${TOWERFLOW_ONEDNN_ROOT:-$root/.deps/onednn}
+if [ ! -f "$onednn_root/lib/cmake/dnnl/dnnl-config.cmake" ] ||
+   [ "$(cat "$onednn_root/.wheels" 2> /dev/null)" != "$onednn_version" ]; then
+  echo "install_deps: pip installing oneDNN 3 (onednn-cpu-gomp $onednn_version, about 40 MB) into $onednn_root"
+  rm -rf "$onednn_root"
+  if "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check --no-deps \
+       --prefix "$onednn_root" "onednn-cpu-gomp==$onednn_version" "onednn-devel-cpu-gomp==$onednn_version"; then
+    # A wheel holds no symbolic links: the library comes as three copies of 55 MB.
+    (cd "$onednn_root/lib" && for so in libdnnl.so.*.*; do
+       ln -sf "$so" "${so%.*}" && ln -sf "${so%.*}" libdnnl.so; done)
+    echo "$onednn_version" > "$onednn_root/.wheels"
+  else
+    rm -rf "$onednn_root"
+    echo "install_deps: could not install oneDNN 3 from PyPI; the build takes Debian's oneDNN 2.6"
+  fi
 fi

@@ -34,6 +34,12 @@ using dt = memory::data_type;
 // towerflow's own kernels (Note [Holding the CPU to a lower level] in isa.cc) unless
 // ONEDNN_MAX_CPU_ISA names one of its own. oneDNN takes the cap only before its first use, so
 // the engine and every query go through here first.
+#if DNNL_VERSION_MAJOR >= 3
+constexpr dnnl::cpu_isa kAllIsas = dnnl::cpu_isa::isa_default;  // oneDNN 3: the CPU's best
+#else
+constexpr dnnl::cpu_isa kAllIsas = dnnl::cpu_isa::all;
+#endif
+
 dnnl::cpu_isa effective_isa() {
   static const dnnl::cpu_isa isa = [] {
     const std::string level = max_cpu_isa();
@@ -42,7 +48,7 @@ dnnl::cpu_isa effective_isa() {
                                 : level == "avx2"        ? dnnl::cpu_isa::avx2
                                 : level == "avx512"      ? dnnl::cpu_isa::avx512_core_vnni
                                 : level == "avx512_bf16" ? dnnl::cpu_isa::avx512_core_bf16
-                                                         : dnnl::cpu_isa::all;
+                                                         : kAllIsas;
       try {
         dnnl::set_max_cpu_isa(cap);
       } catch (const dnnl::error&) {
@@ -138,13 +144,54 @@ ConvDescs conv_descs(const Conv2dShape& s) {
   return d;
 }
 
+// The primitive descriptors, in oneDNN 3's form (engine first, no operation descriptor) or in
+// oneDNN 2's (an operation descriptor, then the engine).
 dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias, dt op) {
   const memory::desc src(d.src, op, tag::nhwc), wei(d.weights, op, tag::any),
       dst(d.dst, dt::f32, tag::nhwc);
   const memory::desc bias_md = bias ? memory::desc(d.bias, dt::f32, tag::a) : memory::desc();
+#if DNNL_VERSION_MAJOR >= 3
+  return {engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src,
+          wei, bias_md, dst, d.strides, d.pad_l, d.pad_r};
+#else
   return {{dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, wei,
            bias_md, dst, d.strides, d.pad_l, d.pad_r},
           engine()};
+#endif
+}
+
+dnnl::convolution_backward_data::primitive_desc backward_data_desc(const ConvDescs& d, dt op) {
+  const memory::desc dsrc(d.src, dt::f32, tag::nhwc), wei(d.weights, op, tag::any),
+      ddst(d.dst, op, tag::nhwc);
+#if DNNL_VERSION_MAJOR >= 3
+  return {engine(), dnnl::algorithm::convolution_direct, dsrc, wei, ddst, d.strides, d.pad_l,
+          d.pad_r, forward_hint(d, false, op)};
+#else
+  return {{dnnl::algorithm::convolution_direct, dsrc, wei, ddst, d.strides, d.pad_l, d.pad_r},
+          engine(), forward_hint(d, false, op)};
+#endif
+}
+
+dnnl::convolution_backward_weights::primitive_desc backward_weights_desc(const ConvDescs& d,
+                                                                         dt op) {
+  const memory::desc src(d.src, op, tag::nhwc), dwei(d.weights, dt::f32, tag::any),
+      ddst(d.dst, op, tag::nhwc);
+#if DNNL_VERSION_MAJOR >= 3
+  return {engine(), dnnl::algorithm::convolution_direct, src, dwei, ddst, d.strides, d.pad_l,
+          d.pad_r, forward_hint(d, false, op)};
+#else
+  return {{dnnl::algorithm::convolution_direct, src, dwei, ddst, d.strides, d.pad_l, d.pad_r},
+          engine(), forward_hint(d, false, op)};
+#endif
+}
+
+dnnl::matmul::primitive_desc matmul_desc(const memory::desc& a, const memory::desc& b,
+                                         const memory::desc& c) {
+#if DNNL_VERSION_MAJOR >= 3
+  return {engine(), a, b, c};
+#else
+  return {{a, b, c}, engine()};
+#endif
 }
 
 Problem make_forward(const Conv2dShape& s, bool bias, dt op) {
@@ -163,11 +210,7 @@ Problem make_backward_input(const Conv2dShape& s, dt op) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const memory::desc dsrc(d.src, dt::f32, tag::nhwc), wei(d.weights, op, tag::any),
-      ddst(d.dst, op, tag::nhwc);
-  const dnnl::convolution_backward_data::primitive_desc pd(
-      {dnnl::algorithm::convolution_direct, dsrc, wei, ddst, d.strides, d.pad_l, d.pad_r},
-      engine(), forward_hint(d, false, op));
+  const auto pd = backward_data_desc(d, op);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_backward_data(pd);
   p.a = Conversion(memory::desc(d.dst, dt::f32, tag::nhwc), pd.diff_dst_desc());
@@ -179,11 +222,7 @@ Problem make_backward_weight(const Conv2dShape& s, dt op) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const memory::desc src(d.src, op, tag::nhwc), dwei(d.weights, dt::f32, tag::any),
-      ddst(d.dst, op, tag::nhwc);
-  const dnnl::convolution_backward_weights::primitive_desc pd(
-      {dnnl::algorithm::convolution_direct, src, dwei, ddst, d.strides, d.pad_l, d.pad_r},
-      engine(), forward_hint(d, false, op));
+  const auto pd = backward_weights_desc(d, op);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_backward_weights(pd);
   p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
@@ -243,6 +282,11 @@ std::string version() {
 
 std::string isa() {
   switch (static_cast<dnnl_cpu_isa_t>(effective_isa())) {
+#if DNNL_VERSION_MAJOR >= 3
+    case dnnl_cpu_isa_avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+    case dnnl_cpu_isa_avx512_core_fp16: return "avx512_core_fp16";
+    case dnnl_cpu_isa_avx2_vnni_2: return "avx2_vnni_2";
+#endif
     case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
     case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
     case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
@@ -334,9 +378,8 @@ bool gemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, const fl
   const memory::desc c_user({m, n}, dt::f32, memory::dims{ldc, 1});
   Problem& p = problem(t, key, [&] {
     Problem q;
-    const dnnl::matmul::primitive_desc pd(
-        {memory::desc({m, k}, type, tag::ab), memory::desc({k, n}, type, tag::ab), c_user},
-        engine());
+    const auto pd =
+        matmul_desc(memory::desc({m, k}, type, tag::ab), memory::desc({k, n}, type, tag::ab), c_user);
     if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
     q.primitive = dnnl::matmul(pd);
     q.a = Conversion(a_user, pd.src_desc());
