@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/peak.h"
 #include "core/collectives/process_group.h"
 #include "core/cuda/context.h"
 #include "core/error.h"
@@ -217,7 +218,8 @@ int main(int argc, char** argv) {
                "with its shape, the loss and the optimizer (bench/peers/check_equivalence.py compares the peers with it)");
   std::string trace_path;
   app.add_option("--trace", trace_path, "record the timed steps as a Chrome-trace JSON file (Perfetto, chrome://tracing) "
-                                        "and print the time per op");
+                                        "and print the time per op, and each memory-bound kernel's time against "
+                                        "the time its bytes need at STREAM's triad bandwidth (JSON: memory_bound_kernels)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -290,6 +292,8 @@ int main(int argc, char** argv) {
     for (const auto& d : devices) regions_before.push_back(tw::device_allocator(d).stats().num_regions);
     std::vector<double> ms, gpu_ms;
     const double cpu0 = process_cpu_s();
+    std::vector<tw::trace::BandwidthRow> bandwidth;  // with --trace
+    double bandwidth_bound = 0;
     if (!trace_path.empty()) {
       tw::trace::set_thread_name("benchmark loop");
       tw::trace::start();
@@ -307,8 +311,23 @@ int main(int argc, char** argv) {
     if (!trace_path.empty()) {
       tw::trace::stop();
       tw::trace::write_chrome_trace(trace_path);
+      const std::vector<tw::trace::Event> events = tw::trace::collect();
       std::fprintf(stderr, "trace of the %d timed steps written to %s; time per op and kind of work, over every thread:\n%s",
-                   steps, trace_path.c_str(), tw::trace::summary_table(tw::trace::collect()).c_str());
+                   steps, trace_path.c_str(), tw::trace::summary_table(events).c_str());
+      // The memory-bound kernels against STREAM's triad on the threads the towers use together,
+      // shared among the CPU towers that run the same kernels at once.
+      int cpu_towers = 0, all_threads = 0;
+      for (const auto& d : devices)
+        if (d.is_cpu()) ++cpu_towers, all_threads += tw::device_info(d).intra_op_threads;
+      if (cpu_towers > 0) {
+        const double triad = tw::bench::measure_triad_bytes_per_s(all_threads, 128, 1.0);
+        bandwidth = tw::trace::bandwidth_rows(events, triad / cpu_towers);
+        std::fprintf(stderr, "memory-bound kernels against STREAM triad %.1f GB/s on %d threads (%.1f GB/s for each of %d "
+                     "towers), the furthest from it first:\n%s",
+                     triad / 1e9, all_threads, triad / 1e9 / cpu_towers, cpu_towers,
+                     tw::trace::bandwidth_table(bandwidth).c_str());
+        bandwidth_bound = triad / cpu_towers;
+      }
     }
     if (world.rank() != 0) return 0;  // rank 0 reports for the job (the losses are the job's)
     const auto& t = trainer.timings();
@@ -407,6 +426,14 @@ int main(int argc, char** argv) {
                       {"cached", r.from_cache}, {"ms", ms}});
       }
       j["kernel_choices"] = kc;
+      if (!bandwidth.empty()) {
+        nlohmann::json bw = nlohmann::json::array();
+        for (const auto& r : bandwidth)
+          bw.push_back({{"kernel", r.name}, {"calls", r.calls}, {"bytes", r.bytes}, {"ms", r.ms},
+                        {"bound_ms", r.bound_ms}, {"gb_per_s", r.gb_per_s}, {"over_bound", r.over_bound}});
+        j["bandwidth_bound_gb_per_s"] = bandwidth_bound / 1e9;
+        j["memory_bound_kernels"] = bw;
+      }
       std::printf("%s\n", j.dump().c_str());
     }
     return ok ? 0 : 1;

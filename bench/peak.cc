@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
 #include "core/cpu/isa.h"
 
@@ -183,6 +184,30 @@ double measure_peak_flops(const PeakLoop& loop, int threads, double seconds) {
   double total = 0;
   for (double f : flops) total += f;
   return total / *std::max_element(times.begin(), times.end());
+}
+
+double measure_triad_bytes_per_s(int threads, std::size_t mib_per_array, double seconds) {
+  const std::size_t n = mib_per_array * (1 << 20) / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.5f);
+  double best = 0, spent = 0;
+  while (spent < seconds || best == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        float* __restrict pa = a.data();
+        const float* __restrict pb = b.data();
+        const float* __restrict pc = c.data();
+        for (std::size_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+      });
+    for (auto& th : pool) th.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spent += s;
+    best = std::max(best, 3.0 * sizeof(float) * n / s);
+  }
+  if (a[n / 2] != 2.0f + 3.0f * 0.5f) best = 0;  // reads the result, so the loop stays
+  return best;
 }
 
 }  // namespace towerflow::bench

@@ -5,6 +5,7 @@
 // only where it can run, so a portable build measures any machine. Note [The peak loop] in
 // peak.cc says what the loops retire.
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,5 +27,11 @@ std::vector<PeakLoop> peak_loops();
 
 // FLOP/s of `loop` run on `threads` threads at once for about `seconds` each.
 double measure_peak_flops(const PeakLoop& loop, int threads, double seconds);
+
+// STREAM's triad (a = b + s*c) over three arrays of `mib_per_array` MiB, each of `threads`
+// threads on its own slice, repeated for about `seconds`: bytes/s by STREAM's count (reads and
+// writes, no write-allocate), the best repetition's. towerflow_bench_kernels' mem/triad rows
+// measure the same loop under Google Benchmark.
+double measure_triad_bytes_per_s(int threads, std::size_t mib_per_array, double seconds);
 
 }  // namespace towerflow::bench

@@ -118,12 +118,13 @@ void set_thread_device_queue(std::string track, std::function<std::shared_ptr<co
   b.anchor.reset();
 }
 
-Span::Span(const char* category, std::string_view name, std::string_view detail) {
+Span::Span(const char* category, std::string_view name, std::string_view detail, std::int64_t bytes) {
   if (!enabled()) return;
   on_ = true;
   category_ = category;
   name_ = name;
   detail_ = detail;
+  bytes_ = bytes;
   Buffer& b = this_thread_buffer();
   if (b.mark && device_timed(category)) {
     const std::uint64_t trace = g_trace.load(std::memory_order_relaxed);
@@ -150,7 +151,7 @@ Span::~Span() {
   std::lock_guard lock(b.mu);
   if (device_end)
     b.pending.push_back({category_, name_, detail_, std::move(device_begin_), std::move(device_end)});
-  b.events.push_back({category_, std::move(name_), std::move(detail_), begin_us_, end - begin_us_, b.id});
+  b.events.push_back({category_, std::move(name_), std::move(detail_), begin_us_, end - begin_us_, b.id, bytes_});
 }
 
 // The device spans of a thread, timed on the device's clock and placed on the host timeline from
@@ -214,7 +215,8 @@ std::string chrome_trace_json(const std::vector<Event>& events, const std::vecto
   for (const auto& e : events) {
     nlohmann::json j{{"ph", "X"}, {"cat", e.category}, {"name", e.name}, {"pid", 0}, {"tid", e.thread},
                      {"ts", std::round(e.begin_us * 1000) / 1000}, {"dur", std::round(e.duration_us * 1000) / 1000}};
-    if (!e.detail.empty()) j["args"] = {{"detail", e.detail}};
+    if (!e.detail.empty()) j["args"]["detail"] = e.detail;
+    if (e.bytes > 0) j["args"]["bytes"] = e.bytes;
     list.push_back(std::move(j));
   }
   return nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump();
@@ -232,7 +234,8 @@ std::string summary_table(const std::vector<Event>& events, const std::vector<st
   std::map<std::pair<std::string, std::string>, std::pair<double, std::int64_t>> totals;
   double all = 0;
   for (const auto& e : events) {
-    const bool wanted = categories.empty() ? (e.category != "layer" && e.category != "phase" && e.category != "step")
+    const bool wanted = categories.empty() ? (e.category != "layer" && e.category != "phase" && e.category != "step" &&
+                                              e.category != "kernel")
                                            : std::find(categories.begin(), categories.end(), e.category) != categories.end();
     if (!wanted) continue;
     auto& t = totals[{e.category, e.name}];
@@ -247,6 +250,39 @@ std::string summary_table(const std::vector<Event>& events, const std::vector<st
   for (const auto& [key, v] : rows) {
     std::snprintf(line, sizeof line, "%-12s %-30s %7lld %11.2f %6.1f%%\n", key.first.c_str(), key.second.c_str(),
                   static_cast<long long>(v.second), v.first / 1e3, all > 0 ? 100.0 * v.first / all : 0.0);
+    out += line;
+  }
+  return out;
+}
+
+std::vector<BandwidthRow> bandwidth_rows(const std::vector<Event>& events, double bound_bytes_per_s) {
+  std::map<std::string, BandwidthRow> by_name;
+  for (const auto& e : events) {
+    if (e.bytes <= 0) continue;
+    BandwidthRow& r = by_name[e.name];
+    r.name = e.name;
+    ++r.calls;
+    r.bytes += e.bytes;
+    r.ms += e.duration_us / 1e3;
+  }
+  std::vector<BandwidthRow> rows;
+  for (auto& [name, r] : by_name) {
+    r.bound_ms = bound_bytes_per_s > 0 ? 1e3 * static_cast<double>(r.bytes) / bound_bytes_per_s : 0;
+    r.gb_per_s = r.ms > 0 ? static_cast<double>(r.bytes) / (r.ms * 1e6) : 0;
+    r.over_bound = r.bound_ms > 0 ? r.ms / r.bound_ms : 0;
+    rows.push_back(r);
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.over_bound > b.over_bound; });
+  return rows;
+}
+
+std::string bandwidth_table(const std::vector<BandwidthRow>& rows) {
+  std::string out = "kernel                          calls    total ms       MiB    GB/s   bound ms  x bound\n";
+  char line[200];
+  for (const auto& r : rows) {
+    std::snprintf(line, sizeof line, "%-30s %7lld %11.2f %9.1f %7.2f %10.2f %7.2fx\n", r.name.c_str(),
+                  static_cast<long long>(r.calls), r.ms, static_cast<double>(r.bytes) / (1 << 20), r.gb_per_s,
+                  r.bound_ms, r.over_bound);
     out += line;
   }
   return out;

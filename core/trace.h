@@ -52,10 +52,13 @@ void set_thread_name(std::string name);
 void set_thread_device_queue(std::string track, std::function<std::shared_ptr<const QueueEvent>()> mark);
 
 // A complete event ("ph": "X") on the calling thread: category (forward, backward, reduction,
-// optimizer, data, copy, step, layer, ...), name, and an optional detail shown as args.detail.
+// optimizer, data, copy, step, layer, kernel, ...), name, and an optional detail shown as
+// args.detail. `bytes`, where given, is the memory traffic the work cannot do without (each
+// operand read or written once; args.bytes): bandwidth_rows() sets it against a bandwidth bound.
 class Span {
  public:
-  Span(const char* category, std::string_view name, std::string_view detail = {});
+  Span(const char* category, std::string_view name, std::string_view detail = {},
+       std::int64_t bytes = 0);
   ~Span();
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
@@ -64,6 +67,7 @@ class Span {
   bool on_ = false;
   const char* category_ = nullptr;
   std::string name_, detail_;
+  std::int64_t bytes_ = 0;
   double begin_us_ = 0;
   std::shared_ptr<const QueueEvent> device_begin_;  // on a thread with a device queue
 };
@@ -72,6 +76,7 @@ struct Event {
   std::string category, name, detail;
   double begin_us = 0, duration_us = 0;
   int thread = 0;
+  std::int64_t bytes = 0;  // 0: not counted
 };
 struct Thread {
   int id = 0;
@@ -88,8 +93,21 @@ std::string chrome_trace_json(const std::vector<Event>& events, const std::vecto
 void write_chrome_trace(const std::filesystem::path& path);
 
 // Total time and share per (category, name) over the events of the given categories (empty: all
-// but "layer", "phase" and "step", which contain others), largest first, as a fixed-width table.
-// Shares are of the time summed over every thread.
+// but "layer", "phase", "step" and "kernel", which contain others or sit inside others), largest
+// first, as a fixed-width table. Shares are of the time summed over every thread.
 std::string summary_table(const std::vector<Event>& events, const std::vector<std::string>& categories = {});
+
+// The memory-bound work of a trace against a bandwidth bound: per name, over the events that
+// count their bytes, the time taken and the time the bytes need at `bound_bytes_per_s`, the
+// bandwidth one such event can have (a STREAM figure; where several towers run the same work at
+// once, the machine's figure divided among them). `over_bound` is their ratio (1: at the bound).
+struct BandwidthRow {
+  std::string name;
+  std::int64_t calls = 0, bytes = 0;
+  double ms = 0, bound_ms = 0, gb_per_s = 0, over_bound = 0;
+};
+std::vector<BandwidthRow> bandwidth_rows(const std::vector<Event>& events, double bound_bytes_per_s);
+// The rows as a fixed-width table, the furthest from the bound first.
+std::string bandwidth_table(const std::vector<BandwidthRow>& rows);
 
 }  // namespace towerflow::trace

@@ -20,6 +20,7 @@
 #include "core/tensor/mac_counter.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/optimizer_update.h"
+#include "core/trace.h"
 
 namespace towerflow {
 
@@ -30,6 +31,16 @@ using ConstArrayMap = Eigen::Map<const Eigen::ArrayXf>;
 
 // Elementwise loops are memory-bound; chunks below this many elements are not worth a thread.
 constexpr std::int64_t kMinElementsPerThread = 16 * 1024;
+
+// A memory-bound kernel's span in a trace ("kernel"), with the bytes it moves at least: each
+// operand read or written once per pass the algorithm makes over it (batch norm reads its input
+// twice: statistics, then normalisation), as towerflow_bench_kernels counts them. The trace's
+// bandwidth table (trace::bandwidth_rows) sets them against the machine's STREAM bandwidth.
+// Nothing is recorded, or counted, unless a trace is on.
+trace::Span kernel_span(const char* name, double floats) {
+  return trace::Span("kernel", name, {},
+                     trace::enabled() ? static_cast<std::int64_t>(floats * sizeof(float)) : 0);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -61,6 +72,7 @@ class CpuBackend final : public Backend {
     parallel_copy(dst, src, bytes);
   }
   void copy(void* dst, const void* src, std::size_t bytes) override {
+    const auto span = kernel_span("copy", 2.0 * static_cast<double>(bytes) / sizeof(float));
     parallel_copy(dst, src, bytes);
   }
   void copy_from_device(void* dst, Backend& src_backend, const void* src,
@@ -72,10 +84,12 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void round_to_bf16(std::int64_t n, const float* x, float* y) override {
+    const auto span = kernel_span("round_to_bf16", 2.0 * n);
     each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_bf16(e - b, x + b, y + b); });
   }
 
   void round_to_fp16(std::int64_t n, const float* x, float* y) override {
+    const auto span = kernel_span("round_to_fp16", 2.0 * n);
     each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_fp16(e - b, x + b, y + b); });
   }
 
@@ -90,25 +104,56 @@ class CpuBackend final : public Backend {
       raise<InvalidArgument>("SGD with momentum ", u.momentum,
                              " needs a momentum buffer (momentum_buf is null)");
     const float lr = u.lr, wd = u.weight_decay, mu = u.momentum, keep = 1.0f - u.dampening;
-    if (mu == 0) {
+    // p read and written, g read; the momentum buffer read (after the first step) and written.
+    const auto span = kernel_span("sgd_update", (mu == 0 ? 3.0 : u.first_step ? 4.0 : 5.0) * n);
+    // One loop per combination of the options, over restrict pointers, so that each vectorises
+    // (with the options tested per element and p, g, buf possibly aliased, the loop stayed
+    // scalar at twice its bandwidth bound).
+    auto run = [&]<bool kMomentum, bool kDecay, bool kFirst, bool kNesterov>() {
       each(n, [&](std::int64_t b, std::int64_t e) {
-        for (std::int64_t i = b; i < e; ++i) p[i] -= lr * (wd != 0 ? g[i] + wd * p[i] : g[i]);
+        sgd_chunk<kMomentum, kDecay, kFirst, kNesterov>(p + b, g + b, kMomentum ? buf + b : nullptr, e - b,
+                                                        lr, wd, mu, keep);
       });
+    };
+    const bool decay = wd != 0;
+    if (mu == 0) {
+      if (decay) run.template operator()<false, true, false, false>();
+      else run.template operator()<false, false, false, false>();
       return;
     }
-    each(n, [&](std::int64_t b, std::int64_t e) {
-      for (std::int64_t i = b; i < e; ++i) {
-        const float d = wd != 0 ? g[i] + wd * p[i] : g[i];
-        const float m = u.first_step ? d : buf[i] * mu + keep * d;
+    const int variant = (decay ? 4 : 0) + (u.first_step ? 2 : 0) + (u.nesterov ? 1 : 0);
+    switch (variant) {
+      case 0: run.template operator()<true, false, false, false>(); break;
+      case 1: run.template operator()<true, false, false, true>(); break;
+      case 2: run.template operator()<true, false, true, false>(); break;
+      case 3: run.template operator()<true, false, true, true>(); break;
+      case 4: run.template operator()<true, true, false, false>(); break;
+      case 5: run.template operator()<true, true, false, true>(); break;
+      case 6: run.template operator()<true, true, true, false>(); break;
+      default: run.template operator()<true, true, true, true>(); break;
+    }
+  }
+  // PyTorch's _single_tensor_sgd term for term: d = g + wd p; m = first ? d : mu m + (1 -
+  // dampening) d; p -= lr (nesterov ? d + mu m : m).
+  template <bool kMomentum, bool kDecay, bool kFirst, bool kNesterov>
+  static void sgd_chunk(float* __restrict p, const float* __restrict g, float* __restrict buf,
+                        std::int64_t n, float lr, float wd, float mu, float keep) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float d = kDecay ? g[i] + wd * p[i] : g[i];
+      if constexpr (kMomentum) {
+        const float m = kFirst ? d : buf[i] * mu + keep * d;
         buf[i] = m;
-        p[i] -= lr * (u.nesterov ? d + mu * m : m);
+        p[i] -= lr * (kNesterov ? d + mu * m : m);
+      } else {
+        p[i] -= lr * d;
       }
-    });
+    }
   }
   // The bias corrections in double, the element-wise work in float (torch.optim.Adam).
   void adam_update(std::int64_t n, float* p, const float* g, float* m, float* v,
                    const AdamUpdate& u) override {
     check_adam_update(u);
+    const auto span = kernel_span("adam_update", 7.0 * n);  // p, m, v read and written; g read
     const double t = static_cast<double>(u.step);
     const double bc1 = 1 - std::pow(static_cast<double>(u.beta1), t);
     const double bc2 = 1 - std::pow(static_cast<double>(u.beta2), t);
@@ -134,14 +179,31 @@ class CpuBackend final : public Backend {
 
   // ---- elementwise -------------------------------------------------------------------------
   void fill(std::int64_t n, float value, float* y) override {
+    const auto span = kernel_span("fill", 1.0 * n);
     each(n, [&](std::int64_t b, std::int64_t e) { std::fill(y + b, y + e, value); });
   }
-  void add(std::int64_t n, const float* a, const float* b, float* y) override { cpu::add(ctx_, n, a, b, y); }
-  void mul(std::int64_t n, const float* a, const float* b, float* y) override { cpu::mul(ctx_, n, a, b, y); }
-  void scale(std::int64_t n, float alpha, const float* x, float* y) override { cpu::scale(ctx_, n, alpha, x, y); }
-  void axpy(std::int64_t n, float alpha, const float* x, float* y) override { cpu::axpy(ctx_, n, alpha, x, y); }
-  void relu_forward(std::int64_t n, const float* x, float* y) override { cpu::relu_forward(ctx_, n, x, y); }
+  void add(std::int64_t n, const float* a, const float* b, float* y) override {
+    const auto span = kernel_span("add", 3.0 * n);
+    cpu::add(ctx_, n, a, b, y);
+  }
+  void mul(std::int64_t n, const float* a, const float* b, float* y) override {
+    const auto span = kernel_span("mul", 3.0 * n);
+    cpu::mul(ctx_, n, a, b, y);
+  }
+  void scale(std::int64_t n, float alpha, const float* x, float* y) override {
+    const auto span = kernel_span("scale", 2.0 * n);
+    cpu::scale(ctx_, n, alpha, x, y);
+  }
+  void axpy(std::int64_t n, float alpha, const float* x, float* y) override {
+    const auto span = kernel_span("axpy", 3.0 * n);
+    cpu::axpy(ctx_, n, alpha, x, y);
+  }
+  void relu_forward(std::int64_t n, const float* x, float* y) override {
+    const auto span = kernel_span("relu_forward", 2.0 * n);
+    cpu::relu_forward(ctx_, n, x, y);
+  }
   void relu_backward(std::int64_t n, const float* y, const float* dy, float* dx) override {
+    const auto span = kernel_span("relu_backward", 3.0 * n);
     cpu::relu_backward(ctx_, n, y, dy, dx);
   }
   void gelu_forward(std::int64_t n, const float* x, float* y) override { cpu::gelu_forward(ctx_, n, x, y); }
@@ -149,9 +211,11 @@ class CpuBackend final : public Backend {
     cpu::gelu_backward(ctx_, n, x, dy, dx);
   }
   void bias_add(std::int64_t rows, int c, const float* x, const float* bias, float* y) override {
+    const auto span = kernel_span("bias_add", 2.0 * rows * c);
     cpu::bias_add(ctx_, rows, c, x, bias, y);
   }
   void sum_rows(std::int64_t rows, int c, const float* x, float* out) override {
+    const auto span = kernel_span("sum_rows", 1.0 * rows * c);
     // Per-thread partial sums in double, added in chunk order: deterministic for a thread count.
     const int chunks = std::max(1, std::min<int>(ctx_.threads(), static_cast<int>(rows)));
     std::vector<Eigen::ArrayXd> partial(static_cast<std::size_t>(chunks), Eigen::ArrayXd::Zero(c));
@@ -172,6 +236,7 @@ class CpuBackend final : public Backend {
     out[0] = static_cast<float>(total);
   }
   void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    const auto span = kernel_span("nhwc_to_nchw", 2.0 * n * hw * c);
     ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
       for (std::int64_t b = b0; b < b1; ++b) {
         using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -182,6 +247,7 @@ class CpuBackend final : public Backend {
     });
   }
   void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
+    const auto span = kernel_span("nchw_to_nhwc", 2.0 * n * hw * c);
     ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
       for (std::int64_t b = b0; b < b1; ++b) {
         using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -194,6 +260,8 @@ class CpuBackend final : public Backend {
 
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------
   // For a MacCounter of this thread, if one lives (mac_counter.h).
+  static double pool_in(const Pool2dShape& s) { return 1.0 * s.n * s.h * s.w * s.c; }
+  static double pool_out(const Pool2dShape& s) { return 1.0 * s.n * s.out_h() * s.out_w() * s.c; }
   static void count_conv(const char* op, const Conv2dShape& s) {
     if (MacCounter::active()) MacCounter::count(op, s.describe(), s.macs());
   }
@@ -243,20 +311,25 @@ class CpuBackend final : public Backend {
                      OpScope::current());
   }
   void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) override {
+    const auto span = kernel_span("conv2d_backward_bias", 1.0 * s.n * s.out_h() * s.out_w() * s.c_out);
     cpu::conv2d_backward_bias(ctx_, s, dy, db);
   }
   void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
                         std::int32_t* argmax) override {
+    const auto span = kernel_span("max_pool_forward", pool_in(s) + 2.0 * pool_out(s));  // x; y, argmax
     cpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
   void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {
+    const auto span = kernel_span("max_pool_backward", 2.0 * pool_out(s) + pool_in(s));  // dy, argmax; dx
     cpu::max_pool_backward(ctx_, s, dy, argmax, dx);
   }
   void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) override {
+    const auto span = kernel_span("avg_pool_forward", pool_in(s) + pool_out(s));
     cpu::avg_pool_forward(ctx_, s, x, y);
   }
   void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) override {
+    const auto span = kernel_span("avg_pool_backward", pool_out(s) + pool_in(s));
     cpu::avg_pool_backward(ctx_, s, dy, dx);
   }
 
@@ -265,6 +338,10 @@ class CpuBackend final : public Backend {
                                    const float* beta, float eps, float momentum,
                                    float* running_mean, float* running_var, float* y,
                                    float* save_mean, float* save_invstd) override {
+    // x read twice (statistics, then normalisation), the residual read, y written.
+    const auto span = kernel_span(residual ? "batch_norm_add_relu_forward" : relu ? "batch_norm_relu_forward"
+                                                                              : "batch_norm_forward",
+                                  (residual ? 4.0 : 3.0) * rows * c);
     if (residual) {
       TW_CHECK(relu, "batch norm with a residual is only fused with relu");
       cpu::batch_norm_add_relu_forward_training(ctx_, rows, c, x, residual, gamma, beta, eps, y,
@@ -292,22 +369,28 @@ class CpuBackend final : public Backend {
   void batch_norm_forward_inference(std::int64_t rows, int c, const float* x, const float* gamma,
                                     const float* beta, const float* running_mean,
                                     const float* running_var, float eps, float* y) override {
+    const auto span = kernel_span("batch_norm_inference", 2.0 * rows * c);
     cpu::batch_norm_forward_inference(ctx_, rows, c, x, gamma, beta, running_mean, running_var,
                                       eps, y);
   }
   void batch_norm_moments(std::int64_t rows, int c, const float* x, double* host_mean,
                           double* host_m2) override {
+    const auto span = kernel_span("batch_norm_moments", 1.0 * rows * c);
     cpu::batch_norm_moments(ctx_, rows, c, x, host_mean, host_m2);
   }
   void batch_norm_forward_apply(std::int64_t rows, int c, const float* x, const float* residual,
                                 bool relu, const float* gamma, const float* beta,
                                 const float* mean, const float* invstd, float* y) override {
+    const auto span = kernel_span("batch_norm_forward_apply", (residual ? 3.0 : 2.0) * rows * c);
     cpu::batch_norm_forward_apply(ctx_, rows, c, x, residual, relu, gamma, beta, mean, invstd, y);
   }
   void batch_norm_backward_reduce(std::int64_t rows, int c, const float* x, const float* y,
                                   bool relu, const float* dy, const float* mean,
                                   double* host_sum_g, double* host_sum_gxc,
                                   float* d_pre_relu) override {
+    // x, dy (and y) read; the gradient before the ReLU written where asked for.
+    const auto span = kernel_span("batch_norm_backward_reduce",
+                                  (2.0 + (relu ? 1 : 0) + (d_pre_relu ? 1 : 0)) * rows * c);
     cpu::batch_norm_backward_reduce(ctx_, rows, c, x, relu ? y : nullptr, dy, mean, host_sum_g,
                                     host_sum_gxc, d_pre_relu);
   }
@@ -315,6 +398,7 @@ class CpuBackend final : public Backend {
                                  bool relu, const float* dy, const float* gamma,
                                  const float* mean, const float* invstd, const float* mean_g,
                                  const float* mean_gxhat, float* dx) override {
+    const auto span = kernel_span("batch_norm_backward_apply", (3.0 + (relu ? 1 : 0)) * rows * c);
     cpu::batch_norm_backward_apply(ctx_, rows, c, x, relu ? y : nullptr, dy, gamma, mean, invstd,
                                    mean_g, mean_gxhat, dx);
   }
@@ -322,6 +406,9 @@ class CpuBackend final : public Backend {
                            const float* dy, const float* gamma, const float* save_mean,
                            const float* save_invstd, float /*eps*/, float* dx, float* dgamma,
                            float* dbeta, float* d_pre_relu) override {
+    // Two passes (reduce, then apply): x and dy read in each (y too under a ReLU), dx written.
+    const auto span = kernel_span(relu ? "batch_norm_relu_backward" : "batch_norm_backward",
+                                  (relu ? 7.0 : 5.0) * rows * c);
     // The CPU kernels read 1/sqrt(var + eps) from save_invstd and need eps no further.
     if (relu) {
       cpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
@@ -344,6 +431,7 @@ class CpuBackend final : public Backend {
   // ---- dropout -------------------------------------------------------------------------------
   void dropout_forward(std::int64_t n, float p, std::uint64_t seed, std::uint64_t offset,
                        const float* x, float* y, std::uint8_t* mask) override {
+    const auto span = kernel_span("dropout_forward", 2.25 * n);  // x, y and a byte of mask each
     const float keep_scale = 1.0f / (1.0f - p);
     each(n, [&](std::int64_t s, std::int64_t e) {
       for (std::int64_t i = s; i < e; ++i) {
@@ -355,6 +443,7 @@ class CpuBackend final : public Backend {
   }
   void dropout_backward(std::int64_t n, float p, const std::uint8_t* mask, const float* dy,
                         float* dx) override {
+    const auto span = kernel_span("dropout_backward", 2.25 * n);
     const float keep_scale = 1.0f / (1.0f - p);
     each(n, [&](std::int64_t s, std::int64_t e) {
       for (std::int64_t i = s; i < e; ++i) dx[i] = mask[i] ? dy[i] * keep_scale : 0.0f;

@@ -248,3 +248,52 @@ TEST_CASE("a thread with a device queue gets its op and grad spans timed on the 
     if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "/gpu:9 stream") named = true;
   CHECK(named);
 }
+
+TEST_CASE("memory-bound kernels carry their bytes, and the bandwidth rows set them against a bound", "[trace]") {
+  namespace trace = tw::trace;
+  using tw::Tensor;
+  fresh_devices();
+  // ReLU forward and backward on 1000 elements: the kernel spans inside the op and grad spans
+  // count 2 and 3 floats an element (x read, y written; y and dy read, dx written).
+  const std::vector<float> v(1000, -0.5f);
+  Tensor x = Tensor::from_host(std::span<const float>(v), {1000}, tw::Device::cpu()).set_requires_grad(true);
+  trace::start();
+  tw::sum(tw::relu(x)).backward();
+  trace::stop();
+  const auto events = trace::collect();
+  std::map<std::string, std::int64_t> bytes;
+  for (const auto& e : events)
+    if (e.category == "kernel") bytes[e.name] += e.bytes;
+  CHECK(bytes["relu_forward"] == 8000);
+  CHECK(bytes["relu_backward"] == 12000);
+  // The Chrome trace carries them as args.bytes; the op summary leaves the kernels out (they sit
+  // inside the op and grad spans it counts).
+  const auto doc = nlohmann::json::parse(trace::chrome_trace_json(events, trace::threads()));
+  int with_bytes = 0;
+  for (const auto& e : doc.at("traceEvents"))
+    if (e.contains("args") && e.at("args").contains("bytes")) ++with_bytes;
+  CHECK(with_bytes >= 2);
+  const std::string summary = trace::summary_table(events);
+  CHECK(summary.find("Relu") != std::string::npos);
+  CHECK(summary.find("relu_forward") == std::string::npos);
+
+  // Against a bound of 1 GB/s: 3 MB in 6 ms is twice the 3 ms the bytes need; events without
+  // bytes count nothing; the furthest from the bound comes first.
+  const std::vector<trace::Event> synthetic = {
+      {.category = "kernel", .name = "add", .duration_us = 2000, .bytes = 1'000'000},
+      {.category = "kernel", .name = "add", .duration_us = 4000, .bytes = 2'000'000},
+      {.category = "kernel", .name = "relu_forward", .duration_us = 5000, .bytes = 1'000'000},
+      {.category = "op", .name = "Conv2D", .duration_us = 9000}};
+  const auto rows = trace::bandwidth_rows(synthetic, 1e9);
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0].name == "relu_forward");
+  CHECK(rows[0].over_bound == Approx(5.0));
+  CHECK(rows[1].name == "add");
+  CHECK(rows[1].calls == 2);
+  CHECK(rows[1].bytes == 3'000'000);
+  CHECK(rows[1].ms == Approx(6.0));
+  CHECK(rows[1].bound_ms == Approx(3.0));
+  CHECK(rows[1].gb_per_s == Approx(0.5));
+  CHECK(rows[1].over_bound == Approx(2.0));
+  CHECK(trace::bandwidth_table(rows).find("relu_forward") != std::string::npos);
+}
