@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <limits>
 
 #include "core/cpu/kernel_test_util.h"
@@ -180,6 +181,39 @@ TEST_CASE("max pool backward matches finite differences", "[cpu][pool]") {
     const double fd = (up - down) / (2 * h);
     INFO("dx[" << i << "] = " << dx[i] << ", finite difference " << fd);
     CHECK(std::abs(dx[i] - fd) < 1e-2 * (1 + std::abs(fd)));
+  }
+}
+
+// max_pool_backward against its definition, the scatter dx = 0, dx[argmax] += dy over the
+// outputs in order, bit for bit: with overlapping windows and ties (so that one input takes
+// several windows), padding, inputs no window covers (dx starts as 7 to see them written), and
+// channel counts off the vector width.
+TEST_CASE("max pool backward equals the scatter over the outputs bit for bit", "[cpu][pool]") {
+  CpuContext ctx(2);
+  const Pool2dShape shapes[] = {
+      {.n = 3, .h = 9, .w = 7, .c = 19, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 8, .w = 8, .c = 8, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
+      {.n = 2, .h = 6, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 0},
+      {.n = 2, .h = 7, .w = 7, .c = 9, .kh = 1, .kw = 2, .stride_h = 3, .stride_w = 3}};
+  for (const Pool2dShape& s : shapes) {
+    INFO(s.to_string());
+    auto x = random_vector(in_size(s), 41);
+    for (std::size_t i = 0; i < x.size(); i += 3) x[i] = 0.5f;  // ties: one input wins several windows
+    const auto dy = random_vector(out_size(s), 42);
+    std::vector<float> y(out_size(s)), dx(in_size(s), 7.0f);
+    std::vector<std::int32_t> arg(out_size(s));
+    max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+    max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
+    std::vector<float> scatter(in_size(s), 0.0f);
+    const std::size_t image_in = std::size_t(s.h) * s.w * s.c, image_out = out_size(s) / s.n;
+    for (int n = 0; n < s.n; ++n)
+      for (std::size_t p = 0; p < image_out; p += s.c)
+        for (int ch = 0; ch < s.c; ++ch) {
+          const std::size_t o = n * image_out + p + ch;
+          scatter[n * image_in + std::size_t(arg[o]) * s.c + ch] += dy[o];
+        }
+    REQUIRE(dx.size() == scatter.size());
+    CHECK(std::memcmp(dx.data(), scatter.data(), dx.size() * sizeof(float)) == 0);
   }
 }
 
