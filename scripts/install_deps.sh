@@ -68,10 +68,12 @@ fi
 # cmake/TowerflowDependencies.cmake). Without PyPI the build takes Debian's 2.6.
 onednn_version=2023.2.0  # oneDNN 3.2
 onednn_root=${TOWERFLOW_ONEDNN_ROOT:-$root/.deps/onednn}
-if [ ! -f "$onednn_root/lib/cmake/dnnl/dnnl-config.cmake" ] ||
-   [ "$(cat "$onednn_root/.wheels" 2> /dev/null)" != "$onednn_version" ]; then
+if [ -f "$onednn_root/lib/cmake/dnnl/dnnl-config.cmake" ] && [ ! -f "$onednn_root/.wheels" ]; then
+  # A oneDNN this script did not install (a root of the user's own): taken as it is, never removed.
+  echo "install_deps: oneDNN in $onednn_root was not installed here; leaving it as it is"
+elif [ "$(cat "$onednn_root/.wheels" 2> /dev/null)" != "$onednn_version" ]; then
   echo "install_deps: pip installing oneDNN 3 (onednn-cpu-gomp $onednn_version, about 40 MB) into $onednn_root"
-  rm -rf "$onednn_root"
+  [ -f "$onednn_root/.wheels" ] && rm -rf "$onednn_root"  # another version this script installed
   if "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check --no-deps \
        --prefix "$onednn_root" "onednn-cpu-gomp==$onednn_version" "onednn-devel-cpu-gomp==$onednn_version"; then
     # A wheel holds no symbolic links: the library comes as three copies of 55 MB.
@@ -79,7 +81,7 @@ if [ ! -f "$onednn_root/lib/cmake/dnnl/dnnl-config.cmake" ] ||
        ln -sf "$so" "${so%.*}" && ln -sf "${so%.*}" libdnnl.so; done)
     echo "$onednn_version" > "$onednn_root/.wheels"
   else
-    rm -rf "$onednn_root"
-    echo "install_deps: could not install oneDNN 3 from PyPI; the build takes Debian's oneDNN 2.6"
+    echo "install_deps: could not install oneDNN 3 from PyPI into $onednn_root; the build takes" \
+         "Debian's oneDNN 2.6 (remove the folder's partial install before trying again)"
   fi
 fi
