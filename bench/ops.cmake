@@ -15,3 +15,10 @@ if(TARGET towerflow_cpu_kernels_bf16_timing)
   target_compile_options(towerflow_bench_ops_bf16_timing PRIVATE -Wno-psabi)
   set_target_properties(towerflow_bench_ops_bf16_timing PROPERTIES EXCLUDE_FROM_ALL TRUE)
 endif()
+# How AMX's tdpbf16ps rounds against the exact sum and the emulation's FMAs (Note [bf16 AMX
+# kernels]); it runs on CPUs with AMX-BF16 only, and says so elsewhere.
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  tw_add_bench(towerflow_bench_amx_rounding
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amx_rounding.cc
+    LIBS towerflow_cpu_kernels)
+endif()

@@ -206,9 +206,12 @@ TEST_CASE("bf16 kernels: the automatic choice follows the CPU and says so", "[bf
   }
 }
 
-TEST_CASE("bf16 pair and AMX kernels: the instructions and their emulation give the same bits", "[bf16]") {
-  // The emulations (two FMAs per lane in the instruction's order) round as vdpbf16ps and
-  // tdpbf16ps do; they differ only on denormals, which these operands do not produce.
+TEST_CASE("bf16 pair and AMX kernels: each instruction against its emulation", "[bf16]") {
+  // vdpbf16ps's emulation (two FMAs per lane in the instruction's order) rounds as the
+  // instruction does: the same bits, but on denormals, which these operands do not produce.
+  // tdpbf16ps sums a tile row's products in a wider sum of its own and rounds once (Note [bf16
+  // AMX kernels]), so its emulation is held to the tolerance of the same products summed in
+  // another order.
   const towerflow::testing::AutomaticBf16Kernels automatic;
   const std::pair<Bf16Kernels, Bf16Kernels> twins[] = {
       {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated},
@@ -238,7 +241,15 @@ TEST_CASE("bf16 pair and AMX kernels: the instructions and their emulation give 
         conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), out[e][2].data());
       }
       INFO(bf16_kernels_name(instruction) << ": " << s.to_string());
-      for (int k = 0; k < 3; ++k) CHECK(out[0][k] == out[1][k]);
+      for (int k = 0; k < 3; ++k) {
+        if (instruction == Bf16Kernels::Avx512Bf16) {
+          CHECK(out[0][k] == out[1][k]);
+        } else {
+          const auto e = compare(out[0][k], out[1][k]);
+          INFO("pass " << k << ": " << e.describe());
+          CHECK(e.max_error <= same_products_tolerance(instruction));
+        }
+      }
     }
   }
 }
