@@ -63,18 +63,20 @@
 
 namespace towerflow::cpu::TW_ISA {
 
-using detail::backward_input_as_forward;
 using detail::bf16_rows;
-using detail::forward_as_conv;
 using detail::conv_input;
 using detail::ConvInput;
 using detail::first_lanes;
-using detail::gemm_as_conv;
+using detail::for_image_rows;
+using detail::input_rows;
+using detail::InputRows;
 using detail::pack_column_pairs;
 using detail::pack_pass_pairs;
 using detail::pack_weight_pairs;
+using detail::padded_image;
+using detail::padded_image_buffer;
+using detail::parallel_rows;
 using detail::pass_pair_rows;
-using detail::pad_rows;
 using detail::Pair;
 using detail::round_up;
 using detail::rounded_bits;
@@ -85,6 +87,7 @@ using detail::scratch_pairs;
 using detail::shared_kernel_rows;
 using detail::StridePhases;
 using detail::sum_weight_grad;
+using detail::zeroed_scratch;
 
 namespace {
 
@@ -360,21 +363,16 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, st
   const bool flat = s.stride_h == 1 && s.stride_w == 1;
   const ConvPlan plan{.kh = s.kh, .chunks = s.kw * l.c2 / l.kc, .kc = l.kc, .row_step = row_step,
                       .w = wp, .wblock = wblock, .c_out = s.c_out, .bias = bias};
-  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
-  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in, [&](std::int64_t r0, std::int64_t r1) {
     auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, (image + extra + 1) / 2));
     std::fill(buf + image, buf + image + extra, std::uint16_t{0});
     TileScope tiles(2 * l.kc);
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / oh;
-      const int row_begin = static_cast<int>(r % oh);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
-      r = n * oh + row_end;
+    for_image_rows(r0, r1, oh, [&](std::int64_t n, int row_begin, int row_end) {
       // Only the padded input rows these output rows read.
+      const InputRows rows = input_rows(s, row_begin, row_end);
       bf16_rows(x + n * in.ld_image, s.h, s.w, s.c_in, in.ld_x, l.c2, s.pad_h, s.pad_w, wpad,
-                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf, in.ld_row);
+                rows.first, rows.end, buf, in.ld_row);
       float* y_img = y + n * oh * ow * ld_y;
       if (flat) {
         run_grid(plan, {.img = buf + row_begin * row_step, .rows = row_end - row_begin, .cols = ow,
@@ -386,7 +384,7 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, st
                           .wv = ow, .unit = unit, .out = y_img + std::int64_t{row} * ow * ld_y,
                           .out_row = 0, .out_col = ld_y});
       }
-    }
+    });
   });
 }
 
@@ -399,50 +397,33 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
   const StridePhases g(s, std::int64_t{blocks} * kLanes * half);
   const std::int64_t row_step = std::int64_t{g.wp} * l.c2;
   Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
-  for (int a = 0; a < g.sh; ++a)
-    for (int b = 0; b < g.sw; ++b) {
-      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
-      pack_weight_pairs(s.c_in, s.c_out, l.c2, ma, mb, kLanes, wp + g.phase_offset[a * g.sw + b],
-                        [&](int ci, int co, int i, int j) {
-                          return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j);
-                        });
-    }
+  g.pack_phases(s, w, [&](std::int64_t offset, int ma, int mb, auto get) {
+    pack_weight_pairs(s.c_in, s.c_out, l.c2, ma, mb, kLanes, wp + offset, get);
+  });
   const std::int64_t image = g.hp * row_step, extra = slack(l.c2, s.kw, l.c2);
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
   const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
-  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_rows(ctx, s.n, s.h, macs_per_row, [&](std::int64_t r0, std::int64_t r1) {
     auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, (image + extra + 1) / 2));
     std::fill(buf + image, buf + image + extra, std::uint16_t{0});
     TileScope tiles(2 * l.kc);
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / s.h;
-      const int row_begin = static_cast<int>(r % s.h);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
-      r = n * s.h + row_end;
+    for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, l.c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      for (int a = 0; a < g.sh; ++a)
-        for (int b = 0; b < g.sw; ++b) {
-          const StridePhases::Region p = g.region(s, a, b, row_begin, row_end);
-          if (p.rows == 0 || p.cols == 0) continue;
-          if (p.ma == 0 || p.mb == 0) {
-            StridePhases::zero_region(s, p, g.sh, g.sw, img_dx);
-            continue;
-          }
-          const int q = p.mb * l.c2, kc = chunk_of(q);
-          tiles.configure(2 * kc);
-          const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,
-                              .w = wp + g.phase_offset[a * g.sw + b],
-                              .wblock = std::int64_t{p.ma} * p.mb * half * kLanes, .c_out = s.c_in,
-                              .bias = nullptr};
-          run_grid(plan, {.img = buf + p.dy_row * row_step + p.dy_col * l.c2, .rows = p.rows,
-                          .cols = p.cols, .wv = g.wp, .unit = l.c2,
-                          .out = img_dx + (std::int64_t{p.ih0} * s.w + p.iw0) * s.c_in,
-                          .out_row = std::int64_t{g.sh} * s.w * s.c_in, .out_col = std::int64_t{g.sw} * s.c_in});
-        }
-    }
+      g.for_each_region(s, row_begin, row_end, img_dx, [&](int phase, const StridePhases::Region& p) {
+        const int q = p.mb * l.c2, kc = chunk_of(q);
+        tiles.configure(2 * kc);
+        const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,
+                            .w = wp + g.phase_offset[phase],
+                            .wblock = std::int64_t{p.ma} * p.mb * half * kLanes, .c_out = s.c_in,
+                            .bias = nullptr};
+        run_grid(plan, {.img = buf + p.dy_row * row_step + p.dy_col * l.c2, .rows = p.rows,
+                        .cols = p.cols, .wv = g.wp, .unit = l.c2,
+                        .out = img_dx + (std::int64_t{p.ih0} * s.w + p.iw0) * s.c_in,
+                        .out_row = std::int64_t{g.sh} * s.w * s.c_in, .out_col = std::int64_t{g.sw} * s.c_in});
+      });
+    });
   });
 }
 
@@ -554,11 +535,9 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   const int co_tiles = (s.c_out + kRows - 1) / kRows, co_pad = co_tiles * kRows;
   const int q_len = s.kw * s.c_in, q_tiles = (q_len + kLanes - 1) / kLanes, q_pad = q_tiles * kLanes;
   const std::int64_t dw_size = std::int64_t{s.kh} * co_pad * q_pad;
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
-  std::fill(dwp, dwp + dw_size, 0.0f);
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
-  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow;
   // Passes of up to 128 pixels: 4 chunks of 16 pairs, whose packed pairs stay in cache across the
@@ -573,9 +552,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   const std::int64_t tiles = std::int64_t{co_groups} * s.kh * q_groups;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    // Without padding x is read in place (row_step is then a row of x), as conv.cc's weight_grad.
-    const bool pad_x = s.pad_h > 0 || s.pad_w > 0;
-    float* xbuf = pad_x ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
+    float* xbuf = padded_image_buffer(s);
     // dy transposed [co_pad][ld_pairs]: the rows past c_out stay zero.
     Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
     std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
@@ -584,11 +561,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      if (pad_x) {
-        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
-        img = xbuf;
-      }
+      const float* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -665,8 +638,7 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
   const int c_tiles = s.c_in / kLanes, c_groups = (c_tiles + 1) / 2;
   const int q_pad = s.kw * s.c_in;
   const std::int64_t dw_size = std::int64_t{s.kh} * co_pad * q_pad;
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
-  std::fill(dwp, dwp + dw_size, 0.0f);
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
@@ -728,46 +700,26 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
 
 // ---- the kernels of the table --------------------------------------------------------------
 
-// This object's convolution, for the kernels of bf16_packing.h that run through it.
-struct Conv {
-  const CpuContext& ctx;
+// This object's drivers, for detail::Bf16Table.
+struct AmxDrivers {
   template <typename Get>
-  void operator()(const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
-                  std::int64_t ld_y, Get get) const {
+  static void conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+                   const float* bias, float* y, std::int64_t ld_y, Get get) {
     amx_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
   }
+  static void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                    const float* w, float* dx) {
+    amx_backward_input_phases(ctx, s, dy, w, dx);
+  }
+  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                              float* dw) {
+    if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
+    amx_weight_grad(ctx, s, x, dy, dw);
+  }
 };
-
-void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias_or_null, float* y) {
-  forward_as_conv(s, x, w, bias_or_null, y, Conv{ctx});
-}
-
-void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
-  if (!backward_input_as_forward(s, dy, w, dx, Conv{ctx})) amx_backward_input_phases(ctx, s, dy, w, dx);
-}
-
-void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                            const float* dy, float* dw) {
-  if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
-  amx_weight_grad(ctx, s, x, dy, dw);
-}
-
-void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
-          int lda, const float* b, int ldb, float* c, int ldc) {
-  gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, Conv{ctx});
-}
 
 }  // namespace
 }  // namespace towerflow::cpu::TW_ISA
 
-#define TW_CAT_(a, b) a##b
-#define TW_CAT(a, b) TW_CAT_(a, b)
-
-extern "C" const towerflow::cpu::Bf16KernelTable TW_CAT(towerflow_bf16_, TW_ISA) = {
-    .conv2d_forward = &towerflow::cpu::TW_ISA::conv2d_forward,
-    .conv2d_backward_input = &towerflow::cpu::TW_ISA::conv2d_backward_input,
-    .conv2d_backward_weight = &towerflow::cpu::TW_ISA::conv2d_backward_weight,
-    .gemm = &towerflow::cpu::TW_ISA::gemm,
-};
+extern "C" const towerflow::cpu::Bf16KernelTable TW_KERNEL_TABLE_NAME(towerflow_bf16_) =
+    towerflow::cpu::TW_ISA::detail::Bf16Table<towerflow::cpu::TW_ISA::AmxDrivers>::kTable;

@@ -1,8 +1,8 @@
 #pragma once
 // Private helpers shared by the kernels that multiply bf16 pairs (bf16_pairs.cc on vdpbf16ps,
 // bf16_amx.cc on AMX tiles): rounding fp32 operands to bf16 while packing them into rows of bf16
-// or into pairs, and the forms of the other kernels through a convolution. Compiled into each kernel object's
-// namespace, as conv_impl.h is.
+// or into pairs, the forms of the other kernels through a convolution, and an object's table
+// from its drivers. Compiled into each kernel object's namespace, as conv_impl.h is.
 
 #include <immintrin.h>
 
@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "core/cpu/bf16_bits.h"
+#include "core/cpu/bf16_pairs.h"
+#include "core/cpu/context.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/simd_impl.h"
 
@@ -320,4 +322,44 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
                       .i_step = 0, .j_step = 0});
 }
 
+// The table (bf16_pairs.h) of a kernel object whose drivers are D's:
+//   D::conv(ctx, s, x, ld_x, bias, y, ld_y, get)  the convolution that the forward one, the
+//                                                 stride-1 backward input and the GEMM run through
+//   D::backward_input_phases(ctx, s, dy, w, dx)   the other backward inputs
+//   D::backward_weight(ctx, s, x, dy, dw)
+template <typename D>
+struct Bf16Table {
+  static auto conv(const CpuContext& ctx) {
+    return [&ctx](const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
+                  std::int64_t ld_y, auto get) { D::conv(ctx, s, x, ld_x, bias, y, ld_y, get); };
+  }
+  static void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                             const float* bias_or_null, float* y) {
+    forward_as_conv(s, x, w, bias_or_null, y, conv(ctx));
+  }
+  static void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                    const float* w, float* dx) {
+    if (!backward_input_as_forward(s, dy, w, dx, conv(ctx))) D::backward_input_phases(ctx, s, dy, w, dx);
+  }
+  static void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                     const float* dy, float* dw) {
+    D::backward_weight(ctx, s, x, dy, dw);
+  }
+  static void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+                   int lda, const float* b, int ldb, float* c, int ldc) {
+    gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, conv(ctx));
+  }
+  static constexpr Bf16KernelTable kTable = {
+      .conv2d_forward = &conv2d_forward,
+      .conv2d_backward_input = &conv2d_backward_input,
+      .conv2d_backward_weight = &conv2d_backward_weight,
+      .gemm = &gemm,
+  };
+};
+
 }  // namespace towerflow::cpu::TW_ISA::detail
+
+// The name of this object's table: prefix, then the instruction set's name (TW_ISA).
+#define TW_BF16_TABLE_CAT_(a, b) a##b
+#define TW_BF16_TABLE_CAT(a, b) TW_BF16_TABLE_CAT_(a, b)
+#define TW_KERNEL_TABLE_NAME(prefix) TW_BF16_TABLE_CAT(prefix, TW_ISA)

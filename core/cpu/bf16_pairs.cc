@@ -58,26 +58,33 @@ static const int kDenormalsAreZero = (_mm_setcsr(_mm_getcsr() | 0x8040), 0);
 #endif
 
 using detail::AliasedPair;
-using detail::backward_input_as_forward;
 using detail::bf16_rows;
-using detail::forward_as_conv;
 using detail::conv_input;
 using detail::ConvInput;
-using detail::gemm_as_conv;
+using detail::for_each_tile;
+using detail::for_image_rows;
+using detail::input_rows;
+using detail::InputRows;
+using detail::kernel_table;
 using detail::pack_pass_pairs;
 using detail::pack_column_pairs;
 using detail::pack_weight_pairs;
+using detail::padded_bias;
+using detail::padded_image;
+using detail::padded_image_buffer;
+using detail::parallel_rows;
 using detail::pass_pair_rows;
-using detail::pad_rows;
+using detail::pixel_offsets;
 using detail::Pair;
 using detail::round_up;
 using detail::Scratch;
-using detail::scratch;
 using detail::scratch_pairs;
 using detail::StridePhases;
 using detail::sum_weight_grad;
 using detail::to_pairs;
 using detail::unpack_weight_grad;
+using detail::WeightTiles;
+using detail::zeroed_scratch;
 
 namespace {
 
@@ -178,22 +185,9 @@ void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_
   }
 }
 
-using PairTileFn = void (*)(const std::uint16_t*, const std::int64_t*, std::int64_t, int, int,
-                            const Pair*, const float*, float*, const std::int64_t*, int);
-
-template <int V, std::size_t... P>
-constexpr std::array<PairTileFn, sizeof...(P)> pair_tiles(std::index_sequence<P...>) {
-  return {&pair_tile<static_cast<int>(P) + 1, V>...};
-}
-
-// Runs the tile of p pixels (1 <= p <= kMaxPixels<V>).
+// pair_tile<P, V> for P = 1 .. kMaxPixels<V>, indexed by P - 1.
 template <int V>
-void run_tile(int p, const std::uint16_t* img, const std::int64_t* offs, std::int64_t row_step,
-              int kh, int q_len, const Pair* wp, const float* bias, float* out,
-              const std::int64_t* out_offs, int lanes) {
-  static constexpr auto kTiles = pair_tiles<V>(std::make_index_sequence<kMaxPixels<V>>{});
-  kTiles[p - 1](img, offs, row_step, kh, q_len, wp, bias, out, out_offs, lanes);
-}
+constexpr auto kPairTiles = kernel_table<kMaxPixels<V>>([]<int P>() { return &pair_tile<P, V>; });
 
 // ---- the row kernel for up to 16 output channels -------------------------------------------
 
@@ -245,14 +239,6 @@ void pair_row_tile(const std::uint16_t* img16, std::int64_t row_step, int kh, co
   }
 }
 
-using PairRowTileFn = void (*)(const std::uint16_t*, std::int64_t, int, const Pair*, const float*,
-                               float*, std::int64_t, int);
-
-template <int KW, int HALF, std::size_t... T>
-constexpr std::array<PairRowTileFn, sizeof...(T)> pair_row_tiles(std::index_sequence<T...>) {
-  return {&pair_row_tile<static_cast<int>(T) + 1, KW, HALF>...};
-}
-
 // Whether pair_row_conv handles this convolution: up to 16 output channels, a 3-wide kernel at
 // horizontal stride 1, and 3 or 4 or 15 or 16 input channels (2 or 8 pairs).
 bool row_kernel_applies(const Conv2dShape& s) {
@@ -266,7 +252,7 @@ template <int HALF, typename Get>
 void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
                    const float* bias, float* y, std::int64_t ld_y, Get get) {
   constexpr int kKW = 3;
-  static constexpr auto kTiles = pair_row_tiles<kKW, HALF>(std::make_index_sequence<kRowTile>{});
+  static constexpr auto kTiles = kernel_table<kRowTile>([]<int T>() { return &pair_row_tile<T, kKW, HALF>; });
   Pair* wp = scratch_pairs(Scratch::kWeights, std::int64_t{s.kh} * HALF * kKW * kLanes);
   for (int i = 0, o = 0; i < s.kh; ++i)
     for (int k = 0; k < HALF; ++k)
@@ -279,28 +265,18 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
           }
           wp[o] = (detail::rounded_bits(low) >> 16) | detail::rounded_bits(high);
         }
-  float* bias16 = nullptr;
-  if (bias) {
-    bias16 = scratch(Scratch::kAux, kLanes);
-    std::fill(bias16, bias16 + kLanes, 0.0f);
-    std::copy(bias, bias + s.c_out, bias16);
-  }
+  const float* bias16 = padded_bias(bias, s.c_out, kLanes);
   const int oh = s.out_h(), ow = s.out_w();
   const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
   const std::int64_t row_step = std::int64_t{wpad} * HALF;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * ld_x;
-  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * kKW * s.c_in;
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
   const int tiles = (ow + kRowTile - 1) / kRowTile;
-  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * kKW * s.c_in, [&](std::int64_t r0, std::int64_t r1) {
     auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, hp * row_step));
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / oh;
-      const int row_begin = static_cast<int>(r % oh);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
-      r = n * oh + row_end;
+    for_image_rows(r0, r1, oh, [&](std::int64_t n, int row_begin, int row_end) {
+      const InputRows rows = input_rows(s, row_begin, row_end);
       bf16_rows(x + n * image_in, s.h, s.w, s.c_in, ld_x, 2 * HALF, s.pad_h, s.pad_w, wpad,
-                row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
+                rows.first, rows.end, buf);
       for (int oy = row_begin; oy < row_end; ++oy) {
         const std::uint16_t* in = buf + 2 * std::int64_t{oy} * s.stride_h * row_step;
         float* yrow = y + (n * oh + oy) * std::int64_t{ow} * ld_y;
@@ -310,7 +286,7 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
                             yrow + std::int64_t{x0} * ld_y, ld_y, s.c_out);
         }
       }
-    }
+    });
   });
 }
 
@@ -337,53 +313,28 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, s
     const std::int64_t wblock = std::int64_t{s.kh} * q_len * kBlock;
     Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
     pack_weight_pairs(s.c_out, s.c_in, c2, s.kh, s.kw, kBlock, wp, get);
-    float* bias_padded = nullptr;
-    if (bias) {
-      bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * kBlock));
-      std::fill(bias_padded, bias_padded + blocks * kBlock, 0.0f);
-      std::copy(bias, bias + s.c_out, bias_padded);
-    }
+    const float* bias_padded = padded_bias(bias, s.c_out, blocks * kBlock);
     const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
     const std::int64_t row_step = std::int64_t{wpad} * half;
     const std::int64_t pix_step = std::int64_t{s.stride_w} * half;
-    const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in;
-    const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
-    ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in, [&](std::int64_t r0, std::int64_t r1) {
       auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, hp * row_step));
-      const std::uint16_t* img = buf;
-      for (std::int64_t r = r0; r < r1;) {
-        const std::int64_t n = r / oh;
-        const int row_begin = static_cast<int>(r % oh);
-        const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
-        r = n * oh + row_end;
+      for_image_rows(r0, r1, oh, [&](std::int64_t n, int row_begin, int row_end) {
         // Only the padded input rows these output rows read.
+        const InputRows rows = input_rows(s, row_begin, row_end);
         bf16_rows(x + n * in.ld_image, s.h, s.w, s.c_in, in.ld_x, c2, s.pad_h, s.pad_w, wpad,
-                  row_begin * s.stride_h, std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf, in.ld_row);
+                  rows.first, rows.end, buf, in.ld_row);
         const std::int64_t pix_begin = std::int64_t{row_begin} * ow;
-        const std::int64_t pixels = std::int64_t{row_end - row_begin} * ow;
         float* ybase = y + (n * oh * ow + pix_begin) * ld_y;
-        // Balanced tiles in groups of 8, every block over a group before the next (direct_conv).
-        const std::int64_t tiles = (pixels + kP - 1) / kP;
-        for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
-          for (int cb = 0; cb < blocks; ++cb) {
-            const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
-            for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
-              const std::int64_t p0 = pixels * t / tiles;
-              const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
-              std::int64_t offs[kP], out_offs[kP];
-              std::int64_t row = (pix_begin + p0) / ow, col = (pix_begin + p0) % ow;
-              for (int k = 0; k < p; ++k) {
-                offs[k] = row * s.stride_h * row_step + col * pix_step;
-                out_offs[k] = std::int64_t{k} * ld_y;
-                if (++col == ow) col = 0, ++row;
-              }
-              run_tile<V>(p, img, offs, row_step, s.kh, q_len, wp + cb * wblock,
-                          bias_padded ? bias_padded + cb * kBlock : nullptr,
-                          ybase + p0 * ld_y + cb * kBlock, out_offs, lanes);
-            }
-          }
-      }
+        for_each_tile<kP>(std::int64_t{row_end - row_begin} * ow, s.c_out, kBlock, [&](std::int64_t p0, int p, int cb, int lanes) {
+          std::int64_t offs[kP], out_offs[kP];
+          pixel_offsets(pix_begin + p0, p, ow, s.stride_h * row_step, pix_step, ld_y, offs, out_offs);
+          kPairTiles<V>[p - 1](buf, offs, row_step, s.kh, q_len, wp + cb * wblock,
+                               bias_padded ? bias_padded + cb * kBlock : nullptr,
+                               ybase + p0 * ld_y + cb * kBlock, out_offs, lanes);
+        });
+      });
     });
   });
 }
@@ -403,37 +354,27 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   const StridePhases g(s, std::int64_t{blocks} * kBlock * half);
   const std::int64_t row_step = std::int64_t{g.wp} * half;
   Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
-  for (int a = 0; a < g.sh; ++a)
-    for (int b = 0; b < g.sw; ++b) {
-      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
-      pack_weight_pairs(s.c_in, s.c_out, c2, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
-                        [&](int ci, int co, int i, int j) {
-                          return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j);
-                        });
-    }
+  g.pack_phases(s, w, [&](std::int64_t offset, int ma, int mb, auto get) {
+    pack_weight_pairs(s.c_in, s.c_out, c2, ma, mb, kBlock, wp + offset, get);
+  });
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
   const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
-  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_rows(ctx, s.n, s.h, macs_per_row, [&](std::int64_t r0, std::int64_t r1) {
     auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, g.hp * row_step));
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / s.h;
-      const int row_begin = static_cast<int>(r % s.h);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
-      r = n * s.h + row_end;
+    for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, img_dx,
-                          [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
-                              const std::int64_t* out_offs, int cb, int lanes) {
-                            const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;
-                            run_tile<V>(p, buf, offs, row_step, ma, mb * half,
-                                        wp + g.phase_offset[phase] + cb * wblock, nullptr,
-                                        img_dx + cb * kBlock, out_offs, lanes);
-                          });
-    }
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, img_dx,
+                                [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
+                                    const std::int64_t* out_offs, int cb, int lanes) {
+                                  const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;
+                                  kPairTiles<V>[p - 1](buf, offs, row_step, ma, mb * half,
+                                                       wp + g.phase_offset[phase] + cb * wblock, nullptr,
+                                                       img_dx + cb * kBlock, out_offs, lanes);
+                                });
+    });
   });
 }
 
@@ -466,53 +407,35 @@ void pair_weight_tile(const Pair* __restrict xp, std::int64_t ld_x, const Pair* 
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc_mem + q * ld_acc + kLanes * v, acc[q][v]);
 }
 
-using PairWeightTileFn = void (*)(const Pair*, std::int64_t, const Pair*, std::int64_t, int,
-                                  float*, std::int64_t);
-
-template <int V, std::size_t... Q>
-constexpr std::array<PairWeightTileFn, sizeof...(Q)> pair_weight_tiles(std::index_sequence<Q...>) {
-  return {&pair_weight_tile<static_cast<int>(Q) + 1, V>...};
-}
-
 // dw = correlate(x, dy), built in dwp [kh][kw*c_in][blocks*B] as conv.cc's weight_grad.
 template <int V>
 void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
                       float* dw) {
   constexpr int kBlock = kLanes * V;
   constexpr int kQ = kMaxInputs<V>;
-  static constexpr auto kTiles = pair_weight_tiles<V>(std::make_index_sequence<kQ>{});
+  static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kBlock - 1) / kBlock;
-  const int q_len = s.kw * s.c_in;
-  const int q_tiles = (q_len + kQ - 1) / kQ;
+  const WeightTiles tiles(s.kh, s.kw * s.c_in, kQ);
+  const int q_len = tiles.q_len;
   const std::int64_t ld_acc = std::int64_t{blocks} * kBlock;
-  const std::int64_t k_rows = std::int64_t{s.kh} * q_len;
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
-  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+  const std::int64_t dw_size = std::int64_t{s.kh} * q_len * ld_acc;
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
-  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow;
   // Passes of about 96 pixels, as weight_grad's, so that a pass's packed pairs stay in cache
   // across the tiles that share them.
   const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
   const std::int64_t max_pairs = (std::int64_t{rows_per_pass} * ow + 1) / 2;
-  const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
-  const std::int64_t dw_size = k_rows * ld_acc;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    // Without padding x is read in place (row_step is then a row of x), as conv.cc's weight_grad.
-    const bool padded = s.pad_h > 0 || s.pad_w > 0;
-    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp * row_step)) : nullptr;
+    float* xbuf = padded_image_buffer(s);
     Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
     Pair* xpb = scratch_pairs(Scratch::kPacked, pass_pair_rows(s, rows_per_pass * ow, max_pairs) * q_len);
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      if (padded) {
-        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
-        img = xbuf;
-      }
+      const float* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -528,21 +451,17 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]).
         const std::int64_t kernel_row_step = pack_pass_pairs(s, img, row_step, r0, pixels, max_pairs, xpb);
         for (std::int64_t t = t0; t < t1; ++t) {
-          const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
-          const int i = static_cast<int>(t / q_tiles % s.kh);
-          const int qt = static_cast<int>(t % q_tiles);
-          const int q0 = q_len * qt / q_tiles;
-          const int q = q_len * (qt + 1) / q_tiles - q0;
-          kTiles[q - 1](xpb + i * kernel_row_step * q_len + q0, q_len, dyb + cb * kBlock, ld_acc,
-                        pairs, dst + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
+          const WeightTiles::Tile w = tiles[t];
+          kTiles[w.q - 1](xpb + w.i * kernel_row_step * q_len + w.q0, q_len, dyb + w.cb * kBlock, ld_acc, pairs,
+                          dst + (std::int64_t{w.i} * q_len + w.q0) * ld_acc + w.cb * kBlock, ld_acc);
         }
       }
     }
   };
 
   const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
-  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
-                  accumulate);
+  sum_weight_grad(ctx, s.n, tiles.count(blocks), std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size,
+                  dwp, accumulate);
 
   unpack_weight_grad(s, dwp, ld_acc, dw);
 }
@@ -608,14 +527,6 @@ void pair_weight_row_pass(const Pair* __restrict xp, std::int64_t x_row_step, in
       for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc_mem + j * ld_j + kLd * g + kLanes * v, acc[j][g][v]);
 }
 
-using PairWeightRowPassFn = void (*)(const Pair*, std::int64_t, int, const Pair*, std::int64_t, int,
-                                     int, float*, std::int64_t);
-
-template <int V, std::size_t... G>
-constexpr std::array<PairWeightRowPassFn, sizeof...(G)> pair_weight_row_passes(std::index_sequence<G...>) {
-  return {&pair_weight_row_pass<static_cast<int>(G) + 1, V>...};
-}
-
 // The input channels a row pass holds with V vectors of output channels: 3 * G * V accumulators.
 template <int V>
 constexpr int kRowPassChannels = 8 / V;
@@ -631,7 +542,7 @@ template <int V>
 void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                            const float* dy, float* dw) {
   constexpr int kKW = 3, kG = kRowPassChannels<V>, kLd = kLanes * V;
-  static constexpr auto kPasses = pair_weight_row_passes<V>(std::make_index_sequence<kG>{});
+  static constexpr auto kPasses = kernel_table<kG>([]<int G>() { return &pair_weight_row_pass<G, V>; });
   const int oh = s.out_h(), ow = s.out_w();
   const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
   const int col_pairs = (wpad + 1) / 2;
@@ -645,8 +556,7 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const fl
   const std::int64_t tasks = std::int64_t{s.kh} * ci_groups;
   const std::int64_t ld_j = std::int64_t{s.c_in} * kLd;
   const std::int64_t dw_size = std::int64_t{s.kh} * kKW * ld_j;  // [i][j][ci][kLd]
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
-  std::fill(dwp, dwp + dw_size, 0.0f);
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
   // Adds images [n0, n1), tasks [t0, t1) (task = kernel row, input-channel group) into dst.
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
@@ -686,49 +596,29 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const fl
 
 // ---- the kernels of the table --------------------------------------------------------------
 
-// This object's convolution, for the kernels of bf16_packing.h that run through it.
-struct Conv {
-  const CpuContext& ctx;
+// This object's drivers, for detail::Bf16Table.
+struct PairDrivers {
   template <typename Get>
-  void operator()(const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
-                  std::int64_t ld_y, Get get) const {
+  static void conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+                   const float* bias, float* y, std::int64_t ld_y, Get get) {
     pair_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
   }
-};
-
-void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias_or_null, float* y) {
-  forward_as_conv(s, x, w, bias_or_null, y, Conv{ctx});
-}
-
-void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
-  if (!backward_input_as_forward(s, dy, w, dx, Conv{ctx})) with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
-}
-
-void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                            const float* dy, float* dw) {
-  if (weight_row_kernel_applies(s)) {
-    if (s.c_out <= kLanes) return pair_weight_grad_rows<1>(ctx, s, x, dy, dw);
-    return pair_weight_grad_rows<2>(ctx, s, x, dy, dw);
+  static void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                    const float* w, float* dx) {
+    with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
   }
-  with_block(s.c_out, [&]<int V>() { pair_weight_grad<V>(ctx, s, x, dy, dw); });
-}
-
-void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
-          int lda, const float* b, int ldb, float* c, int ldc) {
-  gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, Conv{ctx});
-}
+  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+                              float* dw) {
+    if (weight_row_kernel_applies(s)) {
+      if (s.c_out <= kLanes) return pair_weight_grad_rows<1>(ctx, s, x, dy, dw);
+      return pair_weight_grad_rows<2>(ctx, s, x, dy, dw);
+    }
+    with_block(s.c_out, [&]<int V>() { pair_weight_grad<V>(ctx, s, x, dy, dw); });
+  }
+};
 
 }  // namespace
 }  // namespace towerflow::cpu::TW_ISA
 
-#define TW_CAT_(a, b) a##b
-#define TW_CAT(a, b) TW_CAT_(a, b)
-
-extern "C" const towerflow::cpu::Bf16KernelTable TW_CAT(towerflow_bf16_pairs_, TW_ISA) = {
-    .conv2d_forward = &towerflow::cpu::TW_ISA::conv2d_forward,
-    .conv2d_backward_input = &towerflow::cpu::TW_ISA::conv2d_backward_input,
-    .conv2d_backward_weight = &towerflow::cpu::TW_ISA::conv2d_backward_weight,
-    .gemm = &towerflow::cpu::TW_ISA::gemm,
-};
+extern "C" const towerflow::cpu::Bf16KernelTable TW_KERNEL_TABLE_NAME(towerflow_bf16_pairs_) =
+    towerflow::cpu::TW_ISA::detail::Bf16Table<towerflow::cpu::TW_ISA::PairDrivers>::kTable;

@@ -71,13 +71,24 @@
 
 namespace towerflow::cpu::TW_ISA {
 
+using detail::for_each_tile;
+using detail::for_image_rows;
+using detail::kernel_table;
 using detail::kWideLanes;
 using detail::pad_rows;
+using detail::padded_bias;
+using detail::padded_image;
+using detail::padded_image_buffer;
+using detail::padded_rows;
+using detail::parallel_rows;
+using detail::pixel_offsets;
 using detail::sum_weight_grad;
 using detail::round_up;
 using detail::Scratch;
 using detail::scratch;
 using detail::unpack_weight_grad;
+using detail::WeightTiles;
+using detail::zeroed_scratch;
 using detail::StridePhases;
 using detail::Vec;
 
@@ -164,13 +175,9 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
   }
 }
 
-using ConvTileFn = void (*)(const float*, const std::int64_t*, std::int64_t, int, int,
-                            const float*, const float*, float*, const std::int64_t*, int);
-
-template <int L, int V, std::size_t... P>
-constexpr std::array<ConvTileFn, sizeof...(P)> conv_tiles(std::index_sequence<P...>) {
-  return {&conv_tile<L, static_cast<int>(P) + 1, V>...};
-}
+// conv_tile<L, P, V> for P = 1 .. kMaxPixels<V>, indexed by P - 1.
+template <int L, int V>
+constexpr auto kConvTiles = kernel_table<kMaxPixels<V>>([]<int P>() { return &conv_tile<L, P, V>; });
 
 // Packs weights for direct_conv: dst[cob][i][j*c_in + ci][b] = get(co = cob*B + b, ci, i, j),
 // zero where co >= c_out.
@@ -197,62 +204,27 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
                  const float* bias_padded, float* y) {
   constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
-  static constexpr auto kTiles = conv_tiles<L, V>(std::make_index_sequence<kP>{});
   const int oh = s.out_h(), ow = s.out_w();
-  const int blocks = (s.c_out + kBlock - 1) / kBlock;
   const int q_len = s.kw * s.c_in;
   const std::int64_t wblock = static_cast<std::int64_t>(s.kh) * q_len * kBlock;
-  const bool padded = s.pad_h > 0 || s.pad_w > 0;
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
-  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * s.c_in;
   const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
-  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * q_len;
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
 
-  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
-    for (std::int64_t r = r0; r < r1;) {
-      // The rows [row_begin, row_end) of image n that this chunk owns.
-      const std::int64_t n = r / oh;
-      const int row_begin = static_cast<int>(r % oh);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
-      r = n * oh + row_end;
-      const float* img = x + n * image_in;
-      if (padded) {
-        // Only the padded input rows these output rows read.
-        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, row_begin * s.stride_h,
-                 std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
-        img = buf;
-      }
+  parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * q_len, [&](std::int64_t r0, std::int64_t r1) {
+    float* buf = padded_image_buffer(s);
+    for_image_rows(r0, r1, oh, [&](std::int64_t n, int row_begin, int row_end) {
+      const float* img = padded_rows(s, x + n * image_in, row_begin, row_end, buf);
       const std::int64_t pix_begin = std::int64_t{row_begin} * ow;
-      const std::int64_t pixels = std::int64_t{row_end - row_begin} * ow;
       float* ybase = y + (n * oh * ow + pix_begin) * s.c_out;
-      // Balanced tiles (32 pixels -> 5,5,5,5,6,6 rather than 6,6,6,6,6,2): a narrow last tile
-      // would reuse each weight vector only a couple of times.
-      // Groups of 8 tiles, every channel block over a group before the next group: the
-      // group's outputs (<= 48 pixels x c_out) stay in L1 while the blocks fill them in.
-      const std::int64_t tiles = (pixels + kP - 1) / kP;
-      for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
-      for (int cb = 0; cb < blocks; ++cb) {
-        const int lanes = std::min(kBlock, s.c_out - cb * kBlock);
-        const float* wb = wp + cb * wblock;
-        const float* bb = bias_padded ? bias_padded + cb * kBlock : nullptr;
-        for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
-          const std::int64_t p0 = pixels * t / tiles;
-          const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
-          std::int64_t offs[kP], out_offs[kP];
-          std::int64_t row = (pix_begin + p0) / ow, col = (pix_begin + p0) % ow;
-          for (int k = 0; k < p; ++k) {
-            offs[k] = row * s.stride_h * row_step + col * pix_step;
-            out_offs[k] = std::int64_t{k} * s.c_out;
-            if (++col == ow) col = 0, ++row;
-          }
-          kTiles[p - 1](img, offs, row_step, s.kh, q_len, wb, bb,
-                        ybase + p0 * s.c_out + cb * kBlock, out_offs, lanes);
-        }
-      }
-    }
+      for_each_tile<kP>(std::int64_t{row_end - row_begin} * ow, s.c_out, kBlock, [&](std::int64_t p0, int p, int cb, int lanes) {
+        std::int64_t offs[kP], out_offs[kP];
+        pixel_offsets(pix_begin + p0, p, ow, s.stride_h * row_step, pix_step, s.c_out, offs, out_offs);
+        kConvTiles<L, V>[p - 1](img, offs, row_step, s.kh, q_len, wp + cb * wblock,
+                                bias_padded ? bias_padded + cb * kBlock : nullptr,
+                                ybase + p0 * s.c_out + cb * kBlock, out_offs, lanes);
+      });
+    });
   });
 }
 
@@ -308,13 +280,6 @@ void conv_row_tile(const float* __restrict in, std::int64_t row_step, int kh,
   }
 }
 
-using ConvRowTileFn = void (*)(const float*, std::int64_t, int, const float*, const float*, float*, int);
-
-template <int KW, int CIN, std::size_t... T>
-constexpr std::array<ConvRowTileFn, sizeof...(T)> conv_row_tiles(std::index_sequence<T...>) {
-  return {&conv_row_tile<static_cast<int>(T) + 1, KW, CIN>...};
-}
-
 // Whether row_conv handles this convolution: 9..16 output channels on an AVX-512 build, a 3-wide
 // kernel at horizontal stride 1, and an input channel count it is instantiated for.
 bool row_kernel_applies(const Conv2dShape& s) {
@@ -328,39 +293,21 @@ template <int CIN, typename Get>
 void row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
               float* y, Get get) {
   constexpr int kKW = 3;
-  static constexpr auto kTiles = conv_row_tiles<kKW, CIN>(std::make_index_sequence<kRowTile>{});
+  static constexpr auto kTiles = kernel_table<kRowTile>([]<int T>() { return &conv_row_tile<T, kKW, CIN>; });
   float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(s.kh) * CIN * kKW * 16);
   for (int i = 0, o = 0; i < s.kh; ++i)
     for (int ci = 0; ci < CIN; ++ci)
       for (int j = 0; j < kKW; ++j)
         for (int co = 0; co < 16; ++co, ++o) wp[o] = co < s.c_out ? get(co, ci, i, j) : 0.0f;
-  float* bias16 = nullptr;
-  if (bias) {
-    bias16 = scratch(Scratch::kAux, 16);
-    std::fill(bias16, bias16 + 16, 0.0f);
-    std::copy(bias, bias + s.c_out, bias16);
-  }
+  const float* bias16 = padded_bias(bias, s.c_out, 16);
   const int oh = s.out_h(), ow = s.out_w();
-  const bool padded = s.pad_h > 0 || s.pad_w > 0;
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
-  const std::int64_t row_step = std::int64_t{wpad} * CIN;
+  const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * CIN;  // s.c_in == CIN
   const std::int64_t image_in = std::int64_t{s.h} * s.w * CIN;
-  const std::int64_t macs_per_row = std::int64_t{ow} * s.c_out * s.kh * kKW * CIN;
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
   const int tiles = (ow + kRowTile - 1) / kRowTile;
-  ctx.parallel_for(std::int64_t{s.n} * oh, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    float* buf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / oh;
-      const int row_begin = static_cast<int>(r % oh);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * oh, oh));
-      r = n * oh + row_end;
-      const float* img = x + n * image_in;
-      if (padded) {
-        pad_rows(img, s.h, s.w, CIN, s.pad_h, s.pad_w, row_begin * s.stride_h,
-                 std::min(hp, (row_end - 1) * s.stride_h + s.kh), buf);
-        img = buf;
-      }
+  parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * kKW * CIN, [&](std::int64_t r0, std::int64_t r1) {
+    float* buf = padded_image_buffer(s);
+    for_image_rows(r0, r1, oh, [&](std::int64_t n, int row_begin, int row_end) {
+      const float* img = padded_rows(s, x + n * image_in, row_begin, row_end, buf);
       for (int oy = row_begin; oy < row_end; ++oy) {
         const float* in = img + std::int64_t{oy} * s.stride_h * row_step;
         float* yrow = y + (n * oh + oy) * std::int64_t{ow} * s.c_out;
@@ -370,7 +317,7 @@ void row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const
                             yrow + std::int64_t{x0} * s.c_out, s.c_out);
         }
       }
-    }
+    });
   });
 }
 
@@ -389,13 +336,7 @@ void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, con
     float* wp = scratch(Scratch::kWeights,
                         static_cast<std::size_t>(blocks * kBlock * s.c_in * s.kh * s.kw));
     pack_weights(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
-    float* bias_padded = nullptr;
-    if (bias) {
-      bias_padded = scratch(Scratch::kAux, static_cast<std::size_t>(blocks * kBlock));
-      std::fill(bias_padded, bias_padded + blocks * kBlock, 0.0f);
-      std::copy(bias, bias + s.c_out, bias_padded);
-    }
-    direct_conv<L, V>(ctx, s, x, wp, bias_padded, y);
+    direct_conv<L, V>(ctx, s, x, wp, padded_bias(bias, s.c_out, blocks * kBlock), y);
   });
 }
 
@@ -435,14 +376,6 @@ void weight_tile(const float* __restrict xp, std::int64_t pix_step, std::int64_t
     for (int v = 0; v < V; ++v) W::store(acc_mem + q * ld_acc + L * v, acc[q][v]);
 }
 
-using WeightTileFn = void (*)(const float*, std::int64_t, std::int64_t, const float*,
-                              std::int64_t, std::int64_t, int, int, float*, std::int64_t);
-
-template <int L, int V, std::size_t... Q>
-constexpr std::array<WeightTileFn, sizeof...(Q)> weight_tiles(std::index_sequence<Q...>) {
-  return {&weight_tile<L, static_cast<int>(Q) + 1, V>...};
-}
-
 // dw = correlate(x, dy). The result is built in dwp [kh][kw*c_in][blocks*B] (rows of q, columns
 // of output channels) from tiles of Q q-values x B channels, each tile's accumulators held in
 // registers over a pass of output pixels.
@@ -451,19 +384,15 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
                  float* dw) {
   constexpr int kBlock = L * V;
   constexpr int kQ = kMaxInputs<V>;
-  static constexpr auto kTiles = weight_tiles<L, V>(std::make_index_sequence<kQ>{});
+  static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &weight_tile<L, Q, V>; });
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kBlock - 1) / kBlock;
-  const int q_len = s.kw * s.c_in;
-  const int q_tiles = (q_len + kQ - 1) / kQ;
+  const WeightTiles tiles(s.kh, s.kw * s.c_in, kQ);
   const std::int64_t ld_acc = std::int64_t{blocks} * kBlock;
-  const std::int64_t k_rows = std::int64_t{s.kh} * q_len;
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(k_rows * ld_acc));
-  std::fill(dwp, dwp + k_rows * ld_acc, 0.0f);
+  const std::int64_t dw_size = std::int64_t{s.kh} * tiles.q_len * ld_acc;
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
-  const bool padded = s.pad_h > 0 || s.pad_w > 0;
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
-  const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
+  const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * s.c_in;
   const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const bool dy_dense = s.c_out % kBlock == 0;
@@ -473,20 +402,12 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   // tiles that share them.
   const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
 
-  // Tiles ordered block-major, so consecutive tiles reuse the same dy slice.
-  const std::int64_t tiles = std::int64_t{blocks} * s.kh * q_tiles;
-  const std::int64_t dw_size = k_rows * ld_acc;
-
-  // Adds images [n0, n1), tiles [t0, t1) into dst ([k_rows][ld_acc]), image by image.
+  // Adds images [n0, n1), tiles [t0, t1) into dst ([kh * q_len][ld_acc]), image by image.
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
+    float* xbuf = padded_image_buffer(s);
     float* dybuf = dy_dense ? nullptr : scratch(Scratch::kOutput, static_cast<std::size_t>(image_out * ld_dy));
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      if (padded) {
-        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
-        img = xbuf;
-      }
+      const float* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
       if (!dy_dense) {
         for (std::int64_t p = 0; p < image_out; ++p) {
@@ -498,24 +419,19 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int rows = std::min(rows_per_pass, oh - r0);
         for (std::int64_t t = t0; t < t1; ++t) {
-          const int cb = static_cast<int>(t / (std::int64_t{s.kh} * q_tiles));
-          const int i = static_cast<int>(t / q_tiles % s.kh);
-          // Balanced q tiles, as in direct_conv (15 -> 5,5,5 rather than 6,6,3).
-          const int qt = static_cast<int>(t % q_tiles);
-          const int q0 = q_len * qt / q_tiles;
-          const int q = q_len * (qt + 1) / q_tiles - q0;
-          kTiles[q - 1](img + (std::int64_t{r0} * s.stride_h + i) * row_step + q0, pix_step,
-                        s.stride_h * row_step, dimg + std::int64_t{r0} * ow * ld_dy + cb * kBlock,
-                        ld_dy, ow * ld_dy, rows, ow,
-                        dst + (std::int64_t{i} * q_len + q0) * ld_acc + cb * kBlock, ld_acc);
+          const WeightTiles::Tile w = tiles[t];
+          kTiles[w.q - 1](img + (std::int64_t{r0} * s.stride_h + w.i) * row_step + w.q0, pix_step,
+                          s.stride_h * row_step, dimg + std::int64_t{r0} * ow * ld_dy + w.cb * kBlock,
+                          ld_dy, ow * ld_dy, rows, ow,
+                          dst + (std::int64_t{w.i} * tiles.q_len + w.q0) * ld_acc + w.cb * kBlock, ld_acc);
         }
       }
     }
   };
 
   const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
-  sum_weight_grad(ctx, s.n, tiles, std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size, dwp,
-                  accumulate);
+  sum_weight_grad(ctx, s.n, tiles.count(blocks), std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size,
+                  dwp, accumulate);
 
   unpack_weight_grad(s, dwp, ld_acc, dw);
 }
@@ -565,14 +481,6 @@ void weight_row_pass(const float* __restrict x, std::int64_t x_row_step, int c_i
     for (int g = 0; g < G; ++g) W::store(acc_mem + j * ld_j + 16 * g, acc[j][g]);
 }
 
-using WeightRowPassFn = void (*)(const float*, std::int64_t, int, const float*, std::int64_t, int,
-                                 int, float*, std::int64_t);
-
-template <std::size_t... G>
-constexpr std::array<WeightRowPassFn, sizeof...(G)> weight_row_passes(std::index_sequence<G...>) {
-  return {&weight_row_pass<static_cast<int>(G) + 1>...};
-}
-
 // Whether weight_grad_rows handles this convolution: 9..16 output channels on an AVX-512 build,
 // a 3-wide kernel, stride 1.
 bool weight_row_kernel_applies(const Conv2dShape& s) {
@@ -583,10 +491,9 @@ bool weight_row_kernel_applies(const Conv2dShape& s) {
 void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
                       float* dw) {
   constexpr int kKW = 3, kG = 8;
-  static constexpr auto kPasses = weight_row_passes(std::make_index_sequence<kG>{});
+  static constexpr auto kPasses = kernel_table<kG>([]<int G>() { return &weight_row_pass<G>; });
   const int oh = s.out_h(), ow = s.out_w();
-  const bool padded = s.pad_h > 0 || s.pad_w > 0;
-  const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
+  const int wpad = s.w + 2 * s.pad_w;
   const std::int64_t row_step = std::int64_t{wpad} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow * s.c_out;
@@ -597,20 +504,14 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
   const std::int64_t tasks = std::int64_t{s.kh} * ci_groups;
   const std::int64_t ld_j = std::int64_t{s.c_in} * 16;
   const std::int64_t dw_size = std::int64_t{s.kh} * kKW * ld_j;  // [i][j][ci][16]
-  float* dwp = scratch(Scratch::kWeights, static_cast<std::size_t>(dw_size));
-  std::fill(dwp, dwp + dw_size, 0.0f);
+  float* dwp = zeroed_scratch(Scratch::kWeights, dw_size);
 
   // Adds images [n0, n1), tasks [t0, t1) (task = kernel row, input-channel group) into dst.
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = padded ? scratch(Scratch::kInput, static_cast<std::size_t>(hp) * row_step) : nullptr;
-    float* dybuf = scratch(Scratch::kOutput, static_cast<std::size_t>(oh * dy_row_step));
-    std::fill(dybuf, dybuf + oh * dy_row_step, 0.0f);
+    float* xbuf = padded_image_buffer(s);
+    float* dybuf = zeroed_scratch(Scratch::kOutput, oh * dy_row_step);
     for (int n = n0; n < n1; ++n) {
-      const float* img = x + n * image_in;
-      if (padded) {
-        pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, hp, xbuf);
-        img = xbuf;
-      }
+      const float* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out;
       for (int r = 0; r < oh; ++r) {
         const float* src = dimg + std::int64_t{r} * ow * s.c_out;
@@ -669,41 +570,32 @@ void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const fl
                            const float* w, float* dx) {
   constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
-  static constexpr auto kTiles = conv_tiles<L, V>(std::make_index_sequence<kP>{});
   const int blocks = (s.c_in + kBlock - 1) / kBlock;
   // Packed sub-kernels of every phase, one after the other: [a][b][block][i'][j'][co][lane].
   const StridePhases g(s, std::int64_t{blocks} * kBlock * s.c_out);
   const std::int64_t row_step = std::int64_t{g.wp} * s.c_out;
   float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(g.phase_offset.back()));
-  for (int a = 0; a < g.sh; ++a)
-    for (int b = 0; b < g.sw; ++b) {
-      const int ma = StridePhases::taps(s.kh, g.sh, a), mb = StridePhases::taps(s.kw, g.sw, b);
-      pack_weights(s.c_in, s.c_out, ma, mb, kBlock, wp + g.phase_offset[a * g.sw + b],
-                   [&](int ci, int co, int i, int j) { return StridePhases::tap(s, w, a, b, ma, mb, ci, co, i, j); });
-    }
+  g.pack_phases(s, w, [&](std::int64_t offset, int ma, int mb, auto get) {
+    pack_weights(s.c_in, s.c_out, ma, mb, kBlock, wp + offset, get);
+  });
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{g.oh} * g.ow * s.c_out;
   const std::int64_t macs_per_row = std::int64_t{s.w} * s.c_in * s.c_out * s.kh * s.kw / (g.sh * g.sw);
-  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
-  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_rows(ctx, s.n, s.h, macs_per_row, [&](std::int64_t r0, std::int64_t r1) {
     float* buf = scratch(Scratch::kInput, static_cast<std::size_t>(g.hp) * row_step);
-    for (std::int64_t r = r0; r < r1;) {
-      const std::int64_t n = r / s.h;
-      const int row_begin = static_cast<int>(r % s.h);
-      const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * s.h, s.h));
-      r = n * s.h + row_end;
+    for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       embed_image(dy + n * image_out, g.oh, g.ow, s.c_out, g.top, g.left, g.hp, g.wp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, img_dx,
-                          [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
-                              const std::int64_t* out_offs, int cb, int lanes) {
-                            const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
-                            kTiles[p - 1](buf, offs, row_step, ma, mb * s.c_out,
-                                          wp + g.phase_offset[phase] + cb * wblock, nullptr,
-                                          img_dx + cb * kBlock, out_offs, lanes);
-                          });
-    }
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, img_dx,
+                                [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
+                                    const std::int64_t* out_offs, int cb, int lanes) {
+                                  const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
+                                  kConvTiles<L, V>[p - 1](buf, offs, row_step, ma, mb * s.c_out,
+                                                          wp + g.phase_offset[phase] + cb * wblock, nullptr,
+                                                          img_dx + cb * kBlock, out_offs, lanes);
+                                });
+    });
   });
 }
 

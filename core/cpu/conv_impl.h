@@ -1,10 +1,15 @@
 #pragma once
-// Private helpers shared by the convolution kernels of conv.cc and bf16_pairs.cc: padding an
-// image, and the fixed schedule of the weight gradient's sums. Compiled into each instruction
-// set's namespace, as simd_impl.h is.
+// The skeleton shared by the convolution drivers of conv.cc (fp32), bf16_pairs.cc (vdpbf16ps)
+// and bf16_amx.cc (AMX tiles), which keep only their packing and register kernels: output rows
+// over threads, balanced tiles, padding, the weight gradient's tiles and fixed summation, the
+// plan of a backward input by stride phases, and the tables of a kernel's instantiations.
+// Compiled into each instruction set's namespace, as simd_impl.h is.
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/context.h"
@@ -12,6 +17,88 @@
 #include "core/cpu/simd_impl.h"
 
 namespace towerflow::cpu::TW_ISA::detail {
+
+// {make.template operator()<1>(), ..., make.template operator()<N>()}: the table of a kernel
+// instantiated for every size from 1 to N of one of its tile dimensions, indexed by size - 1.
+template <int N, typename Make>
+constexpr auto kernel_table(Make make) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return std::array{make.template operator()<static_cast<int>(I) + 1>()...};
+  }(std::make_index_sequence<N>{});
+}
+
+// This thread's scratch slot as n zeroed floats.
+inline float* zeroed_scratch(Scratch slot, std::int64_t n) {
+  float* p = scratch(slot, static_cast<std::size_t>(n));
+  std::fill(p, p + n, 0.0f);
+  return p;
+}
+
+// bias (c_out values) padded with zeros to n in this thread's kAux slot; null for a null bias.
+inline float* padded_bias(const float* bias, int c_out, std::int64_t n) {
+  if (!bias) return nullptr;
+  float* b = zeroed_scratch(Scratch::kAux, n);
+  std::copy(bias, bias + c_out, b);
+  return b;
+}
+
+// Note [Output rows over threads]
+// The forward and backward-input drivers split the batch's output rows (images x rows) over the
+// context's threads, each chunk at least about 100k multiply-adds so that small layers stay on
+// one thread, and walk a chunk image by image. Every output element is written by one thread.
+
+// Runs chunk(r0, r1) over the rows [0, images * rows) on ctx's threads.
+template <typename Chunk>
+void parallel_rows(const CpuContext& ctx, std::int64_t images, int rows, std::int64_t macs_per_row,
+                   Chunk&& chunk) {
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 100000 / std::max<std::int64_t>(1, macs_per_row));
+  ctx.parallel_for(images * rows, min_rows, chunk);
+}
+
+// Calls span(n, row_begin, row_end) for image n's part [row_begin, row_end) of the rows [r0, r1),
+// images of `rows` rows, image by image.
+template <typename Span>
+void for_image_rows(std::int64_t r0, std::int64_t r1, int rows, Span&& span) {
+  for (std::int64_t r = r0; r < r1;) {
+    const std::int64_t n = r / rows;
+    const int row_begin = static_cast<int>(r % rows);
+    const int row_end = static_cast<int>(std::min<std::int64_t>(r1 - n * rows, rows));
+    r = n * rows + row_end;
+    span(n, row_begin, row_end);
+  }
+}
+
+// Cuts `pixels` into balanced tiles of at most P (32 pixels at P = 6: 5, 5, 5, 5, 6, 6 rather than
+// 6, 6, 6, 6, 6, 2, whose narrow last tile would use each weight vector twice) and calls
+// tile(p0, p, cb, lanes) for tile [p0, p0 + p) and each block cb of `block` of `channels`
+// channels, lanes of them real: groups of 8 tiles, every block over a group before the next, so
+// that the group's outputs stay in L1 while the blocks fill them in.
+template <int P, typename Tile>
+void for_each_tile(std::int64_t pixels, int channels, int block, Tile&& tile) {
+  const int blocks = (channels + block - 1) / block;
+  const std::int64_t tiles = (pixels + P - 1) / P;
+  for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
+    for (int cb = 0; cb < blocks; ++cb) {
+      const int lanes = std::min(block, channels - cb * block);
+      for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
+        const std::int64_t p0 = pixels * t / tiles;
+        tile(p0, static_cast<int>(pixels * (t + 1) / tiles - p0), cb, lanes);
+      }
+    }
+}
+
+// The p output pixels from pixel `first` of images ow pixels wide (rows running on): offs[k] the
+// input of pixel k, in_row per output row and in_col per pixel; out_offs[k] its output, ld_y
+// apart.
+inline void pixel_offsets(std::int64_t first, int p, int ow, std::int64_t in_row, std::int64_t in_col,
+                          std::int64_t ld_y, std::int64_t* offs, std::int64_t* out_offs) {
+  std::int64_t row = first / ow, col = first % ow;
+  for (int k = 0; k < p; ++k) {
+    offs[k] = row * in_row + col * in_col;
+    out_offs[k] = k * ld_y;
+    if (++col == ow) col = 0, ++row;
+  }
+}
 
 // Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
 // which is laid out [h + 2*pad_h][w + 2*pad_w][c], zeroing the border.
@@ -30,6 +117,36 @@ inline void pad_rows(const float* img, int h, int w, int c, int pad_h, int pad_w
               d + std::int64_t{pad_w} * c);
     std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, 0.0f);
   }
+}
+
+// The rows [first, end) of the padded input (padded coordinates) that output rows [row_begin,
+// row_end) of s read.
+struct InputRows {
+  int first, end;
+};
+inline InputRows input_rows(const Conv2dShape& s, int row_begin, int row_end) {
+  return {row_begin * s.stride_h, std::min(s.h + 2 * s.pad_h, (row_end - 1) * s.stride_h + s.kh)};
+}
+
+// One image of s's input padded into buf: this thread's kInput slot, null where s does not pad.
+inline float* padded_image_buffer(const Conv2dShape& s) {
+  if (s.pad_h == 0 && s.pad_w == 0) return nullptr;
+  return scratch(Scratch::kInput, static_cast<std::size_t>(s.h + 2 * s.pad_h) * (s.w + 2 * s.pad_w) * s.c_in);
+}
+// The image img as the weight gradients read it: padded into buf (padded_image_buffer), or in
+// place where s does not pad.
+inline const float* padded_image(const Conv2dShape& s, const float* img, float* buf) {
+  if (!buf) return img;
+  pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, s.h + 2 * s.pad_h, buf);
+  return buf;
+}
+// The same for the forward drivers: only the input rows that output rows [row_begin, row_end)
+// read are padded.
+inline const float* padded_rows(const Conv2dShape& s, const float* img, int row_begin, int row_end, float* buf) {
+  if (!buf) return img;
+  const InputRows r = input_rows(s, row_begin, row_end);
+  pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, r.first, r.end, buf);
+  return buf;
 }
 
 // Note [Weight gradient: image groups or tiles]
@@ -67,6 +184,25 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
     for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
   }
 }
+
+// The tiles of a weight gradient summed as dwp [kh][q_len][ld_acc], q = (kernel column, input
+// channel): tile t is (block cb of output channels, kernel row i, q tile) in block-major order, so
+// that consecutive tiles read one slice of dy, with q tiles of at most max_q, balanced (15 at 6:
+// 5, 5, 5 rather than 6, 6, 3).
+struct WeightTiles {
+  int kh, q_len, q_tiles;
+  WeightTiles(int kh, int q_len, int max_q) : kh(kh), q_len(q_len), q_tiles((q_len + max_q - 1) / max_q) {}
+  std::int64_t count(int blocks) const { return std::int64_t{blocks} * kh * q_tiles; }
+  struct Tile {
+    int cb, i, q0, q;
+  };
+  Tile operator[](std::int64_t t) const {
+    const int qt = static_cast<int>(t % q_tiles);
+    const int q0 = q_len * qt / q_tiles;
+    return {.cb = static_cast<int>(t / (std::int64_t{kh} * q_tiles)), .i = static_cast<int>(t / q_tiles % kh),
+            .q0 = q0, .q = q_len * (qt + 1) / q_tiles - q0};
+  }
+};
 
 // dw (OIHW) from a weight gradient summed as dwp [kh][kw][c_in][ld_acc]: dw[co][ci][i][j] =
 // dwp[((i * kw + j) * c_in + ci) * ld_acc + co].
@@ -143,15 +279,22 @@ struct StridePhases {
       }
   }
 
+  // Packs every phase's sub-kernel of the OIHW weights w: pack(offset, ma, mb, get) with the
+  // phase's start in phase_offset, its ma x mb taps, and get(ci, co, i, j) its weights.
+  template <typename Pack>
+  void pack_phases(const Conv2dShape& s, const float* w, Pack&& pack) const {
+    for (int a = 0; a < sh; ++a)
+      for (int b = 0; b < sw; ++b) {
+        const int ma = taps(s.kh, sh, a), mb = taps(s.kw, sw, b);
+        pack(phase_offset[a * sw + b], ma, mb,
+             [&](int ci, int co, int i, int j) { return tap(s, w, a, b, ma, mb, ci, co, i, j); });
+      }
+  }
+
   // For dx rows [row_begin, row_end) of one image (img_dx, NHWC): zeroes the pixels of phases
-  // without taps, and calls tile(phase, ma, mb, p, offs, out_offs, cb, lanes) for every tile of
-  // p <= P pixels of every other phase and every block cb of `block` dx channels. offs are the
-  // tile's pixels in the embedded dy (row_step units per row, `unit` per pixel), out_offs in
-  // img_dx. Tiles come in groups of 8, every block over a group before the next (direct_conv).
-  template <int P, typename Tile>
-  void for_each_tile(const Conv2dShape& s, int row_begin, int row_end, std::int64_t row_step,
-                     std::int64_t unit, int block, float* img_dx, Tile&& tile) const {
-    const int blocks = (s.c_in + block - 1) / block;
+  // without taps, and calls region(phase, r) for each other phase with pixels in those rows.
+  template <typename Fn>
+  void for_each_region(const Conv2dShape& s, int row_begin, int row_end, float* img_dx, Fn&& fn) const {
     for (int a = 0; a < sh; ++a)
       for (int b = 0; b < sw; ++b) {
         const Region r = region(s, a, b, row_begin, row_end);
@@ -160,26 +303,30 @@ struct StridePhases {
           zero_region(s, r, sh, sw, img_dx);
           continue;
         }
-        const std::int64_t pixels = std::int64_t{r.rows} * r.cols;
-        const std::int64_t tiles = (pixels + P - 1) / P;
-        for (std::int64_t g0 = 0; g0 < tiles; g0 += 8)
-          for (int cb = 0; cb < blocks; ++cb) {
-            const int lanes = std::min(block, s.c_in - cb * block);
-            for (std::int64_t t = g0; t < std::min(tiles, g0 + 8); ++t) {
-              const std::int64_t p0 = pixels * t / tiles;
-              const int p = static_cast<int>(pixels * (t + 1) / tiles - p0);
-              std::int64_t offs[P], out_offs[P];
-              // Consecutive phase pixels step dx by the stride and dy by one.
-              std::int64_t y = p0 / r.cols, x = p0 % r.cols;
-              for (int k = 0; k < p; ++k) {
-                offs[k] = (r.dy_row + y) * row_step + (r.dy_col + x) * unit;
-                out_offs[k] = ((r.ih0 + y * sh) * s.w + r.iw0 + x * sw) * s.c_in;
-                if (++x == r.cols) x = 0, ++y;
-              }
-              tile(a * sw + b, r.ma, r.mb, p, offs, out_offs, cb, lanes);
-            }
-          }
+        fn(a * sw + b, r);
       }
+  }
+
+  // for_each_region's phases cut into tiles: tile(phase, ma, mb, p, offs, out_offs, cb, lanes)
+  // for every tile of p <= P pixels and every block cb of `block` dx channels (for_each_tile).
+  // offs are the tile's pixels in the embedded dy (row_step units per row, `unit` per pixel),
+  // out_offs in img_dx.
+  template <int P, typename Tile>
+  void for_each_phase_tile(const Conv2dShape& s, int row_begin, int row_end, std::int64_t row_step,
+                           std::int64_t unit, int block, float* img_dx, Tile&& tile) const {
+    for_each_region(s, row_begin, row_end, img_dx, [&](int phase, const Region& r) {
+      for_each_tile<P>(std::int64_t{r.rows} * r.cols, s.c_in, block, [&](std::int64_t p0, int p, int cb, int lanes) {
+        std::int64_t offs[P], out_offs[P];
+        // Consecutive phase pixels step dx by the stride and dy by one.
+        std::int64_t y = p0 / r.cols, x = p0 % r.cols;
+        for (int k = 0; k < p; ++k) {
+          offs[k] = (r.dy_row + y) * row_step + (r.dy_col + x) * unit;
+          out_offs[k] = ((r.ih0 + y * sh) * s.w + r.iw0 + x * sw) * s.c_in;
+          if (++x == r.cols) x = 0, ++y;
+        }
+        tile(phase, r.ma, r.mb, p, offs, out_offs, cb, lanes);
+      });
+    });
   }
 };
 
