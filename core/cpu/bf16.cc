@@ -309,7 +309,7 @@ void force_bf16_kernels_for_testing(std::optional<Bf16Kernels> k) {
 bool conv2d_forward_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                               const float* x, const float* w, const float* bias_or_null, float* y) {
   s.validate();
-  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx.threads(), s, x, w, bias_or_null, y);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y);
   if (const Bf16KernelTable* p = own_kernels(k)) {
     p->conv2d_forward(ctx, s, x, w, bias_or_null, y);
     return true;
@@ -323,7 +323,7 @@ bool conv2d_forward_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2d
 bool conv2d_backward_input_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                      const float* dy, const float* w, float* dx) {
   s.validate();
-  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_input(ctx.threads(), s, dy, w, dx);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_input(ctx, s, dy, w, dx);
   if (const Bf16KernelTable* p = own_kernels(k)) {
     p->conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
@@ -337,7 +337,7 @@ bool conv2d_backward_input_bf16_with(Bf16Kernels k, const CpuContext& ctx, const
 bool conv2d_backward_weight_bf16_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                       const float* x, const float* dy, float* dw) {
   s.validate();
-  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_weight(ctx.threads(), s, x, dy, dw);
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_weight(ctx, s, x, dy, dw);
   if (const Bf16KernelTable* p = own_kernels(k)) {
     p->conv2d_backward_weight(ctx, s, x, dy, dw);
     return true;
@@ -357,7 +357,7 @@ bool gemm_bf16_with(Bf16Kernels kernels, const CpuContext& ctx, bool trans_a, bo
     return true;
   }
   if (kernels == Bf16Kernels::OneDnn)
-    return onednn::gemm(ctx.threads(), trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
   if (const Bf16KernelTable* p = own_kernels(kernels)) {
     p->gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
     return true;

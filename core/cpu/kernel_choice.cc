@@ -392,86 +392,6 @@ const std::vector<std::string>& candidates(bool bf16) {
   return b;
 }
 
-// Note [oneDNN on the context's threads]
-// Debian's oneDNN runs on OpenMP. Called on the context's threads' count, its OpenMP workers spin
-// after each call while the context's own pool wants the same cores: on a 2-core Zen 3, tfcnn's
-// step ran slower with oneDNN's convolution for conv1 (8 ms against towerflow's 16 alone) than
-// without it. So oneDNN's fp32 candidate runs on one OpenMP thread, the calling one (no OpenMP
-// team), on each of the context's threads, each over a slice of the problem: forward and backward
-// input over images, backward weight over images with the slices' gradients summed in slice order
-// (the same result for the same thread count), matmul over rows of the product.
-
-// The slices [0, n) is cut into: as many as threads, each at least min_rows long.
-int slices(const CpuContext& ctx, std::int64_t n, std::int64_t min_rows) {
-  return static_cast<int>(std::clamp<std::int64_t>(n / std::max<std::int64_t>(1, min_rows), 1, ctx.threads()));
-}
-
-// Runs f(slice, begin, end) for each slice on the context's threads; false if any returns false.
-template <typename F>
-bool on_slices(const CpuContext& ctx, int count, std::int64_t n, F f) {
-  std::atomic<bool> ok{true};
-  ctx.parallel_for(count, 1, [&](std::int64_t b, std::int64_t e) {
-    for (std::int64_t i = b; i < e; ++i)
-      if (!f(static_cast<int>(i), i * n / count, (i + 1) * n / count)) ok = false;
-  });
-  return ok;
-}
-
-Conv2dShape with_images(const Conv2dShape& s, std::int64_t images) {
-  Conv2dShape t = s;
-  t.n = static_cast<int>(images);
-  return t;
-}
-
-bool onednn_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias, float* y) {
-  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
-  return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
-    return onednn::conv2d_forward(1, with_images(s, e - b), x + b * in, w, bias, y + b * out,
-                                  onednn::Operands::kFp32);
-  });
-}
-
-bool onednn_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
-  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
-  return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
-    return onednn::conv2d_backward_input(1, with_images(s, e - b), dy + b * out, w, dx + b * in,
-                                         onednn::Operands::kFp32);
-  });
-}
-
-bool onednn_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
-                            const float* dy, float* dw) {
-  const std::int64_t in = std::int64_t{s.h} * s.w * s.c_in, out = std::int64_t{s.out_h()} * s.out_w() * s.c_out;
-  const std::int64_t wn = std::int64_t{s.c_out} * s.c_in * s.kh * s.kw;
-  const int count = slices(ctx, s.n, 1);
-  thread_local std::vector<float> partial;  // the caller's: slices 1.. write here
-  if (static_cast<std::int64_t>(partial.size()) < (count - 1) * wn)
-    partial.resize(static_cast<std::size_t>((count - 1) * wn));
-  float* const part = partial.data();
-  if (!on_slices(ctx, count, s.n, [&](int i, std::int64_t b, std::int64_t e) {
-        return onednn::conv2d_backward_weight(1, with_images(s, e - b), x + b * in, dy + b * out,
-                                              i == 0 ? dw : part + (i - 1) * wn,
-                                              onednn::Operands::kFp32);
-      }))
-    return false;
-  for (int i = 1; i < count; ++i) {
-    const float* p = part + (i - 1) * wn;
-    for (std::int64_t j = 0; j < wn; ++j) dw[j] += p[j];
-  }
-  return true;
-}
-
-bool onednn_gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
-                 const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
-  return on_slices(ctx, slices(ctx, m, 16), m, [&](int, std::int64_t r0, std::int64_t r1) {
-    const float* a0 = trans_a ? a + r0 : a + r0 * lda;  // rows r0.. of op(a)
-    return onednn::gemm(1, trans_a, trans_b, static_cast<int>(r1 - r0), n, k, a0, lda, b, ldb,
-                        c + r0 * ldc, ldc, onednn::Operands::kFp32);
-  });
-}
-
 Bf16Kernels bf16_by_name(const std::string& name) {
   for (const Bf16Kernels k : built_bf16_kernels())
     if (name == bf16_kernels_name(k)) return k;
@@ -509,7 +429,7 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
       });
-    if (name == "onednn") return onednn_forward(ctx, s, x, w, bias_or_null, y);
+    if (name == "onednn") return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y, onednn::Operands::kFp32);
     conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
     return true;
   });
@@ -530,7 +450,7 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx);
       });
-    if (name == "onednn") return onednn_backward_input(ctx, s, dy, w, dx);
+    if (name == "onednn") return onednn::conv2d_backward_input(ctx, s, dy, w, dx, onednn::Operands::kFp32);
     conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
   });
@@ -551,7 +471,7 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
       });
-    if (name == "onednn") return onednn_backward_weight(ctx, s, x, dy, dw);
+    if (name == "onednn") return onednn::conv2d_backward_weight(ctx, s, x, dy, dw, onednn::Operands::kFp32);
     conv2d_backward_weight(ctx, s, x, dy, dw);
     return true;
   });
@@ -577,7 +497,7 @@ void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n
         return gemm_bf16_with(kk, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
       });
     if (name == "onednn")
-      return onednn_gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+      return onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, onednn::Operands::kFp32);
     gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     return true;
   });

@@ -6,9 +6,9 @@
 // oneDNN's JIT and AMX kernels read directly; weights go into oneDNN's blocked layout, and the
 // weight gradient comes back out of it into OIHW.
 //
-// Threads: this oneDNN runs on OpenMP. Each calling thread sets its own OpenMP thread count to its
-// device's (one tower thread with one intra-op thread runs oneDNN on itself), and the count is in
-// the cache key, since a primitive is built for the count it was created under.
+// Threads: this oneDNN runs on OpenMP. Each calling thread sets its own OpenMP thread count (one
+// for the slices of onednn_context.cc: Note [oneDNN on the context's threads]), and the count is
+// in the cache key, since a primitive is built for the count it was created under.
 #include <omp.h>
 
 #include <array>

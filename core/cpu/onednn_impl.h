@@ -4,13 +4,15 @@
 // memory, read as bf16 (bf16.h's kernels) or as fp32 (a candidate of kernel_choice.h); outputs and
 // accumulation are fp32.
 //
-// Contract: each kernel runs on `threads` OpenMP threads (the calling one among them) and returns
+// Contract: each kernel runs on `threads` OpenMP threads (the calling one among them), or on a
+// context's threads, and returns
 // false, having written nothing, where oneDNN has only a reference implementation for the
 // problem (or none); the caller then runs another kernel. Primitives are
 // created once per problem, operand type, thread and thread count, and kept for the thread's life.
 
 #include <string>
 
+#include "core/cpu/context.h"
 #include "core/cpu/conv.h"
 
 namespace towerflow::cpu::onednn {
@@ -32,6 +34,18 @@ bool conv2d_backward_weight(int threads, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw, Operands op = Operands::kBf16);
 // c[m, n] = op(a) op(b) (alpha 1, beta 0), row-major.
 bool gemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
+          int lda, const float* b, int ldb, float* c, int ldc, Operands op = Operands::kBf16);
+
+// The same kernels on ctx's threads (onednn_context.cc): each thread runs the kernel above on one
+// OpenMP thread, itself, over a slice of the problem (Note [oneDNN on the context's threads]).
+// False, as above, where oneDNN declines the problem.
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y, Operands op = Operands::kBf16);
+bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx, Operands op = Operands::kBf16);
+bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                            const float* dy, float* dw, Operands op = Operands::kBf16);
+bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
           int lda, const float* b, int ldb, float* c, int ldc, Operands op = Operands::kBf16);
 
 }  // namespace towerflow::cpu::onednn
