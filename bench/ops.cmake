@@ -19,6 +19,7 @@ endif()
 # kernels]); it runs on CPUs with AMX-BF16 only, and says so elsewhere.
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
   tw_add_bench(towerflow_bench_amx_rounding
-    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amx_rounding.cc
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/amx_rounding.cc ${CMAKE_CURRENT_SOURCE_DIR}/peak.cc
     LIBS towerflow_cpu_kernels)
+  target_compile_options(towerflow_bench_amx_rounding PRIVATE -Wno-psabi)
 endif()

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -129,6 +132,66 @@ __attribute__((target("amx-tile,amx-bf16"))) float peak_amx_bf16(std::int64_t it
   return out[0][0] + out[1][0] + out[2][0] + out[3][255];
 }
 
+
+float from_bf16(std::uint16_t b) {
+  const std::uint32_t u = std::uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+std::uint16_t to_bf16(float f) {  // truncated: the operands only need to be bf16 values
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// measure_amx_rounding (peak.h): one tile row per trial, C (1 x 16 fp32) += A (1 x products bf16)
+// times B (products / 2 rows of 16 pairs).
+__attribute__((target("amx-tile,amx-bf16"))) AmxRounding amx_rounding(int products, int trials) {
+  TileConfig cfg;
+  cfg.colsb[0] = 64, cfg.rows[0] = 1;
+  cfg.colsb[1] = static_cast<std::uint16_t>(2 * products), cfg.rows[1] = 1;
+  cfg.colsb[2] = 64, cfg.rows[2] = static_cast<std::uint8_t>(products / 2);
+  _tile_loadconfig(&cfg);
+  std::mt19937 gen(static_cast<unsigned>(products));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  AmxRounding r{.products = products};
+  for (int t = 0; t < trials; ++t) {
+    alignas(64) std::uint16_t a[32] = {};
+    alignas(64) std::uint32_t b[16 * 16] = {};
+    alignas(64) float c[16], c0[16];
+    for (int i = 0; i < products; ++i) a[i] = to_bf16(normal(gen));
+    for (int i = 0; i < products / 2 * 16; ++i)
+      b[i] = to_bf16(normal(gen)) | std::uint32_t{to_bf16(normal(gen))} << 16;
+    for (float& v : c0) v = normal(gen);
+    std::memcpy(c, c0, sizeof c);
+    _tile_loadd(0, c, 64);
+    _tile_loadd(1, a, 64);
+    _tile_loadd(2, b, 64);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_stored(0, c, 64);
+    for (int n = 0; n < 16; ++n) {
+      double exact = c0[n], largest = std::fabs(c0[n]);
+      float fmas = c0[n];
+      for (int p = 0; p < products / 2; ++p) {
+        const float a0 = from_bf16(a[2 * p]), a1 = from_bf16(a[2 * p + 1]);
+        const float b0 = from_bf16(static_cast<std::uint16_t>(b[p * 16 + n])),
+                    b1 = from_bf16(static_cast<std::uint16_t>(b[p * 16 + n] >> 16));
+        exact += double{a0} * b0 + double{a1} * b1;
+        largest = std::max({largest, std::fabs(double{a0} * b0), std::fabs(double{a1} * b1)});
+        fmas = std::fma(a1, b1, std::fma(a0, b0, fmas));
+      }
+      ++r.values;
+      r.differ_from_exact += c[n] != static_cast<float>(exact);
+      r.differ_from_fmas += c[n] != fmas;
+      r.worst_amx = std::max(r.worst_amx, std::fabs(c[n] - exact) / largest);
+      r.worst_fmas = std::max(r.worst_fmas, std::fabs(fmas - exact) / largest);
+    }
+  }
+  _tile_release();
+  return r;
+}
 #endif
 
 }  // namespace
@@ -208,6 +271,13 @@ double measure_triad_bytes_per_s(int threads, std::size_t mib_per_array, double 
   }
   if (a[n / 2] != 2.0f + 3.0f * 0.5f) best = 0;  // reads the result, so the loop stays
   return best;
+}
+
+AmxRounding measure_amx_rounding(int products, int trials) {
+#if defined(__x86_64__) && defined(__linux__)
+  if (cpu::cpu_has_amx_bf16()) return amx_rounding(products, trials);
+#endif
+  return AmxRounding{.products = products};
 }
 
 }  // namespace towerflow::bench

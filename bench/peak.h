@@ -34,4 +34,15 @@ double measure_peak_flops(const PeakLoop& loop, int threads, double seconds);
 // measure the same loop under Google Benchmark.
 double measure_triad_bytes_per_s(int threads, std::size_t mib_per_array, double seconds);
 
+// How AMX's TDPBF16PS rounds: `trials` instructions of one tile row on random normal operands,
+// each adding `products` (2 to 32, even) products of bf16 to 16 fp32 accumulators, against the
+// exactly rounded sum (in double, rounded once) and against two FMAs per pair (the emulation of
+// core/cpu/bf16_amx.cc). No values (values 0) where the CPU has no AMX-BF16 or Linux refuses it.
+struct AmxRounding {
+  int products = 0;
+  long long values = 0, differ_from_exact = 0, differ_from_fmas = 0;
+  double worst_amx = 0, worst_fmas = 0;  // the largest |result - exact| over the largest term
+};
+AmxRounding measure_amx_rounding(int products, int trials);
+
 }  // namespace towerflow::bench
