@@ -68,8 +68,8 @@ void for_image_rows(std::int64_t r0, std::int64_t r1, int rows, Span&& span) {
   }
 }
 
-// Cuts `pixels` into balanced tiles of at most P (32 pixels at P = 6: 5, 5, 5, 5, 6, 6 rather than
-// 6, 6, 6, 6, 6, 2, whose narrow last tile would use each weight vector twice) and calls
+// Cuts `pixels` into balanced tiles of at most P (32 pixels at P = 6: six tiles of 5 or 6 rather
+// than 6, 6, 6, 6, 6, 2, whose narrow last tile would use each weight vector twice) and calls
 // tile(p0, p, cb, lanes) for tile [p0, p0 + p) and each block cb of `block` of `channels`
 // channels, lanes of them real: groups of 8 tiles, every block over a group before the next, so
 // that the group's outputs stay in L1 while the blocks fill them in.
