@@ -1,18 +1,16 @@
 #pragma once
 // CpuContext: the intra-op threads of one logical CPU device, shared by every CPU kernel.
 //
-// Contract: parallel_for blocks until every chunk has run; chunks run on the context's pool and
-// on the calling thread. Exceptions thrown by a chunk are rethrown on the caller after all chunks
-// have finished. A context is used by one tower thread at a time (each logical device has its own
-// context), but distinct contexts run concurrently.
+// Contract: parallel_for blocks until every chunk has run; chunks run on the context's threads-1
+// workers and on the calling thread. Exceptions thrown by a chunk are rethrown on the caller
+// after all chunks have finished. A context is used by one tower thread at a time (each logical
+// device has its own context), but distinct contexts run concurrently. A parallel_for inside a
+// chunk of the same context runs on the thread that calls it. Between loops the workers wait
+// spinning for a short while, then sleep (Note [Waking the workers] in context.cc).
 
 #include <cstdint>
 #include <functional>
 #include <memory>
-
-namespace Eigen {
-class ThreadPoolDevice;
-}
 
 namespace towerflow::cpu {
 
@@ -29,10 +27,6 @@ class CpuContext {
   // min_chunk long (so small loops stay on the calling thread).
   void parallel_for(std::int64_t n, std::int64_t min_chunk,
                     const std::function<void(std::int64_t, std::int64_t)>& fn) const;
-
-  // For Eigen tensor expressions and contractions: `out.device(ctx.eigen()) = ...`.
-  // Include <unsupported/Eigen/CXX11/Tensor> (with EIGEN_USE_THREADS) where it is used.
-  Eigen::ThreadPoolDevice& eigen() const;
 
  private:
   struct Impl;

@@ -10,14 +10,15 @@
 // In NHWC every window position is a contiguous run of c channels, so each kernel below works on
 // whole channel rows: the inner loops run over c and vectorise; windows are clipped to the image
 // once per output pixel instead of testing every element. Forward kernels split output rows over
-// threads; backward kernels, which scatter into overlapping windows, split images, so every dx
-// element is written by one thread in a fixed order and results do not depend on the thread
-// count.
+// threads. Max pooling's backward, which scatters into overlapping windows, splits images;
+// average pooling's gathers, by rows of input pixels. Either way every dx element is written by
+// one thread in a fixed order, and results do not depend on the thread count.
 
 namespace towerflow::cpu::TW_ISA {
 
 using detail::kLanes;
 using detail::load8;
+using detail::splat8;
 using detail::splat8i;
 using detail::store8;
 using detail::store8i;
@@ -126,39 +127,66 @@ void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
       for (int col = 0; col < ow; ++col) {
         const Window win = clip(s, row, col);
         float* out = y + (r * ow + col) * c;
-        std::fill(out, out + c, 0.0f);
-        for (int ih = win.h0; ih < win.h1; ++ih)
-          for (int iw = win.w0; iw < win.w1; ++iw) {
-            const float* v = img + (std::int64_t{ih} * s.w + iw) * c;
-            for (int ch = 0; ch < c; ++ch) out[ch] += v[ch];
-          }
-        for (int ch = 0; ch < c; ++ch) out[ch] *= scale;
+        // Eight channels at a time summed in a register over the window (as max pooling), in
+        // the window's order; then the rest of the channels one by one in the same order.
+        int ch = 0;
+        for (; ch + kLanes <= c; ch += kLanes) {
+          Vec8 sum = splat8(0.0f);
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw)
+              sum += load8(img + (std::int64_t{ih} * s.w + iw) * c + ch);
+          store8(out + ch, sum * scale);
+        }
+        for (; ch < c; ++ch) {
+          float sum = 0.0f;
+          for (int ih = win.h0; ih < win.h1; ++ih)
+            for (int iw = win.w0; iw < win.w1; ++iw) sum += img[(std::int64_t{ih} * s.w + iw) * c + ch];
+          out[ch] = sum * scale;
+        }
       }
     }
   });
 }
 
+// Each dx pixel gathers g * scale from the windows that hold it, in the order of the output
+// pixels (row, then column), so dx is written once, without a pass to zero it first, and every
+// element is summed in the same order whatever the threads. Rows of input pixels are split over
+// threads.
 void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy, float* dx) {
   s.validate();
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
-  const std::int64_t image_in = std::int64_t{s.h} * s.w * c;
-  const std::int64_t image_out = std::int64_t{oh} * ow * c;
-  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 20000 / (image_out * s.kh * s.kw)),
-                   [&](std::int64_t n0, std::int64_t n1) {
-    for (std::int64_t n = n0; n < n1; ++n) {
-      float* img = dx + n * image_in;
-      std::fill(img, img + image_in, 0.0f);
-      for (int row = 0; row < oh; ++row)
-        for (int col = 0; col < ow; ++col) {
-          const Window win = clip(s, row, col);
-          const float* g = dy + n * image_out + (std::int64_t{row} * ow + col) * c;
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw) {
-              float* d = img + (std::int64_t{ih} * s.w + iw) * c;
-              for (int ch = 0; ch < c; ++ch) d[ch] += g[ch] * scale;
-            }
+  // Output rows (columns) whose window holds input row (column) i: [first, last].
+  auto first = [](int i, int pad, int k, int stride) {
+    const int lo = i + pad - k + 1;
+    return lo <= 0 ? 0 : (lo + stride - 1) / stride;
+  };
+  auto last = [](int i, int pad, int stride, int out) { return std::min(out - 1, (i + pad) / stride); };
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c));
+  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / s.h;
+      const int ih = static_cast<int>(r % s.h);
+      const float* g_img = dy + n * oh * ow * c;
+      const int row0 = first(ih, s.pad_h, s.kh, s.stride_h), row1 = last(ih, s.pad_h, s.stride_h, oh);
+      for (int iw = 0; iw < s.w; ++iw) {
+        const int col0 = first(iw, s.pad_w, s.kw, s.stride_w), col1 = last(iw, s.pad_w, s.stride_w, ow);
+        float* d = dx + (r * s.w + iw) * c;
+        int ch = 0;
+        for (; ch + kLanes <= c; ch += kLanes) {
+          Vec8 sum = splat8(0.0f);
+          for (int row = row0; row <= row1; ++row)
+            for (int col = col0; col <= col1; ++col)
+              sum += load8(g_img + (std::int64_t{row} * ow + col) * c + ch) * scale;
+          store8(d + ch, sum);
         }
+        for (; ch < c; ++ch) {
+          float sum = 0.0f;
+          for (int row = row0; row <= row1; ++row)
+            for (int col = col0; col <= col1; ++col) sum += g_img[(std::int64_t{row} * ow + col) * c + ch] * scale;
+          d[ch] = sum;
+        }
+      }
     }
   });
 }
