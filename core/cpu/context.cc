@@ -34,6 +34,11 @@ namespace towerflow::cpu {
 // longer, between steps or while the caller does serial work, sleeps and costs nothing. The
 // caller waits for the workers' chunks the same way, for kCallerSpin before it sleeps.
 //
+// Polling pays only while every context's threads have a core each. When the contexts of a
+// process ask for more threads than the machine has (two towers of two threads on two cores), a
+// polling thread takes time from another context's thread that has work, so workers and callers
+// then sleep as soon as they have nothing to do.
+//
 // A sleeper and its waker meet Dekker-style: the sleeper sets its flag, then reads the ticket
 // (inside wait); the waker bumps the ticket, then reads the flag; both sequentially consistent,
 // so at least one of them sees the other's write and no wake-up is lost.
@@ -46,6 +51,15 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kWorkerSpin = std::chrono::microseconds(300);
 constexpr auto kCallerSpin = std::chrono::milliseconds(2);
+
+// The threads of every live context in this process, against the cores.
+std::atomic<int> g_context_threads{0};
+
+// How long to poll before sleeping: `spin` while the threads have a core each, else not at all.
+Clock::duration poll_for(Clock::duration spin) {
+  static const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return g_context_threads.load(std::memory_order_relaxed) <= cores ? spin : Clock::duration::zero();
+}
 
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -83,6 +97,7 @@ struct CpuContext::Impl {
   };
 
   explicit Impl(int workers) : workers_(static_cast<std::size_t>(workers)) {
+    g_context_threads.fetch_add(workers + 1);
     for (std::size_t i = 0; i < workers_.size(); ++i)
       workers_[i].thread = std::thread([this, i] { work(i); });
   }
@@ -94,6 +109,7 @@ struct CpuContext::Impl {
       w.ticket.notify_one();
     }
     for (Worker& w : workers_) w.thread.join();
+    g_context_threads.fetch_sub(static_cast<int>(workers_.size()) + 1);
   }
 
   // Runs chunk(0) here and chunk(c) on worker c - 1 for c in [1, chunks); returns when all have.
@@ -109,7 +125,8 @@ struct CpuContext::Impl {
     const Impl* const outer = running_here;  // a worker of another context calling in
     running_here = this;
     chunk(0);
-    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; }, kCallerSpin)) {
+    if (!spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; },
+                    poll_for(kCallerSpin))) {
       caller_sleeping_.store(true);
       for (std::uint32_t left = pending_.load(); left != 0; left = pending_.load())
         pending_.wait(left);
@@ -127,7 +144,7 @@ struct CpuContext::Impl {
     std::uint32_t seen = 0;
     for (;;) {
       if (!spin_until([&] { return w.ticket.load(std::memory_order_acquire) != seen; },
-                      kWorkerSpin)) {
+                      poll_for(kWorkerSpin))) {
         w.sleeping.store(true);
         w.ticket.wait(seen);
         w.sleeping.store(false);
