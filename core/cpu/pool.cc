@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
@@ -10,18 +11,22 @@
 // In NHWC every window position is a contiguous run of c channels, so each kernel below works on
 // whole channel rows: the inner loops run over c and vectorise; windows are clipped to the image
 // once per output pixel instead of testing every element. Forward kernels split output rows over
-// threads. Max pooling's backward, which scatters into overlapping windows, splits images;
-// average pooling's gathers, by rows of input pixels. Either way every dx element is written by
-// one thread in a fixed order, and results do not depend on the thread count.
+// threads. Backward kernels gather: each dx pixel sums what the windows holding it pass back, in
+// the order of the output pixels, and rows of input pixels are split over threads. Every dx
+// element is written once, by one thread, in a fixed order, and results do not depend on the
+// thread count.
 
 namespace towerflow::cpu::TW_ISA {
 
+using detail::IVec;
 using detail::kLanes;
+using detail::kWideLanes;
 using detail::load8;
 using detail::splat8;
 using detail::splat8i;
 using detail::store8;
 using detail::store8i;
+using detail::Vec;
 using detail::Vec8;
 using detail::Vec8i;
 
@@ -42,6 +47,99 @@ std::int64_t min_rows(const Pool2dShape& s) {
   return std::max<std::int64_t>(1, 20000 / std::max<std::int64_t>(1, work));
 }
 
+// Output rows (columns) whose window holds input row (column) i: [first_window, last_window].
+int first_window(int i, int pad, int k, int stride) {
+  const int lo = i + pad - k + 1;
+  return lo <= 0 ? 0 : (lo + stride - 1) / stride;
+}
+int last_window(int i, int pad, int stride, int out) { return std::min(out - 1, (i + pad) / stride); }
+
+// One window's maximum and its position for channels [ch, ch + K * L): start from the window's
+// first element, then take strictly greater values (the first maximum wins) or NaN (NaN
+// propagates), as PyTorch does. The channels sit in K registers of L lanes, the window runs
+// innermost; the K vectors are independent chains of compare and select. KH x KW > 0 is the
+// window's size known at compile time (a whole 2x2 or 3x3 window inside the image), unrolled:
+// the loop over a window of runtime size costs more than its compares (2.4x the time of the
+// unrolled 3x3 with K = 4 on a Zen 5).
+template <int L, int K, int KH, int KW>
+void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
+                std::int32_t* idx) {
+  using V = Vec<L>;
+  using I = IVec<L>;
+  const int rows = KH > 0 ? KH : win.h1 - win.h0, cols = KW > 0 ? KW : win.w1 - win.w0;
+  const int pos0 = win.h0 * s.w + win.w0;
+  const float* base = img + std::int64_t{pos0} * s.c + ch;
+  typename V::type b[K];
+  typename I::type at[K];
+  for (int k = 0; k < K; ++k) {
+    b[k] = V::load(base + k * L);
+    at[k] = I::splat(pos0);
+  }
+  const auto element = [&](int dh, int dw) {
+    const int offset = dh * s.w + dw;
+    const float* p = base + std::int64_t{offset} * s.c;
+    const typename I::type pos = I::splat(pos0 + offset);
+    for (int k = 0; k < K; ++k) {
+      const typename V::type v = V::load(p + k * L);
+      const typename I::type take = (v > b[k]) | (v != v);
+      b[k] = take ? v : b[k];
+      at[k] = take ? pos : at[k];
+    }
+  };
+  if constexpr (KH > 0 && KW > 0) {
+    [&]<int... D>(std::integer_sequence<int, D...>) { (element(D / KW, D % KW), ...); }(
+        std::make_integer_sequence<int, KH * KW>{});
+  } else {
+    for (int dh = 0; dh < rows; ++dh)
+      for (int dw = 0; dw < cols; ++dw) element(dh, dw);
+  }
+  for (int k = 0; k < K; ++k) {
+    V::store(best + ch + k * L, b[k]);
+    if (idx) I::store(idx + ch + k * L, at[k]);
+  }
+}
+
+// max_window for the window's size: unrolled for a whole 2x2 or 3x3 window.
+template <int L, int K>
+void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
+                std::int32_t* idx) {
+  const int rows = win.h1 - win.h0, cols = win.w1 - win.w0;
+  if (rows == 3 && cols == 3) return max_window<L, K, 3, 3>(s, img, win, ch, best, idx);
+  if (rows == 2 && cols == 2) return max_window<L, K, 2, 2>(s, img, win, ch, best, idx);
+  max_window<L, K, 0, 0>(s, img, win, ch, best, idx);
+}
+
+// dx for channels [ch, ch + K * L) of input pixel pos: the gradients of the output pixels in rows
+// [row0, row1] and columns [col0, col1] whose maximum sat there, summed in output order.
+template <int L, int K>
+void gather_max(const Pool2dShape& s, const float* g_img, const std::int32_t* idx_img, int pos,
+                int row0, int row1, int col0, int col1, int ch, float* d) {
+  using V = Vec<L>;
+  using I = IVec<L>;
+  const int ow = s.out_w();
+  const typename I::type here = I::splat(pos);
+  typename V::type sum[K];
+  for (int k = 0; k < K; ++k) sum[k] = V::splat(0.0f);
+  for (int row = row0; row <= row1; ++row)
+    for (int col = col0; col <= col1; ++col) {
+      const std::int64_t o = (std::int64_t{row} * ow + col) * s.c + ch;
+      for (int k = 0; k < K; ++k)
+        sum[k] = I::load(idx_img + o + k * L) == here ? sum[k] + V::load(g_img + o + k * L) : sum[k];
+    }
+  for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
+}
+
+// Channels [0, c) of one pixel in groups: four vectors of the widest width at a time, then one,
+// then eight lanes, then `rest(ch)` for each channel left.
+template <typename Group, typename Rest>
+void for_channel_groups(int c, Group group, Rest rest) {
+  int ch = 0;
+  for (; ch + 4 * kWideLanes <= c; ch += 4 * kWideLanes) group.template operator()<kWideLanes, 4>(ch);
+  for (; ch + kWideLanes <= c; ch += kWideLanes) group.template operator()<kWideLanes, 1>(ch);
+  for (; ch + kLanes <= c; ch += kLanes) group.template operator()<kLanes, 1>(ch);
+  for (; ch < c; ++ch) rest(ch);
+}
+
 }  // namespace
 
 void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
@@ -60,24 +158,7 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
         std::int32_t* idx = argmax ? argmax + o : nullptr;
         const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
         const std::int32_t first_pos = win.h0 * s.w + win.w0;
-        // Start from the first element of the window, then take strictly greater values (the
-        // first maximum wins) or NaN (NaN propagates), as PyTorch does. Eight channels at a
-        // time in registers, the window innermost.
-        int ch = 0;
-        for (; ch + kLanes <= c; ch += kLanes) {
-          Vec8 b = load8(first + ch);
-          Vec8i at = splat8i(first_pos);
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw) {
-              const Vec8 v = load8(img + (std::int64_t{ih} * s.w + iw) * c + ch);
-              const Vec8i take = (v > b) | (v != v);
-              b = take ? v : b;
-              at = take ? splat8i(ih * s.w + iw) : at;
-            }
-          store8(best + ch, b);
-          if (idx) store8i(idx + ch, at);
-        }
-        for (; ch < c; ++ch) {
+        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
           float b = first[ch];
           std::int32_t at = first_pos;
           for (int ih = win.h0; ih < win.h1; ++ih)
@@ -90,7 +171,7 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
             }
           best[ch] = b;
           if (idx) idx[ch] = at;
-        }
+        });
       }
     }
   });
@@ -101,16 +182,33 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   s.validate();
   TW_CHECK(argmax != nullptr, "max_pool_backward needs the argmax of max_pool_forward");
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
-  const std::int64_t image_in = std::int64_t{s.h} * s.w * c;
   const std::int64_t image_out = std::int64_t{oh} * ow * c;
-  ctx.parallel_for(s.n, std::max<std::int64_t>(1, 20000 / image_out), [&](std::int64_t n0, std::int64_t n1) {
-    for (std::int64_t n = n0; n < n1; ++n) {
-      float* img = dx + n * image_in;
-      std::fill(img, img + image_in, 0.0f);
-      const float* g = dy + n * image_out;
-      const std::int32_t* idx = argmax + n * image_out;
-      for (std::int64_t p = 0; p < image_out; p += c)
-        for (int ch = 0; ch < c; ++ch) img[std::int64_t{idx[p + ch]} * c + ch] += g[p + ch];
+  const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c * s.kh));
+  ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t n = r / s.h;
+      const int ih = static_cast<int>(r % s.h);
+      const float* g_img = dy + n * image_out;
+      const std::int32_t* idx_img = argmax + n * image_out;
+      const int row0 = first_window(ih, s.pad_h, s.kh, s.stride_h);
+      const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
+      for (int iw = 0; iw < s.w; ++iw) {
+        const int col0 = first_window(iw, s.pad_w, s.kw, s.stride_w);
+        const int col1 = last_window(iw, s.pad_w, s.stride_w, ow);
+        const int pos = ih * s.w + iw;
+        float* d = dx + (r * s.w + iw) * c;
+        for_channel_groups(
+            c, [&]<int L, int K>(int ch) { gather_max<L, K>(s, g_img, idx_img, pos, row0, row1, col0, col1, ch, d); },
+            [&](int ch) {
+              float sum = 0.0f;
+              for (int row = row0; row <= row1; ++row)
+                for (int col = col0; col <= col1; ++col) {
+                  const std::int64_t o = (std::int64_t{row} * ow + col) * c + ch;
+                  if (idx_img[o] == pos) sum += g_img[o];
+                }
+              d[ch] = sum;
+            });
+      }
     }
   });
 }
@@ -156,21 +254,17 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   s.validate();
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
-  // Output rows (columns) whose window holds input row (column) i: [first, last].
-  auto first = [](int i, int pad, int k, int stride) {
-    const int lo = i + pad - k + 1;
-    return lo <= 0 ? 0 : (lo + stride - 1) / stride;
-  };
-  auto last = [](int i, int pad, int stride, int out) { return std::min(out - 1, (i + pad) / stride); };
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c));
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / s.h;
       const int ih = static_cast<int>(r % s.h);
       const float* g_img = dy + n * oh * ow * c;
-      const int row0 = first(ih, s.pad_h, s.kh, s.stride_h), row1 = last(ih, s.pad_h, s.stride_h, oh);
+      const int row0 = first_window(ih, s.pad_h, s.kh, s.stride_h);
+      const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
       for (int iw = 0; iw < s.w; ++iw) {
-        const int col0 = first(iw, s.pad_w, s.kw, s.stride_w), col1 = last(iw, s.pad_w, s.stride_w, ow);
+        const int col0 = first_window(iw, s.pad_w, s.kw, s.stride_w);
+        const int col1 = last_window(iw, s.pad_w, s.stride_w, ow);
         float* d = dx + (r * s.w + iw) * c;
         int ch = 0;
         for (; ch + kLanes <= c; ch += kLanes) {

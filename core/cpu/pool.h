@@ -26,8 +26,8 @@ namespace towerflow::cpu {
 // the chosen element within its image and channel (what PyTorch's return_indices gives).
 void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                       std::int32_t* argmax);
-// dx[argmax] += dy for every output element; dx is zeroed first. Overwrites dx. argmax is the
-// (non-null) output of max_pool_forward for the same shape.
+// dx[argmax] += dy for every output element, in output order, over a zeroed dx. Overwrites dx.
+// argmax is the (non-null) output of max_pool_forward for the same shape.
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx);
 

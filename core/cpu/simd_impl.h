@@ -75,6 +75,26 @@ struct Vec<16> {
   static Vec16 splat(float s) { return splat16(s); }
 };
 
+// Int32 vectors of L lanes: the masks that comparisons of Vec<L> give, and indices beside them.
+typedef std::int32_t Vec16i __attribute__((vector_size(64)));
+typedef std::int32_t Vec16iUnaligned __attribute__((vector_size(64), aligned(4), may_alias));
+template <int L>
+struct IVec;
+template <>
+struct IVec<8> {
+  using type = Vec8i;
+  static Vec8i load(const std::int32_t* p) { return *reinterpret_cast<const Vec8iUnaligned*>(p); }
+  static void store(std::int32_t* p, Vec8i v) { *reinterpret_cast<Vec8iUnaligned*>(p) = v; }
+  static Vec8i splat(std::int32_t s) { return splat8i(s); }
+};
+template <>
+struct IVec<16> {
+  using type = Vec16i;
+  static Vec16i load(const std::int32_t* p) { return *reinterpret_cast<const Vec16iUnaligned*>(p); }
+  static void store(std::int32_t* p, Vec16i v) { *reinterpret_cast<Vec16iUnaligned*>(p) = v; }
+  static Vec16i splat(std::int32_t s) { return Vec16i{} + s; }
+};
+
 // Per-thread scratch that grows to the largest request and is then reused, so steady-state
 // kernel calls do not allocate. Each slot is an independent buffer; a kernel uses distinct slots
 // for buffers that are alive at the same time on the same thread. The returned memory is

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -124,6 +125,53 @@ TEST_CASE("max pool takes the first of equal maxima and propagates NaN", "[cpu][
   CHECK(arg[1] == 2);
 }
 
+// The same rule in every channel group the kernel uses (91 = 64 + 16 + 8 + 3 with 16 lanes,
+// 2 * 32 + 3 * 8 + 3 with 8):
+// many ties (values on a grid of 0.5) and NaNs scattered over all channels, against the rule
+// written out per element (start from the window's first element, take v > best or NaN).
+TEST_CASE("max pool ties and NaN follow PyTorch's rule in every lane width", "[cpu][pool]") {
+  CpuContext ctx(2);
+  const Pool2dShape s{.n = 2, .h = 9, .w = 8, .c = 91, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  auto x = random_vector(in_size(s), 77);
+  for (auto& v : x) v = std::round(v * 2.0f) / 2.0f;
+  for (std::size_t i = 5; i < x.size(); i += 37) x[i] = NAN;
+  std::vector<float> y(out_size(s));
+  std::vector<std::int32_t> arg(out_size(s));
+  max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+  std::size_t o = 0, nans = 0, ties = 0;
+  for (int n = 0; n < s.n; ++n)
+    for (int oh = 0; oh < s.out_h(); ++oh)
+      for (int ow = 0; ow < s.out_w(); ++ow)
+        for (int c = 0; c < s.c; ++c, ++o) {
+          float best = 0.0f;
+          std::int32_t at = -1;
+          int equal = 0;
+          for (int i = 0; i < s.kh; ++i)
+            for (int j = 0; j < s.kw; ++j) {
+              const int ih = oh * s.stride_h - s.pad_h + i, iw = ow * s.stride_w - s.pad_w + j;
+              if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+              const float v = x[((std::size_t(n) * s.h + ih) * s.w + iw) * s.c + c];
+              if (at < 0 || v > best || std::isnan(v)) {
+                best = v;
+                at = ih * s.w + iw;
+              } else if (v == best) {
+                ++equal;
+              }
+            }
+          INFO("output " << o << " (channel " << c << ")");
+          CHECK(arg[o] == at);
+          if (std::isnan(best)) {
+            ++nans;
+            CHECK(std::isnan(y[o]));
+          } else {
+            CHECK(y[o] == best);
+          }
+          ties += equal > 0;
+        }
+  CHECK(nans > 20);  // the case covers what it claims
+  CHECK(ties > 100);
+}
+
 TEST_CASE("average pool matches the reference, backward matches finite differences", "[cpu][pool]") {
   CpuContext ctx(2);
   std::uint32_t seed = 50;
@@ -194,7 +242,8 @@ TEST_CASE("max pool backward equals the scatter over the outputs bit for bit", "
       {.n = 3, .h = 9, .w = 7, .c = 19, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
       {.n = 2, .h = 8, .w = 8, .c = 8, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
       {.n = 2, .h = 6, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 0},
-      {.n = 2, .h = 7, .w = 7, .c = 9, .kh = 1, .kw = 2, .stride_h = 3, .stride_w = 3}};
+      {.n = 2, .h = 7, .w = 7, .c = 9, .kh = 1, .kw = 2, .stride_h = 3, .stride_w = 3},
+      {.n = 2, .h = 8, .w = 7, .c = 91, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1}};
   for (const Pool2dShape& s : shapes) {
     INFO(s.to_string());
     auto x = random_vector(in_size(s), 41);
