@@ -32,6 +32,10 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   kernels().max_pool_backward(ctx, s, dy, argmax, dx);
 }
 
+void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y, std::int32_t* argmax) {
+  kernels().max_pool_relu_forward(ctx, s, x, y, argmax);
+}
+
 void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y) {
   kernels().avg_pool_forward(ctx, s, x, y);
 }

@@ -31,6 +31,7 @@ namespace towerflow::cpu {
   X(conv2d_backward_bias) \
   X(max_pool_forward) \
   X(max_pool_backward) \
+  X(max_pool_relu_forward) \
   X(avg_pool_forward) \
   X(avg_pool_backward) \
   X(batch_norm_forward_training) \

@@ -60,8 +60,9 @@ int last_window(int i, int pad, int stride, int out) { return std::min(out - 1, 
 // innermost; the K vectors are independent chains of compare and select. KH x KW > 0 is the
 // window's size known at compile time (a whole 2x2 or 3x3 window inside the image), unrolled:
 // the loop over a window of runtime size costs more than its compares (2.4x the time of the
-// unrolled 3x3 with K = 4 on a Zen 5).
-template <int L, int K, int KH, int KW>
+// unrolled 3x3 with K = 4 on a Zen 5). With Relu the maximum is stored through relu_forward's
+// rule (v < 0 ? 0 : v, NaN stays), and the position as -1 where that output is not > 0.
+template <bool Relu, int L, int K, int KH, int KW>
 void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
                 std::int32_t* idx) {
   using V = Vec<L>;
@@ -94,23 +95,30 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
       for (int dw = 0; dw < cols; ++dw) element(dh, dw);
   }
   for (int k = 0; k < K; ++k) {
+    if constexpr (Relu) {
+      at[k] = b[k] > V::splat(0.0f) ? at[k] : I::splat(-1);
+      b[k] = b[k] < V::splat(0.0f) ? V::splat(0.0f) : b[k];
+    }
     V::store(best + ch + k * L, b[k]);
     if (idx) I::store(idx + ch + k * L, at[k]);
   }
 }
 
 // max_window for the window's size: unrolled for a whole 2x2 or 3x3 window.
-template <int L, int K>
+template <bool Relu, int L, int K>
 void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
                 std::int32_t* idx) {
   const int rows = win.h1 - win.h0, cols = win.w1 - win.w0;
-  if (rows == 3 && cols == 3) return max_window<L, K, 3, 3>(s, img, win, ch, best, idx);
-  if (rows == 2 && cols == 2) return max_window<L, K, 2, 2>(s, img, win, ch, best, idx);
-  max_window<L, K, 0, 0>(s, img, win, ch, best, idx);
+  if (rows == 3 && cols == 3) return max_window<Relu, L, K, 3, 3>(s, img, win, ch, best, idx);
+  if (rows == 2 && cols == 2) return max_window<Relu, L, K, 2, 2>(s, img, win, ch, best, idx);
+  max_window<Relu, L, K, 0, 0>(s, img, win, ch, best, idx);
 }
 
 // dx for channels [ch, ch + K * L) of input pixel pos: the gradients of the output pixels in rows
-// [row0, row1] and columns [col0, col1] whose maximum sat there, summed in output order.
+// [row0, row1] and columns [col0, col1] whose maximum sat there, summed in output order. An
+// argmax of -1 (max_pool_relu_forward's, where its ReLU passes nothing) matches no pixel:
+// skipping it gives the bits of adding the zero relu_backward would have passed (a sum that
+// starts at +0 is never -0).
 template <int L, int K>
 void gather_max(const Pool2dShape& s, const float* g_img, const std::int32_t* idx_img, int pos,
                 int row0, int row1, int col0, int col1, int ch, float* d) {
@@ -140,10 +148,9 @@ void for_channel_groups(int c, Group group, Rest rest) {
   for (; ch < c; ++ch) rest(ch);
 }
 
-}  // namespace
-
-void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
-                      std::int32_t* argmax) {
+template <bool Relu>
+void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                           std::int32_t* argmax) {
   s.validate();
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   ctx.parallel_for(std::int64_t{s.n} * oh, min_rows(s), [&](std::int64_t r0, std::int64_t r1) {
@@ -158,7 +165,7 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
         std::int32_t* idx = argmax ? argmax + o : nullptr;
         const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
         const std::int32_t first_pos = win.h0 * s.w + win.w0;
-        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
+        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<Relu, L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
           float b = first[ch];
           std::int32_t at = first_pos;
           for (int ih = win.h0; ih < win.h1; ++ih)
@@ -169,12 +176,26 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
                 at = ih * s.w + iw;
               }
             }
-          best[ch] = b;
+          if (Relu && !(b > 0.0f)) at = -1;
+          best[ch] = Relu && b < 0.0f ? 0.0f : b;
           if (idx) idx[ch] = at;
         });
       }
     }
   });
+}
+
+}  // namespace
+
+void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                      std::int32_t* argmax) {
+  max_pool_forward_impl<false>(ctx, s, x, y, argmax);
+}
+
+void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                           std::int32_t* argmax) {
+  TW_CHECK(argmax != nullptr, "max_pool_relu_forward needs an argmax buffer");
+  max_pool_forward_impl<true>(ctx, s, x, y, argmax);
 }
 
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,

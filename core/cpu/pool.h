@@ -26,10 +26,18 @@ namespace towerflow::cpu {
 // the chosen element within its image and channel (what PyTorch's return_indices gives).
 void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                       std::int32_t* argmax);
-// dx[argmax] += dy for every output element, in output order, over a zeroed dx. Overwrites dx.
-// argmax is the (non-null) output of max_pool_forward for the same shape.
+// dx[argmax] += dy for every output element, in output order, over a zeroed dx; outputs whose
+// argmax is -1 pass nothing. Overwrites dx. argmax is the (non-null) output of max_pool_forward or
+// max_pool_relu_forward for the same shape.
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx);
+
+// max_pool2d followed by a ReLU in one pass: y = relu(max pool of x), where relu(v) = v < 0 ? 0 : v
+// (NaN stays NaN). argmax (non-null) is max_pool_forward's where y > 0 and -1 elsewhere, where
+// the ReLU passes no gradient: max_pool_backward with it gives the bits of relu_backward followed
+// by max_pool_backward, in one pass.
+void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                           std::int32_t* argmax);
 
 // Average pool, count_include_pad = true.
 void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y);

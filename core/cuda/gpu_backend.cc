@@ -241,9 +241,12 @@ class GpuBackend final : public Backend {
   }
 
   // ---- pooling -----------------------------------------------------------------------------
-  void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
-                        std::int32_t* argmax) override {
-    gpu::max_pool_forward(ctx_, s, x, y, argmax);
+  void max_pool_forward(const Pool2dShape& s, const float* x, float* y, std::int32_t* argmax,
+                        bool relu) override {
+    if (relu)
+      gpu::max_pool_relu_forward(ctx_, s, x, y, argmax);
+    else
+      gpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
   void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {

@@ -75,6 +75,10 @@ void max_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* 
                       std::int32_t* argmax);
 void max_pool_backward(const GpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx);
+// max_pool2d followed by a ReLU in one pass, as core/cpu/pool.h's twin: argmax -1 where y is
+// not > 0, which max_pool_backward skips.
+void max_pool_relu_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                           std::int32_t* argmax);
 void avg_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y);
 void avg_pool_backward(const GpuContext& ctx, const Pool2dShape& s, const float* dy, float* dx);
 

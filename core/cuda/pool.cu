@@ -21,6 +21,9 @@ struct PoolDims {
   int n, h, w, c, kh, kw, sh, sw, ph, pw, oh, ow;
 };
 
+// With Relu, y = relu(the maximum) (v < 0 ? 0 : v, NaN stays) and argmax -1 where y is not > 0,
+// as the CPU twin.
+template <bool Relu>
 __global__ void max_pool_forward_kernel(PoolDims d, const float* x, float* y,
                                         std::int32_t* argmax) {
   const std::int64_t total = static_cast<std::int64_t>(d.n) * d.oh * d.ow * d.c;
@@ -49,11 +52,13 @@ __global__ void max_pool_forward_kernel(PoolDims d, const float* x, float* y,
         }
       }
     }
-    y[i] = best;
+    if (Relu && !(best > 0.0f)) best_index = -1;
+    y[i] = Relu && best < 0.0f ? 0.0f : best;
     if (argmax) argmax[i] = best_index;
   }
 }
 
+// An argmax of -1 (max_pool_relu_forward's, where its ReLU passes nothing) adds nothing.
 __global__ void max_pool_backward_kernel(PoolDims d, const float* dy, const std::int32_t* argmax,
                                          float* dx) {
   const std::int64_t total = static_cast<std::int64_t>(d.n) * d.oh * d.ow * d.c;
@@ -128,13 +133,30 @@ PoolDims dims_of(const Pool2dShape& s) {
 
 }  // namespace
 
-void max_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
-                      std::int32_t* argmax) {
+namespace {
+
+void launch_max_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                             std::int32_t* argmax, bool relu) {
   const PoolDims d = dims_of(s);
   auto scope = ctx.impl().scope();
   const Launch l = launch_for(static_cast<std::int64_t>(d.n) * d.oh * d.ow * d.c);
-  max_pool_forward_kernel<<<l.blocks, l.threads, 0, stream_of(ctx)>>>(d, x, y, argmax);
+  if (relu)
+    max_pool_forward_kernel<true><<<l.blocks, l.threads, 0, stream_of(ctx)>>>(d, x, y, argmax);
+  else
+    max_pool_forward_kernel<false><<<l.blocks, l.threads, 0, stream_of(ctx)>>>(d, x, y, argmax);
   TW_CUDA_CHECK_LAUNCH("max_pool_forward_kernel");
+}
+
+}  // namespace
+
+void max_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                      std::int32_t* argmax) {
+  launch_max_pool_forward(ctx, s, x, y, argmax, false);
+}
+
+void max_pool_relu_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+                           std::int32_t* argmax) {
+  launch_max_pool_forward(ctx, s, x, y, argmax, true);
 }
 
 void max_pool_backward(const GpuContext& ctx, const Pool2dShape& s, const float* dy,

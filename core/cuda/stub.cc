@@ -138,6 +138,10 @@ void max_pool_backward(const GpuContext&, const Pool2dShape&, const float*, cons
                        float*) {
   no_cuda("max_pool_backward");
 }
+void max_pool_relu_forward(const GpuContext&, const Pool2dShape&, const float*, float*,
+                           std::int32_t*) {
+  no_cuda("max_pool_relu_forward");
+}
 void avg_pool_forward(const GpuContext&, const Pool2dShape&, const float*, float*) {
   no_cuda("avg_pool_forward");
 }

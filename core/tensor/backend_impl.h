@@ -158,8 +158,10 @@ class Backend {
   virtual void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) = 0;
 
   // ---- pooling (kMaxPool, kAvgPool); core/shapes.h's shapes, core/cpu/pool.h's rules --------
+  // With relu, core/cpu/pool.h's max_pool_relu_forward: y = relu(max pool of x) in one pass, and
+  // argmax -1 where y is not > 0, so that max_pool_backward passes the ReLU's gradient too.
   virtual void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
-                                std::int32_t* argmax) = 0;
+                                std::int32_t* argmax, bool relu) = 0;
   virtual void max_pool_backward(const Pool2dShape& s, const float* dy,
                                  const std::int32_t* argmax, float* dx) = 0;
   virtual void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) = 0;

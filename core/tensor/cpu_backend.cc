@@ -314,10 +314,14 @@ class CpuBackend final : public Backend {
     const auto span = kernel_span("conv2d_backward_bias", 1.0 * s.n * s.out_h() * s.out_w() * s.c_out);
     cpu::conv2d_backward_bias(ctx_, s, dy, db);
   }
-  void max_pool_forward(const Pool2dShape& s, const float* x, float* y,
-                        std::int32_t* argmax) override {
-    const auto span = kernel_span("max_pool_forward", pool_in(s) + 2.0 * pool_out(s));  // x; y, argmax
-    cpu::max_pool_forward(ctx_, s, x, y, argmax);
+  void max_pool_forward(const Pool2dShape& s, const float* x, float* y, std::int32_t* argmax,
+                        bool relu) override {
+    const auto span = kernel_span(relu ? "max_pool_relu_forward" : "max_pool_forward",
+                                  pool_in(s) + 2.0 * pool_out(s));  // x; y, argmax
+    if (relu)
+      cpu::max_pool_relu_forward(ctx_, s, x, y, argmax);
+    else
+      cpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
   void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {

@@ -507,8 +507,9 @@ Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
 }  // namespace
 
 namespace {
-// max_pool2d, or with `relu` max_pool2d_relu: the ReLU on the pooled tensor, its gradient masking
-// the pooled gradient before the scatter.
+// max_pool2d, or with `relu` max_pool2d_relu: the ReLU on the pooled tensor, in the pool's pass
+// each way (the forward marks the outputs the ReLU zeroes with argmax -1, which the pool's
+// backward skips).
 Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, bool relu) {
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x});
@@ -517,19 +518,12 @@ Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, b
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
   Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
   Backend& be = backend_for(d);
-  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>());
-  if (relu) be.relu_forward(y.numel(), y.data<float>(), y.data<float>());
+  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>(), relu);
   if (needs_grad({&x})) {
-    // y's data, not y (y owns this node), and only where the ReLU's gradient reads it.
-    record(y, std::string(op), {x}, [s, argmax, relu, out = relu ? y.detach() : Tensor(), xs = x.shape()](const Tensor& g) {
-      Backend& be = backend_for(g.device());
-      Tensor dy = g;
-      if (relu) {
-        dy = empty_like(g);
-        be.relu_backward(g.numel(), out.data<float>(), g.data<float>(), dy.data<float>());
-      }
+    record(y, std::string(op), {x}, [s, argmax, xs = x.shape()](const Tensor& g) {
       Tensor dx = Tensor::empty(xs, g.device());
-      be.max_pool_backward(s, dy.data<float>(), argmax.data<std::int32_t>(), dx.data<float>());
+      backend_for(g.device()).max_pool_backward(s, g.data<float>(), argmax.data<std::int32_t>(),
+                                                dx.data<float>());
       return std::vector<Tensor>{dx};
     });
   }

@@ -266,6 +266,52 @@ TEST_CASE("max pool backward equals the scatter over the outputs bit for bit", "
   }
 }
 
+// max_pool_relu_forward against the two passes it fuses, bit for bit: y = relu(max pool), argmax
+// the pool's where y > 0 and -1 elsewhere; and max_pool_backward over that argmax against
+// max_pool_backward of relu_backward's (y > 0 ? dy : 0) over the pool's. Inputs with NaN, ties and
+// zeros, and channel counts that use every channel group.
+TEST_CASE("max pool with its ReLU in one pass equals the pool and the ReLU one after the other, bit for bit", "[cpu][pool]") {
+  CpuContext ctx(2);
+  const Pool2dShape shapes[] = {
+      {.n = 3, .h = 9, .w = 7, .c = 19, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 8, .w = 8, .c = 8, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
+      {.n = 2, .h = 8, .w = 7, .c = 91, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 6, .w = 5, .c = 3, .kh = 3, .kw = 2, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 0}};
+  for (const Pool2dShape& s : shapes) {
+    INFO(s.to_string());
+    auto x = random_vector(in_size(s), 51);
+    for (std::size_t i = 0; i < x.size(); i += 3) x[i] = -0.25f;  // ties, below zero
+    for (std::size_t i = 11; i < x.size(); i += 53) x[i] = NAN;
+    for (std::size_t i = 17; i < x.size(); i += 41) x[i] = 0.0f;
+    const auto dy = random_vector(out_size(s), 52);
+
+    std::vector<float> y(out_size(s)), fused_y(out_size(s));
+    std::vector<std::int32_t> arg(out_size(s)), fused_arg(out_size(s), -7);
+    max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+    max_pool_relu_forward(ctx, s, x.data(), fused_y.data(), fused_arg.data());
+    std::size_t zeroed = 0, passing = 0;
+    for (std::size_t o = 0; o < y.size(); ++o) {
+      if (y[o] < 0.0f) {
+        y[o] = 0.0f;  // relu_forward's rule; NaN stays
+        ++zeroed;
+      }
+      if (y[o] > 0.0f) ++passing;
+      INFO("output " << o << ", relu'd value " << y[o]);
+      CHECK(fused_arg[o] == (y[o] > 0.0f ? arg[o] : -1));
+    }
+    CHECK(zeroed > 0);
+    CHECK(passing > 0);
+    REQUIRE(fused_y.size() == y.size());
+    CHECK(std::memcmp(fused_y.data(), y.data(), y.size() * sizeof(float)) == 0);
+
+    std::vector<float> masked(dy.size()), dx(in_size(s)), fused_dx(in_size(s), 7.0f);
+    for (std::size_t o = 0; o < dy.size(); ++o) masked[o] = y[o] > 0.0f ? dy[o] : 0.0f;
+    max_pool_backward(ctx, s, masked.data(), arg.data(), dx.data());
+    max_pool_backward(ctx, s, dy.data(), fused_arg.data(), fused_dx.data());
+    CHECK(std::memcmp(fused_dx.data(), dx.data(), dx.size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("pooling results are identical for 1 and 3 threads", "[cpu][pool]") {
   CpuContext one(1), three(3);
   const Pool2dShape s{.n = 7, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};

@@ -216,6 +216,14 @@ TEST_CASE("max and average pooling match the CPU kernels", "[cuda]") {
     gpu::max_pool_backward(ctx, s, gdy.as<float>(), garg.as<std::int32_t>(), gdx.as<float>());
     cpu::max_pool_backward(the_cpu(), s, dy.data(), arg.data(), dx.data());
     expect_close("max_pool_backward", download(gdx, nx), dx, 1e-6, 1e-6);
+    // The fused ReLU: the pooled outputs below zero (about half) pass no gradient.
+    gpu::max_pool_relu_forward(ctx, s, gx.as<float>(), gy.as<float>(), garg.as<std::int32_t>());
+    cpu::max_pool_relu_forward(the_cpu(), s, x.data(), y.data(), arg.data());
+    expect_close("max_pool_relu_forward", download(gy, ny), y, 0.0, 0.0);
+    CHECK(download<std::int32_t>(garg, ny) == arg);
+    gpu::max_pool_backward(ctx, s, gdy.as<float>(), garg.as<std::int32_t>(), gdx.as<float>());
+    cpu::max_pool_backward(the_cpu(), s, dy.data(), arg.data(), dx.data());
+    expect_close("max_pool_backward after the ReLU", download(gdx, nx), dx, 1e-6, 1e-6);
 
     gpu::avg_pool_forward(ctx, s, gx.as<float>(), gy.as<float>());
     cpu::avg_pool_forward(the_cpu(), s, x.data(), y.data());
