@@ -23,12 +23,9 @@ using detail::kLanes;
 using detail::kWideLanes;
 using detail::load8;
 using detail::splat8;
-using detail::splat8i;
 using detail::store8;
-using detail::store8i;
 using detail::Vec;
 using detail::Vec8;
-using detail::Vec8i;
 
 namespace {
 
