@@ -45,8 +45,9 @@ __global__ void max_pool_forward_kernel(PoolDims d, const float* x, float* y,
         const int ix = ox * d.sw - d.pw + j;
         if (ix < 0 || ix >= d.w) continue;
         const float v = xi[(static_cast<std::int64_t>(iy) * d.w + ix) * d.c + ch];
-        // NaN wins and stays (PyTorch propagates NaN through max pooling).
-        if (best_index < 0 || v > best || (isnan(v) && !isnan(best))) {
+        // NaN wins and propagates; of several NaNs the last one's index, as on the CPU and in
+        // PyTorch's kernels (which take any NaN they meet).
+        if (best_index < 0 || v > best || isnan(v)) {
           best = v;
           best_index = iy * d.w + ix;
         }

@@ -200,8 +200,10 @@ TEST_CASE("max and average pooling match the CPU kernels", "[cuda]") {
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c;
     const std::size_t ny = std::size_t(s.n) * s.out_h() * s.out_w() * s.c;
     auto x = random_vector(nx, 21);
-    // Repeated values make ties, which must resolve as on the CPU.
+    // Repeated values make ties, which must resolve as on the CPU; so must two NaNs in one window
+    // (neighbouring pixels, the same channel): the last one's index.
     for (std::size_t i = 0; i < nx; i += 7) x[i] = 0.5f;
+    x[5 % s.c] = x[5 % s.c + s.c] = NAN;
     const auto dy = random_vector(ny, 22);
     auto gx = upload(x), gdy = upload(dy);
     auto gy = device_zeros(ny), gdx = device_zeros(nx);
