@@ -132,10 +132,6 @@ PoolDims dims_of(const Pool2dShape& s) {
           s.out_w()};
 }
 
-}  // namespace
-
-namespace {
-
 void launch_max_pool_forward(const GpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                              std::int32_t* argmax, bool relu) {
   const PoolDims d = dims_of(s);
