@@ -16,7 +16,8 @@
 //                            byte_per_s (STREAM's count: reads + writes, no write-allocate).
 //   kernel/<model>/<op>/<layer>  every convolution of ResNet-20 and tfcnn (forward, backward
 //                            input, backward weight), ResNet-20's fused batch norm + ReLU
-//                            (forward, backward), tfcnn's max pools (forward, backward) and its
+//                            (forward, backward), tfcnn's max pools (forward, backward; also
+//                            `_cold`: the input in memory, the caches full of written lines) and its
 //                            largest fully-connected layer as GEMMs (forward and both backward
 //                            products), at --batch on a CpuContext of --threads. counters:
 //                            flop_per_s (2 per multiply-add; 0 for memory-bound ops) and
@@ -101,6 +102,14 @@ void run_triad(benchmark::State& state) {
   }
   state.counters["byte_per_s"] =
       benchmark::Counter(3.0 * sizeof(float) * (hi - lo) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// 64 MiB of floats: more than the caches of the CPUs the suite runs on.
+constexpr std::size_t kColdFloats = std::size_t{64} << 20 >> 2;
+
+// Writes every cache line of v (a cold-cache benchmark's untimed set-up).
+void write_all(std::vector<float>& v) {
+  for (std::size_t i = 0; i < v.size(); i += 16) v[i] += 1.0f;
 }
 
 void set_rates(benchmark::State& state, double flop_per_call, double byte_per_call) {
@@ -191,6 +200,36 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
       std::vector<float> y(ny);
       std::vector<std::int32_t> arg(ny);
       for (auto _ : st) cpu::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      set_rates(st, 0, bytes);
+    });
+    // The same with the pool's inputs in memory and the caches full of other written lines, as
+    // in a training step after the convolution (Note [Prefetching the next rows], pool.cc).
+    add_kernel("kernel/tfcnn/maxpool_fwd_cold/" + layer, [&ctx, s, nx, ny, bytes](benchmark::State& st) {
+      auto x = random_vector(nx, 8);
+      std::vector<float> y(ny), other(kColdFloats);
+      std::vector<std::int32_t> arg(ny);
+      for (auto _ : st) {
+        st.PauseTiming();
+        write_all(x);
+        write_all(other);
+        st.ResumeTiming();
+        cpu::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      }
+      set_rates(st, 0, bytes);
+    });
+    add_kernel("kernel/tfcnn/maxpool_bwd_cold/" + layer, [&ctx, s, nx, ny, bytes](benchmark::State& st) {
+      const auto x = random_vector(nx, 8);
+      auto dy = random_vector(ny, 9);
+      std::vector<float> y(ny), dx(nx), other(kColdFloats);
+      std::vector<std::int32_t> arg(ny);
+      cpu::max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+      for (auto _ : st) {
+        st.PauseTiming();
+        write_all(dy);
+        write_all(other);
+        st.ResumeTiming();
+        cpu::max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
+      }
       set_rates(st, 0, bytes);
     });
     add_kernel("kernel/tfcnn/maxpool_bwd/" + layer, [&ctx, s, nx, ny, bytes](benchmark::State& st) {

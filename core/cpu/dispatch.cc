@@ -124,4 +124,9 @@ void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, c
   kernels().bias_add(ctx, rows, c, x, bias, y);
 }
 
+void transpose(const CpuContext& ctx, std::int64_t n, std::int64_t rows, std::int64_t cols, const float* x,
+               float* y) {
+  kernels().transpose(ctx, n, rows, cols, x, y);
+}
+
 }  // namespace towerflow::cpu

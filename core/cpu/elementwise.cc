@@ -7,6 +7,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/cpu/kernel_table.h"
+#include "core/cpu/simd_impl.h"
 
 namespace towerflow::cpu::TW_ISA {
 namespace {
@@ -74,6 +75,53 @@ void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, c
                      for (std::int64_t r = r0; r < r1; ++r)
                        for (int j = 0; j < c; ++j) y[r * c + j] = x[r * c + j] + bias[j];
                    });
+}
+
+namespace {
+
+// Eight rows of an 8x8 block in, its eight columns out, through three rounds of two-vector
+// shuffles (unpack pairs, then pairs of pairs, then halves): 24 shuffles where a scalar
+// transpose moves 64 elements one by one.
+void transpose8x8(const float* x, std::int64_t ld_x, float* y, std::int64_t ld_y) {
+  using detail::load8;
+  using detail::store8;
+  using detail::Vec8;
+  Vec8 r[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) r[i] = load8(x + i * ld_x);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      u[i + 2 * j] = __builtin_shufflevector(t[i + j], t[i + j + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 2 * j + 1] = __builtin_shufflevector(t[i + j], t[i + j + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+  // u[0..3] hold columns {0, 4}, {1, 5}, {2, 6}, {3, 7} of rows 0-3; u[4..7] the same of rows 4-7.
+  for (int j = 0; j < 4; ++j) {
+    store8(y + j * ld_y, __builtin_shufflevector(u[j], u[j + 4], 0, 1, 2, 3, 8, 9, 10, 11));
+    store8(y + (j + 4) * ld_y, __builtin_shufflevector(u[j], u[j + 4], 4, 5, 6, 7, 12, 13, 14, 15));
+  }
+}
+
+}  // namespace
+
+void transpose(const CpuContext& ctx, std::int64_t n, std::int64_t rows, std::int64_t cols, const float* x,
+               float* y) {
+  const std::int64_t size = rows * cols;
+  ctx.parallel_for(n, std::max<std::int64_t>(1, kMinElementsPerThread / std::max<std::int64_t>(1, size)),
+                   [=](std::int64_t b0, std::int64_t b1) {
+    for (std::int64_t b = b0; b < b1; ++b) {
+      const float* src = x + b * size;
+      float* dst = y + b * size;
+      const std::int64_t rows8 = rows / 8 * 8, cols8 = cols / 8 * 8;
+      for (std::int64_t i = 0; i < rows8; i += 8)
+        for (std::int64_t j = 0; j < cols8; j += 8) transpose8x8(src + i * cols + j, cols, dst + j * rows + i, rows);
+      // The edges: the last rows % 8 rows and cols % 8 columns, element by element.
+      for (std::int64_t i = 0; i < rows; ++i)
+        for (std::int64_t j = i < rows8 ? cols8 : 0; j < cols; ++j) dst[j * rows + i] = src[i * cols + j];
+    }
+  });
 }
 
 }  // namespace towerflow::cpu::TW_ISA

@@ -1,7 +1,7 @@
 #pragma once
-// Elementwise CPU kernels over dense float arrays, on ctx's threads (chunks of at least 16K
-// elements). Outputs may alias inputs elementwise (y == a, dx == dy). Chosen per instruction set
-// like the other kernels (isa.h).
+// Elementwise CPU kernels over dense float arrays, and the batched transpose between NHWC and
+// NCHW, on ctx's threads (chunks of at least 16K elements). Outputs may alias inputs elementwise
+// (y == a, dx == dy). Chosen per instruction set like the other kernels (isa.h).
 
 #include <cstdint>
 
@@ -20,6 +20,10 @@ void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const 
 void gelu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y);
 // dx = dy * (Phi(x) + x * phi(x)), from the forward's input x; dx may equal dy.
 void gelu_backward(const CpuContext& ctx, std::int64_t n, const float* x, const float* dy, float* dx);
+// y[b] = x[b] transposed for b < n: x[b] is a rows x cols row-major matrix, y[b] cols x rows
+// (NHWC <-> NCHW: rows = h * w and cols = c, or the reverse). y must not overlap x.
+void transpose(const CpuContext& ctx, std::int64_t n, std::int64_t rows, std::int64_t cols, const float* x,
+               float* y);
 // y[r, :] = x[r, :] + bias for rows r of c channels.
 void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* bias, float* y);
 

@@ -53,7 +53,8 @@ namespace towerflow::cpu {
   X(relu_backward) \
   X(gelu_forward) \
   X(gelu_backward) \
-  X(bias_add)
+  X(bias_add) \
+  X(transpose)
 
 struct KernelTable {
 #define TW_KERNEL_FIELD(name) decltype(&cpu::name) name;

@@ -237,25 +237,11 @@ class CpuBackend final : public Backend {
   }
   void nhwc_to_nchw(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
     const auto span = kernel_span("nhwc_to_nchw", 2.0 * n * hw * c);
-    ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
-      for (std::int64_t b = b0; b < b1; ++b) {
-        using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        Eigen::Map<const RowMajor> src(x + b * hw * c, hw, c);
-        Eigen::Map<RowMajor> dst(y + b * hw * c, c, hw);
-        dst = src.transpose();
-      }
-    });
+    cpu::transpose(ctx_, n, hw, c, x, y);
   }
   void nchw_to_nhwc(std::int64_t n, std::int64_t hw, int c, const float* x, float* y) override {
     const auto span = kernel_span("nchw_to_nhwc", 2.0 * n * hw * c);
-    ctx_.parallel_for(n, 1, [&](std::int64_t b0, std::int64_t b1) {
-      for (std::int64_t b = b0; b < b1; ++b) {
-        using RowMajor = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        Eigen::Map<const RowMajor> src(x + b * hw * c, c, hw);
-        Eigen::Map<RowMajor> dst(y + b * hw * c, hw, c);
-        dst = src.transpose();
-      }
-    });
+    cpu::transpose(ctx_, n, c, hw, x, y);
   }
 
   // ---- convolution, pooling, batch norm, gemm: the core/cpu kernels ------------------------

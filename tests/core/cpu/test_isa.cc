@@ -153,3 +153,28 @@ TEST_CASE("the instruction set follows the CPU and TOWERFLOW_CPU_ISA", "[cpu][is
   }
   CHECK_THROWS_AS(force_isa_for_testing(static_cast<Isa>(99)), towerflow::InvalidArgument);
 }
+
+TEST_CASE("transpose puts every element of each matrix at its transposed place on every instruction set", "[cpu][isa]") {
+  CpuContext ctx(2);
+  // tfcnn's flatten (64 pixels x 64 channels, both ways), whole 8x8 blocks with edges of every
+  // width, single rows and columns.
+  for (auto [n, rows, cols] : {std::tuple{3, 64, 64}, std::tuple{2, 13, 21}, std::tuple{1, 1, 9},
+                               std::tuple{2, 8, 16}, std::tuple{4, 17, 8}, std::tuple{1, 3, 1024},
+                               std::tuple{5, 9, 1}}) {
+    std::vector<float> x(static_cast<std::size_t>(n) * rows * cols);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);  // every element distinct
+    std::vector<float> expected(x.size());
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j)
+          expected[(std::size_t(b) * cols + j) * rows + i] = x[(std::size_t(b) * rows + i) * cols + j];
+    for (Isa isa : supported_isas()) {
+      force_isa_for_testing(isa);
+      std::vector<float> y(x.size(), -1.0f);
+      transpose(ctx, n, rows, cols, x.data(), y.data());
+      INFO(isa_name(isa) << ": " << n << " matrices of " << rows << "x" << cols);
+      CHECK(y == expected);
+    }
+    force_isa_for_testing(std::nullopt);
+  }
+}
