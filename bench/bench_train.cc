@@ -430,7 +430,7 @@ int main(int argc, char** argv) {
         nlohmann::json bw = nlohmann::json::array();
         for (const auto& r : bandwidth)
           bw.push_back({{"kernel", r.name}, {"calls", r.calls}, {"bytes", r.bytes}, {"ms", r.ms},
-                        {"bound_ms", r.bound_ms}, {"gb_per_s", r.gb_per_s}, {"over_bound", r.over_bound}});
+                        {"bound_ms", r.bound_ms}, {"gb_per_s", r.gb_per_s}, {"over_bound", r.over_bound}, {"in_cache", r.in_cache}});
         j["bandwidth_bound_gb_per_s"] = bandwidth_bound / 1e9;
         j["memory_bound_kernels"] = bw;
       }

@@ -270,16 +270,24 @@ std::vector<BandwidthRow> bandwidth_rows(const std::vector<Event>& events, doubl
     r.bound_ms = bound_bytes_per_s > 0 ? 1e3 * static_cast<double>(r.bytes) / bound_bytes_per_s : 0;
     r.gb_per_s = r.ms > 0 ? static_cast<double>(r.bytes) / (r.ms * 1e6) : 0;
     r.over_bound = r.bound_ms > 0 ? r.ms / r.bound_ms : 0;
+    r.in_cache = r.bytes < kInCacheBytes * r.calls;
     rows.push_back(r);
   }
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.over_bound > b.over_bound; });
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.in_cache != b.in_cache ? b.in_cache : a.over_bound > b.over_bound;
+  });
   return rows;
 }
 
 std::string bandwidth_table(const std::vector<BandwidthRow>& rows) {
   std::string out = "kernel                          calls    total ms       MiB    GB/s   bound ms  x bound\n";
   char line[200];
+  bool cache_line_written = false;
   for (const auto& r : rows) {
+    if (r.in_cache && !cache_line_written) {
+      out += "in cache (under 1 MiB a call: calling them costs more than their bytes, the bound is not theirs):\n";
+      cache_line_written = true;
+    }
     std::snprintf(line, sizeof line, "%-30s %7lld %11.2f %9.1f %7.2f %10.2f %7.2fx\n", r.name.c_str(),
                   static_cast<long long>(r.calls), r.ms, static_cast<double>(r.bytes) / (1 << 20), r.gb_per_s,
                   r.bound_ms, r.over_bound);

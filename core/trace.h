@@ -101,13 +101,19 @@ std::string summary_table(const std::vector<Event>& events, const std::vector<st
 // count their bytes, the time taken and the time the bytes need at `bound_bytes_per_s`, the
 // bandwidth one such event can have (a STREAM figure; where several towers run the same work at
 // once, the machine's figure divided among them). `over_bound` is their ratio (1: at the bound).
+// Rows of kernels that move under kInCacheBytes a call on average are `in_cache`: their operands
+// fit in the caches, where calling the kernel costs more than its bytes, and the bound is not
+// theirs; they are listed after the others.
+constexpr std::int64_t kInCacheBytes = std::int64_t{1} << 20;
 struct BandwidthRow {
   std::string name;
   std::int64_t calls = 0, bytes = 0;
   double ms = 0, bound_ms = 0, gb_per_s = 0, over_bound = 0;
+  bool in_cache = false;
 };
 std::vector<BandwidthRow> bandwidth_rows(const std::vector<Event>& events, double bound_bytes_per_s);
-// The rows as a fixed-width table, the furthest from the bound first.
+// The rows as a fixed-width table, the furthest from the bound first, the in_cache rows after a
+// line that says what they are.
 std::string bandwidth_table(const std::vector<BandwidthRow>& rows);
 
 }  // namespace towerflow::trace

@@ -124,6 +124,10 @@ void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, c
   kernels().bias_add(ctx, rows, c, x, bias, y);
 }
 
+void sum_rows(const CpuContext& ctx, std::int64_t rows, int c, const float* x, float* out) {
+  kernels().sum_rows(ctx, rows, c, x, out);
+}
+
 void transpose(const CpuContext& ctx, std::int64_t n, std::int64_t rows, std::int64_t cols, const float* x,
                float* y) {
   kernels().transpose(ctx, n, rows, cols, x, y);

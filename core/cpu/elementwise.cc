@@ -77,6 +77,28 @@ void bias_add(const CpuContext& ctx, std::int64_t rows, int c, const float* x, c
                    });
 }
 
+void sum_rows(const CpuContext& ctx, std::int64_t rows, int c, const float* x, float* out) {
+  // Strips of 16 columns (a cache line of each row), each summed over the rows in order, in
+  // double: the threads split the strips, so the result does not depend on their number.
+  constexpr int kStrip = 16;
+  const std::int64_t strips = (c + kStrip - 1) / kStrip;
+  const std::int64_t min_strips = std::max<std::int64_t>(1, kMinElementsPerThread / std::max<std::int64_t>(1, rows * kStrip));
+  ctx.parallel_for(strips, min_strips, [=](std::int64_t s0, std::int64_t s1) {
+    for (std::int64_t strip = s0; strip < s1; ++strip) {
+      const int j0 = static_cast<int>(strip * kStrip), width = std::min(kStrip, c - j0);
+      double acc[kStrip] = {};
+      if (width == kStrip) {
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (int j = 0; j < kStrip; ++j) acc[j] += x[r * c + j0 + j];
+      } else {
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (int j = 0; j < width; ++j) acc[j] += x[r * c + j0 + j];
+      }
+      for (int j = 0; j < width; ++j) out[j0 + j] = static_cast<float>(acc[j]);
+    }
+  });
+}
+
 namespace {
 
 // Eight rows of an 8x8 block in, its eight columns out, through three rounds of two-vector

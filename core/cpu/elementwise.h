@@ -20,6 +20,9 @@ void relu_backward(const CpuContext& ctx, std::int64_t n, const float* y, const 
 void gelu_forward(const CpuContext& ctx, std::int64_t n, const float* x, float* y);
 // dx = dy * (Phi(x) + x * phi(x)), from the forward's input x; dx may equal dy.
 void gelu_backward(const CpuContext& ctx, std::int64_t n, const float* x, const float* dy, float* dx);
+// out[j] = the sum of x[r, j] over rows r < rows of c columns, accumulated in double in row
+// order (the bias gradient): the same bits for any thread count.
+void sum_rows(const CpuContext& ctx, std::int64_t rows, int c, const float* x, float* out);
 // y[b] = x[b] transposed for b < n: x[b] is a rows x cols row-major matrix, y[b] cols x rows
 // (NHWC <-> NCHW: rows = h * w and cols = c, or the reverse). y must not overlap x.
 void transpose(const CpuContext& ctx, std::int64_t n, std::int64_t rows, std::int64_t cols, const float* x,

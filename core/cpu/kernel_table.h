@@ -54,6 +54,7 @@ namespace towerflow::cpu {
   X(gelu_forward) \
   X(gelu_backward) \
   X(bias_add) \
+  X(sum_rows) \
   X(transpose)
 
 struct KernelTable {

@@ -153,6 +153,23 @@ void gather_max(const Pool2dShape& s, const float* g_img, const std::int32_t* id
   for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
 }
 
+// dx for channels [ch, ch + K * L) of one input pixel: the scaled gradients of the output pixels
+// in rows [row0, row1] and columns [col0, col1], summed in output order.
+template <int L, int K>
+void gather_avg(const Pool2dShape& s, const float* g_img, float scale, int row0, int row1, int col0, int col1,
+                int ch, float* d) {
+  using V = Vec<L>;
+  const int ow = s.out_w();
+  typename V::type sum[K];
+  for (int k = 0; k < K; ++k) sum[k] = V::splat(0.0f);
+  for (int row = row0; row <= row1; ++row)
+    for (int col = col0; col <= col1; ++col) {
+      const float* g = g_img + (std::int64_t{row} * ow + col) * s.c + ch;
+      for (int k = 0; k < K; ++k) sum[k] += V::load(g + k * L) * scale;
+    }
+  for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
+}
+
 // Channels [0, c) of one pixel in groups: four vectors of the widest width at a time, then one,
 // then eight lanes, then `rest(ch)` for each channel left.
 template <typename Group, typename Rest>
@@ -314,20 +331,14 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
         const int col0 = first_window(iw, s.pad_w, s.kw, s.stride_w);
         const int col1 = last_window(iw, s.pad_w, s.stride_w, ow);
         float* d = dx + (r * s.w + iw) * c;
-        int ch = 0;
-        for (; ch + kLanes <= c; ch += kLanes) {
-          Vec8 sum = splat8(0.0f);
-          for (int row = row0; row <= row1; ++row)
-            for (int col = col0; col <= col1; ++col)
-              sum += load8(g_img + (std::int64_t{row} * ow + col) * c + ch) * scale;
-          store8(d + ch, sum);
-        }
-        for (; ch < c; ++ch) {
-          float sum = 0.0f;
-          for (int row = row0; row <= row1; ++row)
-            for (int col = col0; col <= col1; ++col) sum += g_img[(std::int64_t{row} * ow + col) * c + ch] * scale;
-          d[ch] = sum;
-        }
+        for_channel_groups(
+            c, [&]<int L, int K>(int ch) { gather_avg<L, K>(s, g_img, scale, row0, row1, col0, col1, ch, d); },
+            [&](int ch) {
+              float sum = 0.0f;
+              for (int row = row0; row <= row1; ++row)
+                for (int col = col0; col <= col1; ++col) sum += g_img[(std::int64_t{row} * ow + col) * c + ch] * scale;
+              d[ch] = sum;
+            });
       }
     }
   });

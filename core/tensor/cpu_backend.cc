@@ -216,19 +216,7 @@ class CpuBackend final : public Backend {
   }
   void sum_rows(std::int64_t rows, int c, const float* x, float* out) override {
     const auto span = kernel_span("sum_rows", 1.0 * rows * c);
-    // Per-thread partial sums in double, added in chunk order: deterministic for a thread count.
-    const int chunks = std::max(1, std::min<int>(ctx_.threads(), static_cast<int>(rows)));
-    std::vector<Eigen::ArrayXd> partial(static_cast<std::size_t>(chunks), Eigen::ArrayXd::Zero(c));
-    ctx_.parallel_for(chunks, 1, [&](std::int64_t k0, std::int64_t k1) {
-      for (std::int64_t k = k0; k < k1; ++k) {
-        const std::int64_t r0 = k * rows / chunks, r1 = (k + 1) * rows / chunks;
-        Eigen::ArrayXd& acc = partial[static_cast<std::size_t>(k)];
-        for (std::int64_t r = r0; r < r1; ++r) acc += ConstArrayMap(x + r * c, c).cast<double>();
-      }
-    });
-    Eigen::ArrayXd total = Eigen::ArrayXd::Zero(c);
-    for (const auto& p : partial) total += p;
-    ArrayMap(out, c) = total.cast<float>();
+    cpu::sum_rows(ctx_, rows, c, x, out);
   }
   void sum(std::int64_t n, const float* x, float* out) override {
     double total = 0;

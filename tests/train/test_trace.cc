@@ -277,12 +277,12 @@ TEST_CASE("memory-bound kernels carry their bytes, and the bandwidth rows set th
   CHECK(summary.find("Relu") != std::string::npos);
   CHECK(summary.find("relu_forward") == std::string::npos);
 
-  // Against a bound of 1 GB/s: 3 MB in 6 ms is twice the 3 ms the bytes need; events without
+  // Against a bound of 1 GB/s: 6 MB in 12 ms is twice the 6 ms the bytes need; events without
   // bytes count nothing; the furthest from the bound comes first.
   const std::vector<trace::Event> synthetic = {
-      {.category = "kernel", .name = "add", .duration_us = 2000, .bytes = 1'000'000},
       {.category = "kernel", .name = "add", .duration_us = 4000, .bytes = 2'000'000},
-      {.category = "kernel", .name = "relu_forward", .duration_us = 5000, .bytes = 1'000'000},
+      {.category = "kernel", .name = "add", .duration_us = 8000, .bytes = 4'000'000},
+      {.category = "kernel", .name = "relu_forward", .duration_us = 10000, .bytes = 2'000'000},
       {.category = "op", .name = "Conv2D", .duration_us = 9000}};
   const auto rows = trace::bandwidth_rows(synthetic, 1e9);
   REQUIRE(rows.size() == 2);
@@ -290,10 +290,28 @@ TEST_CASE("memory-bound kernels carry their bytes, and the bandwidth rows set th
   CHECK(rows[0].over_bound == Approx(5.0));
   CHECK(rows[1].name == "add");
   CHECK(rows[1].calls == 2);
-  CHECK(rows[1].bytes == 3'000'000);
-  CHECK(rows[1].ms == Approx(6.0));
-  CHECK(rows[1].bound_ms == Approx(3.0));
+  CHECK(rows[1].bytes == 6'000'000);
+  CHECK(rows[1].ms == Approx(12.0));
+  CHECK(rows[1].bound_ms == Approx(6.0));
   CHECK(rows[1].gb_per_s == Approx(0.5));
   CHECK(rows[1].over_bound == Approx(2.0));
   CHECK(trace::bandwidth_table(rows).find("relu_forward") != std::string::npos);
+  CHECK_FALSE(rows[0].in_cache);
+
+  // A kernel moving under 1 MiB a call is listed after the others, however far from the bound,
+  // under a line that says why.
+  const std::vector<trace::Event> with_small = {
+      {.category = "kernel", .name = "sum_rows", .duration_us = 100, .bytes = 4'000},
+      {.category = "kernel", .name = "sum_rows", .duration_us = 100, .bytes = 4'000},
+      {.category = "kernel", .name = "add", .duration_us = 8000, .bytes = 4'000'000}};
+  const auto mixed = trace::bandwidth_rows(with_small, 1e9);
+  REQUIRE(mixed.size() == 2);
+  CHECK(mixed[0].name == "add");
+  CHECK_FALSE(mixed[0].in_cache);
+  CHECK(mixed[1].name == "sum_rows");
+  CHECK(mixed[1].in_cache);
+  CHECK(mixed[1].over_bound == Approx(25.0));
+  const std::string table = trace::bandwidth_table(mixed);
+  CHECK(table.find("in cache") < table.find("sum_rows"));
+  CHECK(table.find("add") < table.find("in cache"));
 }
