@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
@@ -50,6 +51,48 @@ int first_window(int i, int pad, int k, int stride) {
   return lo <= 0 ? 0 : (lo + stride - 1) / stride;
 }
 int last_window(int i, int pad, int stride, int out) { return std::min(out - 1, (i + pad) / stride); }
+
+// The windows that hold one input pixel, in output order (row, then column): NR rows of them,
+// row a at `rows[a]` (its offset in dy and argmax), times NC columns, column b at `cols[b]`.
+// NR and NC are 1 or 2 (a 3x3 or 2x2 window at stride 2, where a pixel sits in one or two windows
+// each way), or 0 where the counts nr and nc are known at run time only.
+struct Windows {
+  const std::int64_t* rows;
+  int nr;
+  const std::int64_t* cols;
+  int nc;
+};
+
+// The windows that hold each input row and column of s, worked out once per call (the backward
+// kernels need them at every input pixel, where two divisions per pixel cost more than the
+// pixel's gather of one or two windows): for input row i the output rows' offsets in dy,
+// row_offs[i * per_row ..][0, rows[i]), and for input column j the output columns' offsets,
+// col_offs[j * per_col ..][0, cols[j]), each in output order; `last_col[j]` is the last column.
+struct PoolWindows {
+  int per_row, per_col;
+  std::vector<int> rows, cols, last_col;
+  std::vector<std::int64_t> row_offs, col_offs;
+  explicit PoolWindows(const Pool2dShape& s)
+      : per_row((s.kh + s.stride_h - 1) / s.stride_h), per_col((s.kw + s.stride_w - 1) / s.stride_w),
+        rows(s.h), cols(s.w), last_col(s.w),
+        row_offs(static_cast<std::size_t>(s.h) * per_row), col_offs(static_cast<std::size_t>(s.w) * per_col) {
+    const int oh = s.out_h(), ow = s.out_w();
+    for (int i = 0; i < s.h; ++i) {
+      const int first = first_window(i, s.pad_h, s.kh, s.stride_h), last = last_window(i, s.pad_h, s.stride_h, oh);
+      rows[i] = std::max(0, last - first + 1);
+      for (int a = 0; a < rows[i]; ++a) row_offs[i * per_row + a] = std::int64_t{first + a} * ow * s.c;
+    }
+    for (int j = 0; j < s.w; ++j) {
+      const int first = first_window(j, s.pad_w, s.kw, s.stride_w), last = last_window(j, s.pad_w, s.stride_w, ow);
+      cols[j] = std::max(0, last - first + 1);
+      last_col[j] = last;
+      for (int b = 0; b < cols[j]; ++b) col_offs[j * per_col + b] = std::int64_t{first + b} * s.c;
+    }
+  }
+  Windows at(int i, int j) const {
+    return {row_offs.data() + std::int64_t{i} * per_row, rows[i], col_offs.data() + std::int64_t{j} * per_col, cols[j]};
+  }
+};
 
 // Asks for the cache lines of [p, p + n_bytes) (Note [Prefetching the next rows]).
 inline void prefetch(const void* p, std::int64_t n_bytes) {
@@ -130,41 +173,46 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
   max_window<Relu, L, K, 0, 0>(s, img, win, ch, best, idx);
 }
 
-// dx for channels [ch, ch + K * L) of input pixel pos: the gradients of the output pixels in rows
-// [row0, row1] and columns [col0, col1] whose maximum sat there, summed in output order. An
-// argmax of -1 (max_pool_relu_forward's, where its ReLU passes nothing) matches no pixel:
-// skipping it gives the bits of adding the zero relu_backward would have passed (a sum that
-// starts at +0 is never -0).
-template <int L, int K>
-void gather_max(const Pool2dShape& s, const float* g_img, const std::int32_t* idx_img, int pos,
-                int row0, int row1, int col0, int col1, int ch, float* d) {
+// fn.template operator()<N>() with N = n where n is 1 or 2, else 0.
+template <typename Fn>
+void with_count(int n, Fn&& fn) {
+  if (n == 1) return fn.template operator()<1>();
+  if (n == 2) return fn.template operator()<2>();
+  fn.template operator()<0>();
+}
+
+// dx for channels [ch, ch + K * L) of input pixel pos: the gradients of the windows w whose
+// maximum sat there, summed in output order. An argmax of -1 (max_pool_relu_forward's, where its
+// ReLU passes nothing) matches no pixel: skipping it gives the bits of adding the zero
+// relu_backward would have passed (a sum that starts at +0 is never -0).
+template <int L, int K, int NR, int NC>
+void gather_max(const float* g_img, const std::int32_t* idx_img, const Windows& w, int pos, int ch, float* d) {
   using V = Vec<L>;
   using I = IVec<L>;
-  const int ow = s.out_w();
   const typename I::type here = I::splat(pos);
   typename V::type sum[K];
   for (int k = 0; k < K; ++k) sum[k] = V::splat(0.0f);
-  for (int row = row0; row <= row1; ++row)
-    for (int col = col0; col <= col1; ++col) {
-      const std::int64_t o = (std::int64_t{row} * ow + col) * s.c + ch;
+  const int nr = NR > 0 ? NR : w.nr, nc = NC > 0 ? NC : w.nc;
+  for (int a = 0; a < nr; ++a)
+    for (int b = 0; b < nc; ++b) {
+      const std::int64_t o = w.rows[a] + w.cols[b] + ch;
       for (int k = 0; k < K; ++k)
         sum[k] = I::load(idx_img + o + k * L) == here ? sum[k] + V::load(g_img + o + k * L) : sum[k];
     }
   for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
 }
 
-// dx for channels [ch, ch + K * L) of one input pixel: the scaled gradients of the output pixels
-// in rows [row0, row1] and columns [col0, col1], summed in output order.
-template <int L, int K>
-void gather_avg(const Pool2dShape& s, const float* g_img, float scale, int row0, int row1, int col0, int col1,
-                int ch, float* d) {
+// dx for channels [ch, ch + K * L) of one input pixel: the scaled gradients of the windows w,
+// summed in output order.
+template <int L, int K, int NR, int NC>
+void gather_avg(const float* g_img, const Windows& w, float scale, int ch, float* d) {
   using V = Vec<L>;
-  const int ow = s.out_w();
   typename V::type sum[K];
   for (int k = 0; k < K; ++k) sum[k] = V::splat(0.0f);
-  for (int row = row0; row <= row1; ++row)
-    for (int col = col0; col <= col1; ++col) {
-      const float* g = g_img + (std::int64_t{row} * ow + col) * s.c + ch;
+  const int nr = NR > 0 ? NR : w.nr, nc = NC > 0 ? NC : w.nc;
+  for (int a = 0; a < nr; ++a)
+    for (int b = 0; b < nc; ++b) {
+      const float* g = g_img + w.rows[a] + w.cols[b] + ch;
       for (int k = 0; k < K; ++k) sum[k] += V::load(g + k * L) * scale;
     }
   for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
@@ -243,37 +291,41 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const std::int64_t image_out = std::int64_t{oh} * ow * c;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c * s.kh));
+  const PoolWindows windows(s);
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / s.h;
       const int ih = static_cast<int>(r % s.h);
       const float* g_img = dy + n * image_out;
       const std::int32_t* idx_img = argmax + n * image_out;
-      const int row0 = first_window(ih, s.pad_h, s.kh, s.stride_h);
       const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
-      for (int iw = 0; iw < s.w; ++iw) {
-        const int col0 = first_window(iw, s.pad_w, s.kw, s.stride_w);
-        const int col1 = last_window(iw, s.pad_w, s.stride_w, ow);
-        const int pos = ih * s.w + iw;
-        float* d = dx + (r * s.w + iw) * c;
-        // The next output row at the newest column (Note [Prefetching the next rows]).
-        if (row1 + 1 < oh && (iw == 0 || col1 != last_window(iw - 1, s.pad_w, s.stride_w, ow))) {
-          const std::int64_t o = (std::int64_t{row1 + 1} * ow + col1) * c;
-          prefetch(g_img + o, std::int64_t{c} * std::int64_t{sizeof(float)});
-          prefetch(idx_img + o, std::int64_t{c} * std::int64_t{sizeof(std::int32_t)});
+      with_count(windows.rows[ih], [&]<int NR>() {
+        for (int iw = 0; iw < s.w; ++iw) {
+          const int pos = ih * s.w + iw;
+          float* d = dx + (r * s.w + iw) * c;
+          // The next output row at the newest column (Note [Prefetching the next rows]).
+          const int col1 = windows.last_col[iw];
+          if (row1 + 1 < oh && (iw == 0 || col1 != windows.last_col[iw - 1])) {
+            const std::int64_t o = (std::int64_t{row1 + 1} * ow + col1) * c;
+            prefetch(g_img + o, std::int64_t{c} * std::int64_t{sizeof(float)});
+            prefetch(idx_img + o, std::int64_t{c} * std::int64_t{sizeof(std::int32_t)});
+          }
+          const Windows w = windows.at(ih, iw);
+          with_count(w.nc, [&]<int NC>() {
+            for_channel_groups(
+                c, [&]<int L, int K>(int ch) { gather_max<L, K, NR, NC>(g_img, idx_img, w, pos, ch, d); },
+                [&](int ch) {
+                  float sum = 0.0f;
+                  for (int a = 0; a < w.nr; ++a)
+                    for (int b = 0; b < w.nc; ++b) {
+                      const std::int64_t o = w.rows[a] + w.cols[b] + ch;
+                      if (idx_img[o] == pos) sum += g_img[o];
+                    }
+                  d[ch] = sum;
+                });
+          });
         }
-        for_channel_groups(
-            c, [&]<int L, int K>(int ch) { gather_max<L, K>(s, g_img, idx_img, pos, row0, row1, col0, col1, ch, d); },
-            [&](int ch) {
-              float sum = 0.0f;
-              for (int row = row0; row <= row1; ++row)
-                for (int col = col0; col <= col1; ++col) {
-                  const std::int64_t o = (std::int64_t{row} * ow + col) * c + ch;
-                  if (idx_img[o] == pos) sum += g_img[o];
-                }
-              d[ch] = sum;
-            });
-      }
+      });
     }
   });
 }
@@ -320,26 +372,28 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c));
+  const PoolWindows windows(s);
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / s.h;
       const int ih = static_cast<int>(r % s.h);
       const float* g_img = dy + n * oh * ow * c;
-      const int row0 = first_window(ih, s.pad_h, s.kh, s.stride_h);
-      const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
-      for (int iw = 0; iw < s.w; ++iw) {
-        const int col0 = first_window(iw, s.pad_w, s.kw, s.stride_w);
-        const int col1 = last_window(iw, s.pad_w, s.stride_w, ow);
-        float* d = dx + (r * s.w + iw) * c;
-        for_channel_groups(
-            c, [&]<int L, int K>(int ch) { gather_avg<L, K>(s, g_img, scale, row0, row1, col0, col1, ch, d); },
-            [&](int ch) {
-              float sum = 0.0f;
-              for (int row = row0; row <= row1; ++row)
-                for (int col = col0; col <= col1; ++col) sum += g_img[(std::int64_t{row} * ow + col) * c + ch] * scale;
-              d[ch] = sum;
-            });
-      }
+      with_count(windows.rows[ih], [&]<int NR>() {
+        for (int iw = 0; iw < s.w; ++iw) {
+          float* d = dx + (r * s.w + iw) * c;
+          const Windows w = windows.at(ih, iw);
+          with_count(w.nc, [&]<int NC>() {
+            for_channel_groups(
+                c, [&]<int L, int K>(int ch) { gather_avg<L, K, NR, NC>(g_img, w, scale, ch, d); },
+                [&](int ch) {
+                  float sum = 0.0f;
+                  for (int a = 0; a < w.nr; ++a)
+                    for (int b = 0; b < w.nc; ++b) sum += g_img[w.rows[a] + w.cols[b] + ch] * scale;
+                  d[ch] = sum;
+                });
+          });
+        }
+      });
     }
   });
 }
