@@ -22,11 +22,7 @@ namespace towerflow::cpu::TW_ISA {
 using detail::IVec;
 using detail::kLanes;
 using detail::kWideLanes;
-using detail::load8;
-using detail::splat8;
-using detail::store8;
 using detail::Vec;
-using detail::Vec8;
 
 namespace {
 
@@ -218,6 +214,21 @@ void gather_avg(const float* g_img, const Windows& w, float scale, int ch, float
   for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
 }
 
+// out[ch, ch + K * L) = scale times the sum of the window's pixels for those channels, in the
+// window's order.
+template <int L, int K>
+void sum_window(const Pool2dShape& s, const float* img, const Window& win, float scale, int ch, float* out) {
+  using V = Vec<L>;
+  typename V::type sum[K];
+  for (int k = 0; k < K; ++k) sum[k] = V::splat(0.0f);
+  for (int ih = win.h0; ih < win.h1; ++ih)
+    for (int iw = win.w0; iw < win.w1; ++iw) {
+      const float* p = img + (std::int64_t{ih} * s.w + iw) * s.c + ch;
+      for (int k = 0; k < K; ++k) sum[k] += V::load(p + k * L);
+    }
+  for (int k = 0; k < K; ++k) V::store(out + ch + k * L, sum[k] * scale);
+}
+
 // Channels [0, c) of one pixel in groups: four vectors of the widest width at a time, then one,
 // then eight lanes, then `rest(ch)` for each channel left.
 template <typename Group, typename Rest>
@@ -342,22 +353,17 @@ void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
       for (int col = 0; col < ow; ++col) {
         const Window win = clip(s, row, col);
         float* out = y + (r * ow + col) * c;
-        // Eight channels at a time summed in a register over the window (as max pooling), in
-        // the window's order; then the rest of the channels one by one in the same order.
-        int ch = 0;
-        for (; ch + kLanes <= c; ch += kLanes) {
-          Vec8 sum = splat8(0.0f);
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw)
-              sum += load8(img + (std::int64_t{ih} * s.w + iw) * c + ch);
-          store8(out + ch, sum * scale);
-        }
-        for (; ch < c; ++ch) {
-          float sum = 0.0f;
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw) sum += img[(std::int64_t{ih} * s.w + iw) * c + ch];
-          out[ch] = sum * scale;
-        }
+        // Channels in groups of vectors (as max pooling), each summed in registers over the
+        // window in the window's order; the group's vectors are independent chains of adds.
+        // The channels left over one by one, in the same order.
+        for_channel_groups(
+            c, [&]<int L, int K>(int ch) { sum_window<L, K>(s, img, win, scale, ch, out); },
+            [&](int ch) {
+              float sum = 0.0f;
+              for (int ih = win.h0; ih < win.h1; ++ih)
+                for (int iw = win.w0; iw < win.w1; ++iw) sum += img[(std::int64_t{ih} * s.w + iw) * c + ch];
+              out[ch] = sum * scale;
+            });
       }
     }
   });
