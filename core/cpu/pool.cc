@@ -59,19 +59,38 @@ struct Windows {
   int nc;
 };
 
-// The windows that hold each input row and column of s, worked out once per call (the backward
-// kernels need them at every input pixel, where two divisions per pixel cost more than the
-// pixel's gather of one or two windows): for input row i the output rows' offsets in dy,
+// The windows that hold each input row and column of s, worked out once per call: the backward
+// kernels need them at every input pixel, where the divisions that find them cost more than the
+// pixel's gather of one or two windows. For input row i the output rows' offsets in dy,
 // row_offs[i * per_row ..][0, rows[i]), and for input column j the output columns' offsets,
 // col_offs[j * per_col ..][0, cols[j]), each in output order; `last_col[j]` is the last column.
 struct PoolWindows {
-  int per_row, per_col;
+  int per_row = 0, per_col = 0;
   std::vector<int> rows, cols, last_col;
   std::vector<std::int64_t> row_offs, col_offs;
-  explicit PoolWindows(const Pool2dShape& s)
-      : per_row((s.kh + s.stride_h - 1) / s.stride_h), per_col((s.kw + s.stride_w - 1) / s.stride_w),
-        rows(s.h), cols(s.w), last_col(s.w),
-        row_offs(static_cast<std::size_t>(s.h) * per_row), col_offs(static_cast<std::size_t>(s.w) * per_col) {
+
+  // The calling thread's tables, filled for s. They are reused from call to call (assign keeps
+  // the vectors' capacity), so that a training step's pool passes allocate nothing; the workers
+  // of the call read them through the reference.
+  static const PoolWindows& for_shape(const Pool2dShape& s) {
+    thread_local PoolWindows w;
+    w.fill(s);
+    return w;
+  }
+
+  Windows at(int i, int j) const {
+    return {row_offs.data() + std::int64_t{i} * per_row, rows[i], col_offs.data() + std::int64_t{j} * per_col, cols[j]};
+  }
+
+ private:
+  void fill(const Pool2dShape& s) {
+    per_row = (s.kh + s.stride_h - 1) / s.stride_h;
+    per_col = (s.kw + s.stride_w - 1) / s.stride_w;
+    rows.assign(static_cast<std::size_t>(s.h), 0);
+    cols.assign(static_cast<std::size_t>(s.w), 0);
+    last_col.assign(static_cast<std::size_t>(s.w), 0);
+    row_offs.assign(static_cast<std::size_t>(s.h) * per_row, 0);
+    col_offs.assign(static_cast<std::size_t>(s.w) * per_col, 0);
     const int oh = s.out_h(), ow = s.out_w();
     for (int i = 0; i < s.h; ++i) {
       const int first = first_window(i, s.pad_h, s.kh, s.stride_h), last = last_window(i, s.pad_h, s.stride_h, oh);
@@ -84,9 +103,6 @@ struct PoolWindows {
       last_col[j] = last;
       for (int b = 0; b < cols[j]; ++b) col_offs[j * per_col + b] = std::int64_t{first + b} * s.c;
     }
-  }
-  Windows at(int i, int j) const {
-    return {row_offs.data() + std::int64_t{i} * per_row, rows[i], col_offs.data() + std::int64_t{j} * per_col, cols[j]};
   }
 };
 
@@ -302,7 +318,7 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const std::int64_t image_out = std::int64_t{oh} * ow * c;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c * s.kh));
-  const PoolWindows windows(s);
+  const PoolWindows& windows = PoolWindows::for_shape(s);
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / s.h;
@@ -378,7 +394,7 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c));
-  const PoolWindows windows(s);
+  const PoolWindows& windows = PoolWindows::for_shape(s);
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / s.h;
