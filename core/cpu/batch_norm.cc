@@ -20,6 +20,7 @@ namespace towerflow::cpu::TW_ISA {
 
 using detail::kLanes;
 using detail::load8;
+using detail::max8;
 using detail::Scratch;
 using detail::scratch;
 using detail::splat8;
@@ -32,6 +33,22 @@ namespace {
 // rather than a branch that mispredicts on about half of a ReLU's outputs.
 inline float relu_grad(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
+// The training forward's value before its ReLU, (x - mean) * scale + shift, for a float or a
+// vector of them. One expression for the forward and for the backward that recomputes its mask
+// (Note [The ReLU mask from x]), so that both contract it to the same FMA and agree bit for bit.
+template <typename T>
+inline T pre_relu(T x, T mean, T scale, T shift) {
+  return (x - mean) * scale + shift;
+}
+
+// Note [The ReLU mask from x]
+// The backward of relu(batch_norm(x)) needs the ReLU's mask, y > 0. Reading it from y costs a
+// pass over y in each of the backward's two passes (x and dy are read in both anyway), 7 floats
+// of traffic per element instead of 5. Recomputing the pre-ReLU value from x, the saved mean and
+// invstd, gamma and beta costs an FMA and a compare: the forward takes its scale from the saved
+// invstd (training_stats) and both sides evaluate pre_relu(), so the mask is the forward's own,
+// bit for bit (a test checks it against the mask read from y). The add variant's mask needs the
+// residual as well, so it reads y.
 
 constexpr std::int64_t kRowsPerBlock = 512;
 
@@ -74,10 +91,54 @@ void rows_parallel(const CpuContext& ctx, std::int64_t rows, int c, Fn fn) {
   ctx.parallel_for(rows, std::max<std::int64_t>(1, 32 * 1024 / c), fn);
 }
 
+// Note [Sums in registers]
+// A block's per-channel sums are kept in registers across its rows, a few vectors of channels
+// at a time (for_vector_groups), rather than loaded from and stored to the block's accumulator
+// array at every row: that made each row wait for the store of the row before (a store-to-load
+// round trip and an add per vector), which at ResNet's 16 and 32 channels, a row or two per
+// cache line, held the statistics passes well under the memory's speed. A group's rows are read
+// from the caches after the first group's pass has brought the block in. The adds per channel
+// are the same, in the same order, so the results are too.
+
+// group.template operator()<NV>(ch) for channels [ch, ch + NV * kLanes), NV <= kMaxVectors, over
+// all of [0, c), c a multiple of kLanes.
+template <int kMaxVectors, typename Group>
+void for_vector_groups(int c, Group group) {
+  int ch = 0;
+  for (; ch + kMaxVectors * kLanes <= c; ch += kMaxVectors * kLanes) group.template operator()<kMaxVectors>(ch);
+  const int left = (c - ch) / kLanes;
+  if constexpr (kMaxVectors > 3) if (left == 3) return group.template operator()<3>(ch);
+  if constexpr (kMaxVectors > 2) if (left == 2) return group.template operator()<2>(ch);
+  if constexpr (kMaxVectors > 1) if (left == 1) return group.template operator()<1>(ch);
+}
+
+// shifted_sums over rows [r0, r1) for channels [ch, ch + NV * kLanes) (Note [Sums in registers]).
+template <int NV>
+void shifted_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const float* x,
+                       const float* k, float* acc) {
+  Vec8 s1[NV], s2[NV], kv[NV];
+  for (int j = 0; j < NV; ++j) {
+    s1[j] = s2[j] = splat8(0.0f);
+    kv[j] = load8(k + ch + j * kLanes);
+  }
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (int j = 0; j < NV; ++j) {
+      const Vec8 d = load8(x + r * c + ch + j * kLanes) - kv[j];
+      s1[j] += d;
+      s2[j] += d * d;
+    }
+  for (int j = 0; j < NV; ++j) {
+    store8(acc + ch + j * kLanes, s1[j]);
+    store8(acc + c + ch + j * kLanes, s2[j]);
+  }
+}
+
 // sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
 void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* sums) {
   const float* k = x;
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
+    if (c % kLanes == 0)
+      return for_vector_groups<4>(c, [&]<int NV>(int ch) { shifted_sums_rows<NV>(r0, r1, c, ch, x, k, acc); });
     float* __restrict s1 = acc;
     float* __restrict s2 = acc + c;
     const float* __restrict kr = k;
@@ -107,13 +168,42 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
     const double invstd = 1.0 / std::sqrt(var + eps);
     save_mean[ch] = static_cast<float>(mean);
     save_invstd[ch] = static_cast<float>(invstd);
-    scale[ch] = static_cast<float>(gamma[ch] * invstd);
+    // From the saved (rounded) invstd, not the double: backward recomputes this scale from what
+    // was saved (Note [The ReLU mask from x]), and batch_norm_forward_apply takes it so too.
+    scale[ch] = static_cast<float>(gamma[ch] * static_cast<double>(save_invstd[ch]));
     shift[ch] = beta[ch];
   }
 }
 
 // The scale/shift arrays live in the caller's scratch and are read by every thread.
 float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(c)); }
+
+// The training forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
+// kResidual), through max(0, .) when kRelu. With vectors where c is a multiple of kLanes: left
+// to the auto-vectoriser, each row's loop checks every pointer against y at run time (y may be
+// x), which at ResNet's 16 channels costs about as much as the row's work.
+template <bool kRelu, bool kResidual>
+void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* residual,
+                  const float* mean, const float* scale, const float* shift, float* y) {
+  if (c % kLanes == 0) {
+    const Vec8 zero = splat8(0.0f);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::int64_t o = r * c;
+      for (int ch = 0; ch < c; ch += kLanes) {
+        Vec8 v = pre_relu(load8(x + o + ch), load8(mean + ch), load8(scale + ch), load8(shift + ch));
+        if constexpr (kResidual) v += load8(residual + o + ch);
+        store8(y + o + ch, kRelu ? max8(v, zero) : v);
+      }
+    }
+    return;
+  }
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (int ch = 0; ch < c; ++ch) {
+      float v = pre_relu(x[r * c + ch], mean[ch], scale[ch], shift[ch]);
+      if constexpr (kResidual) v += residual[r * c + ch];
+      y[r * c + ch] = kRelu ? std::max(0.0f, v) : v;
+    }
+}
 
 }  // namespace
 
@@ -125,9 +215,7 @@ void batch_norm_forward_training(const CpuContext& ctx, std::int64_t rows, int c
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r)
-      for (int ch = 0; ch < c; ++ch)
-        y[r * c + ch] = (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch];
+    forward_rows<false, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
   });
 }
 
@@ -139,9 +227,7 @@ void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, 
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r)
-      for (int ch = 0; ch < c; ++ch)
-        y[r * c + ch] = std::max(0.0f, (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch]);
+    forward_rows<true, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
   });
 }
 
@@ -154,11 +240,7 @@ void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t ro
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r)
-      for (int ch = 0; ch < c; ++ch)
-        y[r * c + ch] =
-            std::max(0.0f, (x[r * c + ch] - save_mean[ch]) * scale[ch] + shift[ch] +
-                               residual[r * c + ch]);
+    forward_rows<true, true>(r0, r1, c, x, residual, save_mean, scale, shift, y);
   });
 }
 
@@ -184,39 +266,77 @@ void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int 
 
 namespace {
 
-// backward_sums over rows [r0, r1) for c a multiple of kLanes: acc[0..c) += g,
-// acc[c..2c) += g * (x - mean), g = dy masked by y > 0 when kMask (and stored in dr when
-// kStore; dr may be dy). The same per-channel order of operations as the scalar loop.
-template <bool kMask, bool kStore>
-void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* y,
-                        const float* dy, const float* mean, float* acc, float* dr) {
+// Where the backward's ReLU mask comes from: no ReLU, the fused forward's output (y > 0), or the
+// pre-ReLU value recomputed from x (Note [The ReLU mask from x]).
+enum class Mask { kNone, kFromY, kFromX };
+
+// The per-channel arrays the kFromX mask reads: the forward's scale and shift.
+struct Affine {
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+};
+
+// backward_sums over rows [r0, r1) for channels [ch, ch + NV * kLanes), c a multiple of kLanes
+// (Note [Sums in registers]): acc[0..c) = sum of g, acc[c..2c) = sum of g * (x - mean), g = dy
+// masked as kMask says (and stored in dr when kStore; dr may be dy). The same per-channel order
+// of operations as the scalar loop.
+template <Mask kMask, bool kStore, int NV>
+void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const float* x,
+                        const float* y, const float* dy, const float* mean, Affine f, float* acc,
+                        float* dr) {
   const Vec8 zero = splat8(0.0f);
-  for (std::int64_t r = r0; r < r1; ++r) {
-    const std::int64_t o = r * c;
-    for (int ch = 0; ch < c; ch += kLanes) {
-      Vec8 g = load8(dy + o + ch);
-      if constexpr (kMask) g = load8(y + o + ch) > zero ? g : zero;
-      if constexpr (kStore) store8(dr + o + ch, g);
-      const Vec8 d = load8(x + o + ch) - load8(mean + ch);
-      store8(acc + ch, load8(acc + ch) + g);
-      store8(acc + c + ch, load8(acc + c + ch) + g * d);
+  Vec8 s1[NV], s2[NV], m[NV], scale[NV], shift[NV];
+  for (int j = 0; j < NV; ++j) {
+    s1[j] = s2[j] = zero;
+    m[j] = load8(mean + ch + j * kLanes);
+    if constexpr (kMask == Mask::kFromX) {
+      scale[j] = load8(f.scale + ch + j * kLanes);
+      shift[j] = load8(f.shift + ch + j * kLanes);
     }
+  }
+  for (std::int64_t r = r0; r < r1; ++r)
+    for (int j = 0; j < NV; ++j) {
+      const std::int64_t o = r * c + ch + j * kLanes;
+      Vec8 g = load8(dy + o);
+      const Vec8 xv = load8(x + o);
+      if constexpr (kMask == Mask::kFromY) g = load8(y + o) > zero ? g : zero;
+      if constexpr (kMask == Mask::kFromX) g = pre_relu(xv, m[j], scale[j], shift[j]) > zero ? g : zero;
+      if constexpr (kStore) store8(dr + o, g);
+      s1[j] += g;
+      s2[j] += g * (xv - m[j]);
+    }
+  for (int j = 0; j < NV; ++j) {
+    store8(acc + ch + j * kLanes, s1[j]);
+    store8(acc + c + ch + j * kLanes, s2[j]);
   }
 }
 
+// The gradient of element ch of row r under the mask (scalar loops).
+template <Mask kMask>
+inline float masked_grad(const float* xr, const float* yr, const float* gr, const float* mean, Affine f, int ch) {
+  if constexpr (kMask == Mask::kFromY) return relu_grad(yr[ch], gr[ch]);
+  if constexpr (kMask == Mask::kFromX)
+    return pre_relu(xr[ch], mean[ch], f.scale[ch], f.shift[ch]) > 0.0f ? gr[ch] : 0.0f;
+  return gr[ch];
+}
+
 // The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
-// gradient, masked by y > 0 when y != nullptr (and then stored in d_pre_relu when that is not
-// null).
+// gradient masked as kMask says (and then stored in d_pre_relu when that is not null).
+template <Mask kMask>
 void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                   const float* y, const float* dy, const float* save_mean, double* sums,
+                   const float* y, const float* dy, const float* save_mean, Affine f, double* sums,
                    float* d_pre_relu) {
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
     if (c % kLanes == 0) {
       // Written with vectors rather than left to the auto-vectoriser: d_pre_relu may be dy
       // itself, and the run-time overlap checks GCC emits for that case chose its scalar loop.
-      if (!y) return backward_sums_rows<false, false>(r0, r1, c, x, y, dy, save_mean, acc, nullptr);
-      if (!d_pre_relu) return backward_sums_rows<true, false>(r0, r1, c, x, y, dy, save_mean, acc, nullptr);
-      return backward_sums_rows<true, true>(r0, r1, c, x, y, dy, save_mean, acc, d_pre_relu);
+      if (!d_pre_relu || kMask == Mask::kNone)
+        return for_vector_groups<2>(c, [&]<int NV>(int ch) {
+          backward_sums_rows<kMask, false, NV>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, nullptr);
+        });
+      return for_vector_groups<2>(c, [&]<int NV>(int ch) {
+        backward_sums_rows<kMask, true, NV>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, d_pre_relu);
+      });
     }
     float* __restrict s1 = acc;
     float* __restrict s2 = acc + c;
@@ -224,25 +344,18 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* __restrict xr = x + r * c;
       const float* gr = dy + r * c;
-      if (!y) {
-        for (int ch = 0; ch < c; ++ch) {
-          s1[ch] += gr[ch];
-          s2[ch] += gr[ch] * (xr[ch] - mean[ch]);
-        }
-        continue;
-      }
-      const float* __restrict yr = y + r * c;
-      if (d_pre_relu) {
+      const float* yr = y ? y + r * c : nullptr;
+      if (kMask != Mask::kNone && d_pre_relu) {
         float* dr = d_pre_relu + r * c;  // may be dy itself: read before write, element-wise
         for (int ch = 0; ch < c; ++ch) {
-          const float g = relu_grad(yr[ch], gr[ch]);
+          const float g = masked_grad<kMask>(xr, yr, gr, mean, f, ch);
           dr[ch] = g;
           s1[ch] += g;
           s2[ch] += g * (xr[ch] - mean[ch]);
         }
       } else {
         for (int ch = 0; ch < c; ++ch) {
-          const float g = relu_grad(yr[ch], gr[ch]);
+          const float g = masked_grad<kMask>(xr, yr, gr, mean, f, ch);
           s1[ch] += g;
           s2[ch] += g * (xr[ch] - mean[ch]);
         }
@@ -251,56 +364,79 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
   });
 }
 
+// backward_dx over rows [r0, r1) for c a multiple of kLanes, the same operations per element.
+template <Mask kMask>
+void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* y,
+                      const float* dy, const float* mean, Affine f, const float* a,
+                      const float* mean_g, const float* b, float* dx) {
+  const Vec8 zero = splat8(0.0f);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const std::int64_t o = r * c;
+    for (int ch = 0; ch < c; ch += kLanes) {
+      Vec8 g = load8(dy + o + ch);
+      const Vec8 xv = load8(x + o + ch), m = load8(mean + ch);
+      if constexpr (kMask == Mask::kFromY) g = load8(y + o + ch) > zero ? g : zero;
+      if constexpr (kMask == Mask::kFromX)
+        g = pre_relu(xv, m, load8(f.scale + ch), load8(f.shift + ch)) > zero ? g : zero;
+      store8(dx + o + ch, load8(a + ch) * ((g - load8(mean_g + ch)) - (xv - m) * load8(b + ch)));
+    }
+  }
+}
+
 // The backward's elementwise pass: dx = a * ((g - mean_g) - (x - mean) * b), g as in
 // backward_sums.
+template <Mask kMask>
 void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* y,
-                 const float* dy, const float* save_mean, const float* a, const float* mean_g,
-                 const float* b, float* dx) {
+                 const float* dy, const float* save_mean, Affine f, const float* a,
+                 const float* mean_g, const float* b, float* dx) {
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    // With vectors for the reason backward_sums has them (dx may be dy): the loop below
+    // vectorises behind a run-time overlap check of every pointer against dx on every row,
+    // which costs more than the row's work at ResNet's 16 and 32 channels.
+    if (c % kLanes == 0) return backward_dx_rows<kMask>(r0, r1, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * c;
       const float* gr = dy + r * c;
+      const float* yr = y ? y + r * c : nullptr;
       float* dr = dx + r * c;
-      if (y) {
-        const float* yr = y + r * c;
-        for (int ch = 0; ch < c; ++ch) {
-          const float g = relu_grad(yr[ch], gr[ch]);
-          dr[ch] = a[ch] * ((g - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
-        }
-      } else {
-        for (int ch = 0; ch < c; ++ch)
-          dr[ch] = a[ch] * ((gr[ch] - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
+      for (int ch = 0; ch < c; ++ch) {
+        const float g = masked_grad<kMask>(xr, yr, gr, save_mean, f, ch);
+        dr[ch] = a[ch] * ((g - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
       }
     }
   });
 }
 
-// Shared by the plain and the ReLU backward. With y != nullptr the incoming gradient is masked
-// by y > 0 (and stored in d_pre_relu when that is not null) before batch norm's own backward.
+// Shared by the plain and the ReLU backward. The incoming gradient is masked as kMask says (and
+// stored in d_pre_relu when that is not null) before batch norm's own backward; kFromX reads beta.
+template <Mask kMask>
 void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                   const float* y, const float* dy, const float* gamma, const float* save_mean,
-                   const float* save_invstd, float* dx, float* dgamma, float* dbeta,
-                   float* d_pre_relu) {
-  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  backward_sums(ctx, rows, c, x, y, dy, save_mean, sums, d_pre_relu);
+                   const float* y, const float* dy, const float* gamma, const float* beta,
+                   const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                   float* dbeta, float* d_pre_relu) {
   // dx = gamma*invstd * ((g - mean(g)) - (x - mean) * invstd * mean(g * xhat)), kept in this
   // centred form: folding it into one a*g + b*x + k cancels catastrophically when dx is small.
+  // a = gamma * invstd is also the forward's scale, which the kFromX mask needs in the sums.
   float* coef = scratch(Scratch::kOutput, 3 * std::size_t(c));
   float* a = coef;
   float* mean_g = coef + c;
   float* b = coef + 2 * c;
+  for (int ch = 0; ch < c; ++ch) a[ch] = static_cast<float>(gamma[ch] * static_cast<double>(save_invstd[ch]));
+  const Affine f{a, beta};
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
+  backward_sums<kMask>(ctx, rows, c, x, y, dy, save_mean, f, sums, d_pre_relu);
   for (int ch = 0; ch < c; ++ch) {
     const double invstd = save_invstd[ch];
     const double sum_g = sums[ch], sum_gx = sums[c + ch];
     dbeta[ch] = static_cast<float>(sum_g);
     dgamma[ch] = static_cast<float>(sum_gx * invstd);
-    a[ch] = static_cast<float>(gamma[ch] * invstd);
     mean_g[ch] = static_cast<float>(sum_g / rows);
     b[ch] = static_cast<float>(invstd * invstd * sum_gx / rows);
   }
   // With d_pre_relu the masked gradient is already in memory: read it instead of y and dy.
-  if (d_pre_relu) return backward_dx(ctx, rows, c, x, nullptr, d_pre_relu, save_mean, a, mean_g, b, dx);
-  backward_dx(ctx, rows, c, x, y, dy, save_mean, a, mean_g, b, dx);
+  if (d_pre_relu && kMask != Mask::kNone)
+    return backward_dx<Mask::kNone>(ctx, rows, c, x, nullptr, d_pre_relu, save_mean, f, a, mean_g, b, dx);
+  backward_dx<kMask>(ctx, rows, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
 }
 
 }  // namespace
@@ -309,17 +445,23 @@ void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const 
                          const float* dy, const float* gamma, const float* save_mean,
                          const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   check_args("batch_norm_backward", rows, c, 0.0f);
-  backward_impl(ctx, rows, c, x, nullptr, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
-                nullptr);
+  backward_impl<Mask::kNone>(ctx, rows, c, x, nullptr, dy, gamma, nullptr, save_mean, save_invstd,
+                             dx, dgamma, dbeta, nullptr);
 }
 
 void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
-                              const float* save_mean, const float* save_invstd, float* dx,
-                              float* dgamma, float* dbeta, float* d_pre_relu) {
+                              const float* beta, const float* save_mean, const float* save_invstd,
+                              float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
   check_args("batch_norm_relu_backward", rows, c, 0.0f);
-  backward_impl(ctx, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta,
-                d_pre_relu);
+  if (!y && !beta)
+    raise<InvalidArgument>("batch_norm_relu_backward: y and beta are both null; the ReLU mask "
+                           "needs the forward's output y or beta to recompute it from x");
+  if (y)
+    return backward_impl<Mask::kFromY>(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd,
+                                       dx, dgamma, dbeta, d_pre_relu);
+  backward_impl<Mask::kFromX>(ctx, rows, c, x, nullptr, dy, gamma, beta, save_mean, save_invstd,
+                              dx, dgamma, dbeta, d_pre_relu);
 }
 
 // ---- phases ------------------------------------------------------------------------------------
@@ -369,7 +511,8 @@ void batch_norm_backward_reduce(const CpuContext& ctx, std::int64_t rows, int c,
                                 double* sum_gxc, float* d_pre_relu) {
   check_args("batch_norm_backward_reduce", rows, c, 0.0f);
   double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  backward_sums(ctx, rows, c, x, y, dy, mean, sums, y ? d_pre_relu : nullptr);
+  if (y) backward_sums<Mask::kFromY>(ctx, rows, c, x, y, dy, mean, {}, sums, d_pre_relu);
+  else backward_sums<Mask::kNone>(ctx, rows, c, x, nullptr, dy, mean, {}, sums, nullptr);
   std::copy(sums, sums + c, sum_g);
   std::copy(sums + c, sums + 2 * c, sum_gxc);
 }
@@ -387,7 +530,8 @@ void batch_norm_backward_apply(const CpuContext& ctx, std::int64_t rows, int c, 
     a[ch] = static_cast<float>(gamma[ch] * is);
     b[ch] = static_cast<float>(is * mean_gxhat[ch]);
   }
-  backward_dx(ctx, rows, c, x, y, dy, mean, a, mean_g, b, dx);
+  if (y) backward_dx<Mask::kFromY>(ctx, rows, c, x, y, dy, mean, {}, a, mean_g, b, dx);
+  else backward_dx<Mask::kNone>(ctx, rows, c, x, nullptr, dy, mean, {}, a, mean_g, b, dx);
 }
 
 }  // namespace towerflow::cpu::TW_ISA

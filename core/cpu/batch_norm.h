@@ -46,14 +46,17 @@ void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t ro
                                           const float* gamma, const float* beta, float eps,
                                           float* y, float* save_mean, float* save_invstd);
 
-// Backward of the two fused forwards above: y is their output (the ReLU mask is y > 0), dy the
-// gradient of y. Gives dx, dgamma, dbeta as batch_norm_backward applied to dy * (y > 0);
-// d_pre_relu (nullable) receives dy * (y > 0) itself, which is the residual's gradient in the
-// add variant. d_pre_relu may equal dy (not dx); dx may equal dy.
+// Backward of the two fused forwards above, dy the gradient of their output. The ReLU mask is
+// y > 0 with y their output; or, with y null (relu(batch_norm(x)) only), the pre-ReLU value
+// recomputed from x, save_mean, save_invstd, gamma and beta, which is the forward's own bit for
+// bit and spares the two passes' reads of y (Note [The ReLU mask from x]). Gives dx, dgamma,
+// dbeta as batch_norm_backward applied to the masked dy; d_pre_relu (nullable) receives the
+// masked dy itself, which is the residual's gradient in the add variant. d_pre_relu may equal dy
+// (not dx); dx may equal dy. beta may be null when y is not; both null throws InvalidArgument.
 void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
-                              const float* save_mean, const float* save_invstd, float* dx,
-                              float* dgamma, float* dbeta, float* d_pre_relu);
+                              const float* beta, const float* save_mean, const float* save_invstd,
+                              float* dx, float* dgamma, float* dbeta, float* d_pre_relu);
 
 // ---- phases, for synchronised batch norm -----------------------------------------------------
 // The training forward and backward cut at their per-channel reductions, so that a caller can

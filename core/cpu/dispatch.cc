@@ -64,8 +64,8 @@ void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t ro
   kernels().batch_norm_add_relu_forward_training(ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean, save_invstd);
 }
 
-void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* y, const float* dy, const float* gamma, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
-  kernels().batch_norm_relu_backward(ctx, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
+void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* y, const float* dy, const float* gamma, const float* beta, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
+  kernels().batch_norm_relu_backward(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 
 void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* mean, double* m2) {

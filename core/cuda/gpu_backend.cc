@@ -276,9 +276,10 @@ class GpuBackend final : public Backend {
                                       eps, y);
   }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
-                           const float* dy, const float* gamma, const float* save_mean,
-                           const float* save_invstd, float eps, float* dx, float* dgamma,
-                           float* dbeta, float* d_pre_relu) override {
+                           const float* dy, const float* gamma, const float* /*beta*/,
+                           const float* save_mean, const float* save_invstd, float eps, float* dx,
+                           float* dgamma, float* dbeta, float* d_pre_relu) override {
+    // The mask is read from y: cuDNN's backward takes the ReLU's output.
     if (relu)
       gpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, eps,
                                     dx, dgamma, dbeta, d_pre_relu);

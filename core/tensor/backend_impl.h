@@ -184,14 +184,16 @@ class Backend {
                                             float eps, float* y) = 0;
   // Without relu: batch_norm_backward. With relu: y is the fused forward's output and the
   // gradient goes through the relu mask (y > 0) first; d_pre_relu (nullable) receives that
-  // masked gradient (the residual's gradient). dx may not alias dy. eps is the eps the training
-  // forward was given (save_invstd = 1/sqrt(var + eps)); see Note [Batch-norm backward eps]
-  // in core/cuda/batch_norm.cc.
+  // masked gradient (the residual's gradient). Without a residual (d_pre_relu null) a backend
+  // may instead recompute the mask from x, the saved statistics, gamma and beta, bit for bit the
+  // forward's (the CPU does: Note [The ReLU mask from x] in core/cpu/batch_norm.cc). dx may not
+  // alias dy. eps is the eps the training forward was given (save_invstd = 1/sqrt(var + eps));
+  // see Note [Batch-norm backward eps] in core/cuda/batch_norm.cc.
   virtual void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y,
                                    bool relu, const float* dy, const float* gamma,
-                                   const float* save_mean, const float* save_invstd, float eps,
-                                   float* dx, float* dgamma, float* dbeta,
-                                   float* d_pre_relu) = 0;
+                                   const float* beta, const float* save_mean,
+                                   const float* save_invstd, float eps, float* dx, float* dgamma,
+                                   float* dbeta, float* d_pre_relu) = 0;
 
   // ---- synchronised batch norm (kBatchNormSync) ------------------------------------------------
   // The training forward and backward cut at their per-channel reductions, so that the caller

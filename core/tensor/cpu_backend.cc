@@ -381,16 +381,19 @@ class CpuBackend final : public Backend {
                                    mean_g, mean_gxhat, dx);
   }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
-                           const float* dy, const float* gamma, const float* save_mean,
-                           const float* save_invstd, float /*eps*/, float* dx, float* dgamma,
-                           float* dbeta, float* d_pre_relu) override {
-    // Two passes (reduce, then apply): x and dy read in each (y too under a ReLU), dx written.
-    const auto span = kernel_span(relu ? "batch_norm_relu_backward" : "batch_norm_backward",
-                                  (relu ? 7.0 : 5.0) * rows * c);
+                           const float* dy, const float* gamma, const float* beta,
+                           const float* save_mean, const float* save_invstd, float /*eps*/,
+                           float* dx, float* dgamma, float* dbeta, float* d_pre_relu) override {
+    // Two passes (reduce, then apply): x and dy read in each, dx written. Under a ReLU without a
+    // residual the mask is recomputed from x (Note [The ReLU mask from x]); with the residual
+    // the reduce reads y and writes the masked gradient, which the apply reads instead of dy.
+    const auto span = kernel_span(!relu ? "batch_norm_backward"
+                                  : d_pre_relu ? "batch_norm_add_relu_backward" : "batch_norm_relu_backward",
+                                  (relu && d_pre_relu ? 7.0 : 5.0) * rows * c);
     // The CPU kernels read 1/sqrt(var + eps) from save_invstd and need eps no further.
     if (relu) {
-      cpu::batch_norm_relu_backward(ctx_, rows, c, x, y, dy, gamma, save_mean, save_invstd, dx,
-                                    dgamma, dbeta, d_pre_relu);
+      cpu::batch_norm_relu_backward(ctx_, rows, c, x, d_pre_relu ? y : nullptr, dy, gamma, beta,
+                                    save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
     } else {
       cpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
                                dbeta);

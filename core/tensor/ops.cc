@@ -782,13 +782,13 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   }
   if (needs_grad({&x, &residual, &gamma, &beta})) {
     record(y, std::string(op), {x, gamma, beta, residual},
-           [rows, c, relu_on, x, gamma, save_mean, save_invstd, eps = opts.eps, out = y.detach(),
-            has_residual = residual.defined()](const Tensor& g) {
+           [rows, c, relu_on, x, gamma, beta, save_mean, save_invstd, eps = opts.eps,
+            out = y.detach(), has_residual = residual.defined()](const Tensor& g) {
              Backend& be = backend_for(g.device());
              Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
              Tensor dres = has_residual ? empty_like(x) : Tensor();
              be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? out.data<float>() : nullptr,
-                                    relu_on, g.data<float>(), gamma.data<float>(),
+                                    relu_on, g.data<float>(), gamma.data<float>(), beta.data<float>(),
                                     save_mean.data<float>(), save_invstd.data<float>(), eps,
                                     dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
                                     fptr(dres));

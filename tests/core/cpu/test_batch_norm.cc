@@ -168,7 +168,7 @@ TEST_CASE("fused batch norm + ReLU (+ residual) equal the unfused composition", 
     std::vector<double> rdx, rdg, rdb;
     ref_backward(rows, c, x, masked, gamma, ref, rdx, rdg, rdb);
     std::vector<float> dx(x.size(), NAN), dgamma(c, NAN), dbeta(c, NAN), dpre(x.size(), NAN);
-    batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(),
+    batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(), nullptr,
                              mean.data(), invstd.data(), dx.data(), dgamma.data(), dbeta.data(),
                              dpre.data());
     const auto cdx = compare(dx, rdx), cdg = compare(dgamma, rdg), cdb = compare(dbeta, rdb);
@@ -181,11 +181,71 @@ TEST_CASE("fused batch norm + ReLU (+ residual) equal the unfused composition", 
     // In place: d_pre_relu = dy, dx separate.
     std::vector<float> dy_inplace = dy, dx2(x.size());
     batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy_inplace.data(), gamma.data(),
-                             mean.data(), invstd.data(), dx2.data(), dgamma.data(), dbeta.data(),
-                             dy_inplace.data());
+                             nullptr, mean.data(), invstd.data(), dx2.data(), dgamma.data(),
+                             dbeta.data(), dy_inplace.data());
     CHECK(dx2 == dx);
     CHECK(dy_inplace == dpre);
   }
+}
+
+// Note [The ReLU mask from x] in core/cpu/batch_norm.cc: without y, the mask is recomputed from
+// x; it must be the forward's own, so every result equals the one masked by the forward's y, bit
+// for bit. Half of the pre-ReLU values are put within an ulp or so of zero, where an evaluation
+// that rounded differently from the forward's would flip the mask: the odd rows repeat row 0,
+// and beta is minus row 0's (x - mean) * scale rounded, so that the forward's FMA leaves that
+// product's rounding error, of either sign or zero. Widths with and without a whole vector of
+// channels, one and two threads.
+TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward's", "[cpu][bn]") {
+  for (int c : {16, 64, 13}) {
+    for (int threads : {1, 2}) {
+      INFO("c = " << c << ", threads = " << threads);
+      CpuContext ctx(threads);
+      const std::int64_t rows = 2 * 512 + 37;
+      auto x = random_vector(static_cast<std::size_t>(rows) * c, 50 + c);
+      for (std::int64_t r = 1; r < rows; r += 2)
+        for (int ch = 0; ch < c; ++ch) x[r * c + ch] = x[ch];
+      const auto dy = random_vector(x.size(), 51);
+      const auto gamma = random_vector(c, 52);
+      std::vector<float> beta(c, 0.0f), y(x.size()), mean(c), invstd(c);
+      // The statistics do not depend on beta.
+      batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                       y.data(), mean.data(), invstd.data());
+      for (int ch = 0; ch < c; ++ch) {
+        const float scale = static_cast<float>(gamma[ch] * static_cast<double>(invstd[ch]));
+        const volatile float product = (x[ch] - mean[ch]) * scale;  // rounded, not fused
+        beta[ch] = -product;
+      }
+      batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                       y.data(), mean.data(), invstd.data());
+      std::int64_t zeros = 0;
+      for (float v : y) zeros += v == 0.0f;
+      INFO(zeros << " of " << y.size() << " outputs zeroed by the ReLU");
+      CHECK(zeros > static_cast<std::int64_t>(y.size()) / 4);
+
+      std::vector<float> dx_y(x.size()), dg_y(c), db_y(c), dx_x(x.size(), NAN), dg_x(c, NAN), db_x(c, NAN);
+      batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(), nullptr,
+                               mean.data(), invstd.data(), dx_y.data(), dg_y.data(), db_y.data(), nullptr);
+      batch_norm_relu_backward(ctx, rows, c, x.data(), nullptr, dy.data(), gamma.data(), beta.data(),
+                               mean.data(), invstd.data(), dx_x.data(), dg_x.data(), db_x.data(), nullptr);
+      CHECK(dx_x == dx_y);
+      CHECK(dg_x == dg_y);
+      CHECK(db_x == db_y);
+      // And with the masked gradient stored too (the path the add variant takes).
+      std::vector<float> pre(x.size(), NAN), dx_p(x.size());
+      batch_norm_relu_backward(ctx, rows, c, x.data(), nullptr, dy.data(), gamma.data(), beta.data(),
+                               mean.data(), invstd.data(), dx_p.data(), dg_x.data(), db_x.data(), pre.data());
+      CHECK(dx_p == dx_y);
+      for (std::size_t i = 0; i < pre.size(); ++i)
+        if (pre[i] != (y[i] > 0.0f ? dy[i] : 0.0f)) {
+          FAIL_CHECK("masked gradient " << i << ": " << pre[i] << " with y = " << y[i] << ", dy = " << dy[i]);
+          break;
+        }
+    }
+  }
+  CpuContext ctx(1);
+  float p[4] = {1, 1, 1, 1};
+  CHECK_THROWS_WITH(batch_norm_relu_backward(ctx, 2, 2, p, nullptr, p, p, nullptr, p, p, p, p, p, nullptr),
+                    Catch::Contains("y and beta are both null"));
 }
 
 TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {

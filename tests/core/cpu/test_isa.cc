@@ -83,8 +83,12 @@ TEST_CASE("every supported instruction set's kernels agree with the lowest one's
       std::vector<float> y(x.size()), mean(c), invstd(c), dx(x.size()), dg(c), db(c), dpre(x.size());
       batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f, y.data(), mean.data(),
                                        invstd.data());
-      batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(), mean.data(), invstd.data(),
-                               dx.data(), dg.data(), db.data(), dpre.data());
+      batch_norm_relu_backward(ctx, rows, c, x.data(), y.data(), dy.data(), gamma.data(), nullptr, mean.data(),
+                               invstd.data(), dx.data(), dg.data(), db.data(), dpre.data());
+      std::vector<float> dx_from_x(x.size());
+      batch_norm_relu_backward(ctx, rows, c, x.data(), nullptr, dy.data(), gamma.data(), beta.data(), mean.data(),
+                               invstd.data(), dx_from_x.data(), dg.data(), db.data(), nullptr);
+      y.insert(y.end(), dx_from_x.begin(), dx_from_x.end());
       y.insert(y.end(), dx.begin(), dx.end());
       y.insert(y.end(), dg.begin(), dg.end());
       return y;

@@ -283,7 +283,7 @@ TEST_CASE("batch norm training, inference, fused variants and backward match the
                                 gdx.as<float>(), gdg.as<float>(), gdb.as<float>(),
                                 gpre.as<float>());
   cpu::batch_norm_relu_backward(the_cpu(), rows, c, x.data(), y.data(), dy.data(), gamma.data(),
-                                mean.data(), inv.data(), dx.data(), dg.data(), db.data(),
+                                nullptr, mean.data(), inv.data(), dx.data(), dg.data(), db.data(),
                                 pre.data());
   expect_close("batch_norm_relu_backward dx", download(gdx, n), dx, 1e-5, 1e-4);
   expect_close("batch_norm_relu_backward dgamma", download(gdg, c), dg, 1e-5, 1e-4);
@@ -415,8 +415,8 @@ TEST_CASE("batch norm backward through the backends, with the forward's eps, mat
           *bdx = buffer(n, nullptr), *bdg = buffer(c, nullptr), *bdb = buffer(c, nullptr);
     be.batch_norm_forward_training(rows, c, bx, nullptr, relu, bgamma, bbeta, eps, 0.1f, nullptr,
                                    nullptr, by, bmean, binv);
-    be.batch_norm_backward(rows, c, bx, relu ? by : nullptr, relu, bdy, bgamma, bmean, binv, eps,
-                           bdx, bdg, bdb, nullptr);
+    be.batch_norm_backward(rows, c, bx, relu ? by : nullptr, relu, bdy, bgamma, bbeta, bmean, binv,
+                           eps, bdx, bdg, bdb, nullptr);
     Run out{std::vector<float>(n), std::vector<float>(c), std::vector<float>(c),
             std::vector<float>(n), std::vector<float>(c), std::vector<float>(c)};
     be.copy_to_host(out.y.data(), by, n * sizeof(float));
