@@ -127,7 +127,8 @@ TEST_CASE("max pool takes the first of equal maxima and propagates NaN", "[cpu][
 
 // The same rule in every channel group the kernel uses (91 = 64 + 16 + 8 + 3 with 16 lanes,
 // 2 * 32 + 3 * 8 + 3 with 8):
-// many ties (values on a grid of 0.5) and NaNs scattered over all channels, against the rule
+// many ties (values on a grid of 0.5), NaNs, infinities and huge values scattered over all
+// channels, against the rule
 // written out per element (start from the window's first element, take v > best or NaN).
 TEST_CASE("max pool ties and NaN follow PyTorch's rule in every lane width", "[cpu][pool]") {
   CpuContext ctx(2);
@@ -135,6 +136,11 @@ TEST_CASE("max pool ties and NaN follow PyTorch's rule in every lane width", "[c
   auto x = random_vector(in_size(s), 77);
   for (auto& v : x) v = std::round(v * 2.0f) / 2.0f;
   for (std::size_t i = 5; i < x.size(); i += 37) x[i] = NAN;
+  // Infinities, and finite values whose window sums overflow: the windows the kernel scans again
+  // with the NaN test (Note [Max pool without the NaN test]) must give the same rule.
+  for (std::size_t i = 11; i < x.size(); i += 41) x[i] = INFINITY;
+  for (std::size_t i = 17; i < x.size(); i += 43) x[i] = -INFINITY;
+  for (std::size_t i = 23; i < x.size(); i += 29) x[i] = (i / 29) % 2 ? 3e38f : -3e38f;
   std::vector<float> y(out_size(s));
   std::vector<std::int32_t> arg(out_size(s));
   max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
