@@ -178,7 +178,7 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
 // The scale/shift arrays live in the caller's scratch and are read by every thread.
 float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(c)); }
 
-// The training forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
+// The forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
 // kResidual), through max(0, .) when kRelu. With vectors where c is a multiple of kLanes: left
 // to the auto-vectoriser, each row's loop checks every pointer against y at run time (y may be
 // x), which at ResNet's 16 channels costs about as much as the row's work.
@@ -258,9 +258,7 @@ void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int 
     scale[ch] = static_cast<float>(gamma[ch] / std::sqrt(static_cast<double>(running_var[ch]) + eps));
   }
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r)
-      for (int ch = 0; ch < c; ++ch)
-        y[r * c + ch] = (x[r * c + ch] - running_mean[ch]) * scale[ch] + beta[ch];
+    forward_rows<false, false>(r0, r1, c, x, nullptr, running_mean, scale, beta, y);
   });
 }
 
@@ -487,22 +485,10 @@ void batch_norm_forward_apply(const CpuContext& ctx, std::int64_t rows, int c, c
   for (int ch = 0; ch < c; ++ch)
     scale[ch] = static_cast<float>(gamma[ch] * static_cast<double>(invstd[ch]));
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * c;
-      float* yr = y + r * c;
-      if (residual) {
-        const float* rr = residual + r * c;
-        for (int ch = 0; ch < c; ++ch) {
-          const float v = (xr[ch] - mean[ch]) * scale[ch] + beta[ch] + rr[ch];
-          yr[ch] = relu ? std::max(0.0f, v) : v;
-        }
-      } else if (relu) {
-        for (int ch = 0; ch < c; ++ch)
-          yr[ch] = std::max(0.0f, (xr[ch] - mean[ch]) * scale[ch] + beta[ch]);
-      } else {
-        for (int ch = 0; ch < c; ++ch) yr[ch] = (xr[ch] - mean[ch]) * scale[ch] + beta[ch];
-      }
-    }
+    if (residual && relu) return forward_rows<true, true>(r0, r1, c, x, residual, mean, scale, beta, y);
+    if (residual) return forward_rows<false, true>(r0, r1, c, x, residual, mean, scale, beta, y);
+    if (relu) return forward_rows<true, false>(r0, r1, c, x, nullptr, mean, scale, beta, y);
+    forward_rows<false, false>(r0, r1, c, x, nullptr, mean, scale, beta, y);
   });
 }
 

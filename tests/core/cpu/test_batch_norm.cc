@@ -251,7 +251,8 @@ TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward
 TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {
   CpuContext ctx(2);
   const std::int64_t rows = 33;
-  const int c = 9;
+  const int c = GENERATE(9, 16);  // scalar and vector loops
+  INFO("c = " << c);
   const auto x = random_vector(rows * c, 40);
   const auto gamma = random_vector(c, 41);
   const auto beta = random_vector(c, 42);
@@ -316,7 +317,8 @@ TEST_CASE("batch norm phases over two slices combine into the whole batch's forw
   // with row weights; the apply and reduce phases per slice with the merged statistics.
   CpuContext ctx(2);
   const std::int64_t rows = 1500, split = 1100;  // 11:4
-  const int c = 21;
+  const int c = GENERATE(21, 32);  // scalar and vector loops
+  INFO("c = " << c);
   auto x = random_vector(rows * c, 40);
   for (float& v : x) v += 30.0f;  // a large mean: the merge must not cancel
   const auto residual = random_vector(rows * c, 41);
