@@ -274,6 +274,16 @@ struct Affine {
   const float* shift = nullptr;
 };
 
+// The gradient g of a vector of elements at offset o under the mask (vector loops); xv and m are
+// their x and mean, scale and shift the kFromX mask's.
+template <Mask kMask>
+inline Vec8 masked_grad8(Vec8 g, Vec8 xv, Vec8 m, const float* y, std::int64_t o, Vec8 scale, Vec8 shift) {
+  const Vec8 zero = splat8(0.0f);
+  if constexpr (kMask == Mask::kFromY) return load8(y + o) > zero ? g : zero;
+  if constexpr (kMask == Mask::kFromX) return pre_relu(xv, m, scale, shift) > zero ? g : zero;
+  return g;
+}
+
 // backward_sums over rows [r0, r1) for channels [ch, ch + NV * kLanes), c a multiple of kLanes
 // (Note [Sums in registers]): acc[0..c) = sum of g, acc[c..2c) = sum of g * (x - mean), g = dy
 // masked as kMask says (and stored in dr when kStore; dr may be dy). The same per-channel order
@@ -283,7 +293,7 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const f
                         const float* y, const float* dy, const float* mean, Affine f, float* acc,
                         float* dr) {
   const Vec8 zero = splat8(0.0f);
-  Vec8 s1[NV], s2[NV], m[NV], scale[NV], shift[NV];
+  Vec8 s1[NV], s2[NV], m[NV], scale[NV] = {}, shift[NV] = {};
   for (int j = 0; j < NV; ++j) {
     s1[j] = s2[j] = zero;
     m[j] = load8(mean + ch + j * kLanes);
@@ -295,10 +305,8 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const f
   for (std::int64_t r = r0; r < r1; ++r)
     for (int j = 0; j < NV; ++j) {
       const std::int64_t o = r * c + ch + j * kLanes;
-      Vec8 g = load8(dy + o);
       const Vec8 xv = load8(x + o);
-      if constexpr (kMask == Mask::kFromY) g = load8(y + o) > zero ? g : zero;
-      if constexpr (kMask == Mask::kFromX) g = pre_relu(xv, m[j], scale[j], shift[j]) > zero ? g : zero;
+      const Vec8 g = masked_grad8<kMask>(load8(dy + o), xv, m[j], y, o, scale[j], shift[j]);
       if constexpr (kStore) store8(dr + o, g);
       s1[j] += g;
       s2[j] += g * (xv - m[j]);
@@ -367,15 +375,16 @@ template <Mask kMask>
 void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* y,
                       const float* dy, const float* mean, Affine f, const float* a,
                       const float* mean_g, const float* b, float* dx) {
-  const Vec8 zero = splat8(0.0f);
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t o = r * c;
     for (int ch = 0; ch < c; ch += kLanes) {
-      Vec8 g = load8(dy + o + ch);
       const Vec8 xv = load8(x + o + ch), m = load8(mean + ch);
-      if constexpr (kMask == Mask::kFromY) g = load8(y + o + ch) > zero ? g : zero;
-      if constexpr (kMask == Mask::kFromX)
-        g = pre_relu(xv, m, load8(f.scale + ch), load8(f.shift + ch)) > zero ? g : zero;
+      Vec8 scale{}, shift{};
+      if constexpr (kMask == Mask::kFromX) {
+        scale = load8(f.scale + ch);
+        shift = load8(f.shift + ch);
+      }
+      const Vec8 g = masked_grad8<kMask>(load8(dy + o + ch), xv, m, y, o + ch, scale, shift);
       store8(dx + o + ch, load8(a + ch) * ((g - load8(mean_g + ch)) - (xv - m) * load8(b + ch)));
     }
   }

@@ -180,16 +180,11 @@ inline void scan_window(const Pool2dShape& s, const float* img, const Window& wi
     const typename I::type pos = I::splat(pos0 + offset);
     for (int k = 0; k < K; ++k) {
       const typename V::type v = V::load(p + k * L);
-      if constexpr (kNanTest) {
-        const typename I::type take = (v > b[k]) | (v != v);
-        b[k] = take ? v : b[k];
-        at[k] = take ? pos : at[k];
-      } else {
-        const typename I::type take = v > b[k];
-        b[k] = take ? v : b[k];
-        at[k] = take ? pos : at[k];
-        sum[k] += v;
-      }
+      typename I::type take = v > b[k];
+      if constexpr (kNanTest) take |= v != v;
+      b[k] = take ? v : b[k];
+      at[k] = take ? pos : at[k];
+      if constexpr (!kNanTest) sum[k] += v;
     }
   };
   if constexpr (KH > 0 && KW > 0) {
