@@ -174,6 +174,16 @@ void register_kernels(const cpu::CpuContext& ctx, int batch) {
                                               y.data(), mean.data(), invstd.data());
       set_rates(st, 0, 3 * bytes);
     });
+    // forward storing y as bf16 (bf16 precision, the output a convolution alone reads).
+    add_kernel("kernel/resnet20/bn_relu_fwd_bf16/" + layer, [&ctx, rows, c, bytes](benchmark::State& st) {
+      const auto x = random_vector(rows * c, 4), gamma = random_vector(c, 6), beta = random_vector(c, 7);
+      std::vector<std::uint16_t> y(x.size());
+      std::vector<float> mean(c), invstd(c);
+      for (auto _ : st)
+        cpu::batch_norm_relu_forward_training_bf16(ctx, rows, c, x.data(), gamma.data(), beta.data(),
+                                                   1e-5f, y.data(), mean.data(), invstd.data());
+      set_rates(st, 0, 2.5 * bytes);
+    });
     // backward: reads x, y, dy twice (reduce, then apply), writes dx.
     add_kernel("kernel/resnet20/bn_relu_bwd/" + layer, [&ctx, rows, c, bytes](benchmark::State& st) {
       const auto x = random_vector(rows * c, 4), dy = random_vector(rows * c, 5);

@@ -41,8 +41,9 @@ BasicBlock::BasicBlock(const Device& device, int in_channels, int out_channels, 
 
 Tensor BasicBlock::forward(const Tensor& x) {
   // relu(bn1(conv1(x))) and relu(bn2(conv2(.)) + shortcut) each run as one fused batch-norm
-  // pass, forward and backward: the block touches each activation twice less than unfused.
-  Tensor out = bn1_->forward_relu(conv1_->forward(x));
+  // pass, forward and backward: the block touches each activation twice less than unfused. Only
+  // conv2 reads bn1's output, which bf16 precision may therefore store in bf16.
+  Tensor out = bn1_->forward_relu(conv1_->forward(x), OutputReaders::kConvolutions);
   out = conv2_->forward(out);
   Tensor shortcut = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
   return bn2_->forward_add_relu(out, shortcut);

@@ -1,7 +1,10 @@
 #include "core/cpu/batch_norm.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
@@ -178,13 +181,32 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
 // The scale/shift arrays live in the caller's scratch and are read by every thread.
 float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(c)); }
 
+// Output values: floats as they are, or rounded to bf16 bits as bf16_bits() rounds them (to
+// nearest, ties to even; infinities stay) but for NaN: bf16 outputs come from a ReLU, which
+// gives none (it passes NaN as 0), so bf16_bits's NaN case, a third of its instructions, is
+// left out. Eight at a time, or one.
+inline void store_out8(float* p, Vec8 v) { store8(p, v); }
+inline void store_out8(std::uint16_t* p, Vec8 v) {
+  typedef std::uint32_t Vec8u __attribute__((vector_size(32)));
+  typedef std::uint16_t Vec8h __attribute__((vector_size(16), aligned(2), may_alias));
+  const Vec8u b = std::bit_cast<Vec8u>(v);
+  *reinterpret_cast<Vec8h*>(p) = __builtin_convertvector((b + 0x7fffu + ((b >> 16) & 1u)) >> 16, Vec8h);
+}
+inline void store_out(float* p, float v) { *p = v; }
+inline void store_out(std::uint16_t* p, float v) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(v);
+  *p = static_cast<std::uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
 // The forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
-// kResidual), through max(0, .) when kRelu. With vectors where c is a multiple of kLanes: left
-// to the auto-vectoriser, each row's loop checks every pointer against y at run time (y may be
-// x), which at ResNet's 16 channels costs about as much as the row's work.
-template <bool kRelu, bool kResidual>
+// kResidual), through max(0, .) when kRelu; y float, or bf16 bits (std::uint16_t) rounded from
+// the same floats. With vectors where c is a multiple of kLanes: left to the auto-vectoriser,
+// each row's loop checks every pointer against y at run time (y may be x), which at ResNet's 16
+// channels costs about as much as the row's work.
+template <bool kRelu, bool kResidual, typename Out>
 void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* residual,
-                  const float* mean, const float* scale, const float* shift, float* y) {
+                  const float* mean, const float* scale, const float* shift, Out* y) {
+  static_assert(kRelu || std::is_same_v<Out, float>, "bf16 outputs come from a ReLU (no NaN)");
   if (c % kLanes == 0) {
     const Vec8 zero = splat8(0.0f);
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -192,7 +214,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const
       for (int ch = 0; ch < c; ch += kLanes) {
         Vec8 v = pre_relu(load8(x + o + ch), load8(mean + ch), load8(scale + ch), load8(shift + ch));
         if constexpr (kResidual) v += load8(residual + o + ch);
-        store8(y + o + ch, kRelu ? max8(v, zero) : v);
+        store_out8(y + o + ch, kRelu ? max8(v, zero) : v);
       }
     }
     return;
@@ -201,7 +223,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const
     for (int ch = 0; ch < c; ++ch) {
       float v = pre_relu(x[r * c + ch], mean[ch], scale[ch], shift[ch]);
       if constexpr (kResidual) v += residual[r * c + ch];
-      y[r * c + ch] = kRelu ? std::max(0.0f, v) : v;
+      store_out(y + r * c + ch, kRelu ? std::max(0.0f, v) : v);
     }
 }
 
@@ -223,6 +245,19 @@ void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, 
                                       const float* x, const float* gamma, const float* beta,
                                       float eps, float* y, float* save_mean, float* save_invstd) {
   check_args("batch_norm_relu_forward_training", rows, c, eps);
+  float* scale = affine_scratch(c);
+  float* shift = scale + c;
+  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
+  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
+    forward_rows<true, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
+  });
+}
+
+void batch_norm_relu_forward_training_bf16(const CpuContext& ctx, std::int64_t rows, int c,
+                                           const float* x, const float* gamma, const float* beta,
+                                           float eps, std::uint16_t* y, float* save_mean,
+                                           float* save_invstd) {
+  check_args("batch_norm_relu_forward_training_bf16", rows, c, eps);
   float* scale = affine_scratch(c);
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);

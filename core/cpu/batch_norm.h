@@ -40,6 +40,15 @@ void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, 
                                       const float* x, const float* gamma, const float* beta,
                                       float eps, float* y, float* save_mean, float* save_invstd);
 
+// The same with y stored as bfloat16 bits (the top half of a float32's), each the fp32 kernel's
+// y rounded to nearest, ties to even (bf16.h's round_to_bf16), for a convolution that reads its
+// input as bf16 (Note [bf16 activations] in core/tensor/ops.cc). Statistics, save_mean and
+// save_invstd are the fp32 kernel's, bit for bit.
+void batch_norm_relu_forward_training_bf16(const CpuContext& ctx, std::int64_t rows, int c,
+                                           const float* x, const float* gamma, const float* beta,
+                                           float eps, std::uint16_t* y, float* save_mean,
+                                           float* save_invstd);
+
 // y = relu(batch_norm(x) + residual): the tail of a ResNet basic block. residual [rows, c].
 void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
                                           const float* x, const float* residual,

@@ -184,6 +184,18 @@ const float* rounded(const CpuContext& ctx, const float* x, std::int64_t n, int 
   return out;
 }
 
+// x (bf16 bits) widened into this thread's third scratch buffer: what `rounded` would give for
+// the floats they came from.
+const float* widened(const CpuContext& ctx, const std::uint16_t* x, std::int64_t n) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<std::int64_t>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
+  float* out = scratch.data();
+  ctx.parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) {
+    widen_bf16(e - b, x + b, out + b);
+  });
+  return out;
+}
+
 std::int64_t x_size(const Conv2dShape& s) { return std::int64_t(s.n) * s.h * s.w * s.c_in; }
 std::int64_t w_size(const Conv2dShape& s) { return std::int64_t(s.c_out) * s.c_in * s.kh * s.kw; }
 std::int64_t y_size(const Conv2dShape& s) {
@@ -219,6 +231,10 @@ float round_to_bf16(float x) {
 void round_to_bf16(std::int64_t n, const float* x, float* y) {
   for (std::int64_t i = 0; i < n; ++i)
     y[i] = std::bit_cast<float>(bf16_bits(std::bit_cast<std::uint32_t>(x[i])));
+}
+
+void widen_bf16(std::int64_t n, const std::uint16_t* x, float* y) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(std::uint32_t{x[i]} << 16);
 }
 
 const char* bf16_kernels_name(Bf16Kernels k) {
@@ -374,6 +390,34 @@ bool gemm_bf16_with(Bf16Kernels kernels, const CpuContext& ctx, bool trans_a, bo
   return true;
 }
 
+bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                    const std::uint16_t* x, const float* w,
+                                    const float* bias_or_null, float* y) {
+  s.validate();
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y);
+  const float* xw = widened(ctx, x, x_size(s));
+  if (const Bf16KernelTable* p = own_kernels(k)) {
+    p->conv2d_forward(ctx, s, xw, w, bias_or_null, y);
+    return true;
+  }
+  conv2d_forward_bias(ctx, s, xw, rounded(ctx, w, w_size(s), 1), bias_or_null, y);
+  return true;
+}
+
+bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx,
+                                            const Conv2dShape& s, const std::uint16_t* x,
+                                            const float* dy, float* dw) {
+  s.validate();
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_weight(ctx, s, x, dy, dw);
+  const float* xw = widened(ctx, x, x_size(s));
+  if (const Bf16KernelTable* p = own_kernels(k)) {
+    p->conv2d_backward_weight(ctx, s, xw, dy, dw);
+    return true;
+  }
+  conv2d_backward_weight(ctx, s, xw, rounded(ctx, dy, y_size(s), 1), dw);
+  return true;
+}
+
 // The active kernels, and the emulated path where they decline (oneDNN's reference problems).
 void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                          const float* w, const float* bias_or_null, float* y) {
@@ -397,6 +441,19 @@ void gemm_bf16(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, 
                const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
   if (!gemm_bf16_with(active_bf16_kernels(), ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc))
     gemm_bf16_with(Bf16Kernels::Emulated, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+}
+
+void conv2d_forward_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
+                               const std::uint16_t* x, const float* w, const float* bias_or_null,
+                               float* y) {
+  if (!conv2d_forward_bf16_input_with(active_bf16_kernels(), ctx, s, x, w, bias_or_null, y))
+    conv2d_forward_bf16_input_with(Bf16Kernels::Emulated, ctx, s, x, w, bias_or_null, y);
+}
+
+void conv2d_backward_weight_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* dy, float* dw) {
+  if (!conv2d_backward_weight_bf16_input_with(active_bf16_kernels(), ctx, s, x, dy, dw))
+    conv2d_backward_weight_bf16_input_with(Bf16Kernels::Emulated, ctx, s, x, dy, dw);
 }
 
 }  // namespace towerflow::cpu

@@ -31,6 +31,7 @@
 // - InvalidArgument for a TOWERFLOW_BF16_KERNELS that names no choice; DeviceError for a choice
 //   other than emulated asked of a build or CPU that cannot run it, naming why and the fix.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,5 +100,27 @@ bool conv2d_backward_weight_bf16_with(Bf16Kernels k, const CpuContext& ctx, cons
                                       const float* x, const float* dy, float* dw);
 bool gemm_bf16_with(Bf16Kernels k, const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n,
                     int k_dim, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
+
+// ---- bf16 inputs ----------------------------------------------------------------------------
+// x stored as bf16 bits (the top half of a float32's; batch_norm_relu_forward_training_bf16 of
+// batch_norm.h writes them), for the forward and the weight gradient: the same results, bit for
+// bit, as the calls above on x widened to fp32 (which their rounding leaves as it is), on the
+// same kernels. oneDNN reads x as it is; towerflow's own kernels and the emulated path read it
+// widened into a scratch buffer (docs/precision.md says what that costs where).
+
+// y[i] = x[i] as a float (exact).
+void widen_bf16(std::int64_t n, const std::uint16_t* x, float* y);
+
+void conv2d_forward_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
+                               const std::uint16_t* x, const float* w, const float* bias_or_null,
+                               float* y);
+void conv2d_backward_weight_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* dy, float* dw);
+bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                    const std::uint16_t* x, const float* w,
+                                    const float* bias_or_null, float* y);
+bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx,
+                                            const Conv2dShape& s, const std::uint16_t* x,
+                                            const float* dy, float* dw);
 
 }  // namespace towerflow::cpu

@@ -60,6 +60,10 @@ void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, 
   kernels().batch_norm_relu_forward_training(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
 }
 
+void batch_norm_relu_forward_training_bf16(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* gamma, const float* beta, float eps, std::uint16_t* y, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_relu_forward_training_bf16(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
 void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* residual, const float* gamma, const float* beta, float eps, float* y, float* save_mean, float* save_invstd) {
   kernels().batch_norm_add_relu_forward_training(ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean, save_invstd);
 }

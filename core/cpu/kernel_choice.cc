@@ -477,6 +477,39 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
   });
 }
 
+void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                      const std::uint16_t* x, const float* w,
+                                      const float* bias_or_null, float* y, std::string_view layer) {
+  const std::vector<std::string>& c = candidates(true);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2)
+    return conv2d_forward_bf16_input(ctx, s, x, w, bias_or_null, y);
+  const std::string problem = s.describe() + ", bf16 input";
+  const ChoiceProblem p{.key = "conv forward " + problem + (bias_or_null ? " +bias" : ""),
+                        .pass = "forward", .problem = problem, .bf16 = true,
+                        .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+      return conv2d_forward_bf16_input_with(k, ctx, s, x, w, bias_or_null, y);
+    });
+  });
+}
+
+void conv2d_backward_weight_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                              const std::uint16_t* x, const float* dy, float* dw,
+                                              std::string_view layer) {
+  const std::vector<std::string>& c = candidates(true);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2)
+    return conv2d_backward_weight_bf16_input(ctx, s, x, dy, dw);
+  const std::string problem = s.describe() + ", bf16 input";
+  const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
+                        .problem = problem, .bf16 = true, .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+      return conv2d_backward_weight_bf16_input_with(k, ctx, s, x, dy, dw);
+    });
+  });
+}
+
 void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
                  const float* a, int lda, const float* b, int ldb, float* c, int ldc, bool bf16,
                  std::string_view layer) {

@@ -3,6 +3,7 @@
 // (private to core): the CPU backend calls these; each runs the problem on the fixed kernels or
 // on the measured fastest. Arguments, layouts and overwrite rules are conv.h's and gemm.h's.
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -24,6 +25,15 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
                                   const float* w, float* dx, bool bf16, std::string_view layer);
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw, bool bf16, std::string_view layer);
+// The bf16 forward and weight gradient with x stored as bf16 bits (bf16.h's bf16 inputs): problems
+// of their own ("..., bf16 input"), since oneDNN reads such an x as it is and the other kernels
+// widen it first.
+void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                      const std::uint16_t* x, const float* w,
+                                      const float* bias_or_null, float* y, std::string_view layer);
+void conv2d_backward_weight_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                              const std::uint16_t* x, const float* dy, float* dw,
+                                              std::string_view layer);
 // c = op(a) op(b) (alpha 1, beta 0).
 void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
                  const float* a, int lda, const float* b, int ldb, float* c, int ldc, bool bf16,

@@ -38,6 +38,7 @@ namespace towerflow::cpu {
   X(batch_norm_forward_inference) \
   X(batch_norm_backward) \
   X(batch_norm_relu_forward_training) \
+  X(batch_norm_relu_forward_training_bf16) \
   X(batch_norm_add_relu_forward_training) \
   X(batch_norm_relu_backward) \
   X(batch_norm_moments) \

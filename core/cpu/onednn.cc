@@ -117,9 +117,11 @@ ThreadState& state(int threads) {
 
 dt operand_type(Operands op) { return op == Operands::kBf16 ? dt::bf16 : dt::f32; }
 
-Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias, Operands op) {
+// x_type: how x is stored (f32, or bf16 for the bf16 inputs of onednn_impl.h).
+Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias, Operands op,
+             dt x_type = dt::f32) {
   return {kind, s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w, s.pad_h,
-          s.pad_w, threads, bias ? 1 : 0, static_cast<int>(op), 0, 0};
+          s.pad_w, threads, bias ? 1 : 0, static_cast<int>(op), x_type == dt::bf16 ? 1 : 0, 0};
 }
 
 struct ConvDescs {
@@ -194,14 +196,14 @@ dnnl::matmul::primitive_desc matmul_desc(const memory::desc& a, const memory::de
 #endif
 }
 
-Problem make_forward(const Conv2dShape& s, bool bias, dt op) {
+Problem make_forward(const Conv2dShape& s, bool bias, dt op, dt x_type) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
   const auto pd = forward_hint(d, bias, op);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_forward(pd);
-  p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
+  p.a = Conversion(memory::desc(d.src, x_type, tag::nhwc), pd.src_desc());
   p.b = Conversion(memory::desc(d.weights, dt::f32, tag::oihw), pd.weights_desc());
   return p;
 }
@@ -218,14 +220,14 @@ Problem make_backward_input(const Conv2dShape& s, dt op) {
   return p;
 }
 
-Problem make_backward_weight(const Conv2dShape& s, dt op) {
+Problem make_backward_weight(const Conv2dShape& s, dt op, dt x_type) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
   const auto pd = backward_weights_desc(d, op);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_backward_weights(pd);
-  p.a = Conversion(memory::desc(d.src, dt::f32, tag::nhwc), pd.src_desc());
+  p.a = Conversion(memory::desc(d.src, x_type, tag::nhwc), pd.src_desc());
   p.b = Conversion(memory::desc(d.dst, dt::f32, tag::nhwc), pd.diff_dst_desc());
   const memory::desc oihw(d.weights, dt::f32, tag::oihw);
   if (pd.diff_weights_desc() != oihw) {
@@ -309,12 +311,15 @@ bool has_bits(dnnl_cpu_isa_t bits) {
 bool native_bf16() { return has_bits(dnnl_cpu_isa_avx512_core_bf16); }
 bool jit_bf16() { return has_bits(dnnl_cpu_isa_avx512_core); }
 
-bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias_or_null, float* y, Operands op) {
+namespace {
+
+// x stored as x_type (f32, or bf16 with op kBf16).
+bool forward(int threads, const Conv2dShape& s, const void* x, dt x_type, const float* w,
+             const float* bias_or_null, float* y, Operands op) {
   ThreadState& t = state(threads);
   const bool bias = bias_or_null != nullptr;
-  Problem& p = problem(t, conv_key(kForward, s, threads, bias, op),
-                       [&] { return make_forward(s, bias, operand_type(op)); });
+  Problem& p = problem(t, conv_key(kForward, s, threads, bias, op, x_type),
+                       [&] { return make_forward(s, bias, operand_type(op), x_type); });
   if (p.reference) return false;
   checked(what(op, kForward), [&] {
     const ConvDescs d = conv_descs(s);
@@ -329,6 +334,37 @@ bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const flo
     t.stream.wait();
   });
   return true;
+}
+
+bool backward_weight(int threads, const Conv2dShape& s, const void* x, dt x_type,
+                     const float* dy, float* dw, Operands op) {
+  ThreadState& t = state(threads);
+  Problem& p = problem(t, conv_key(kBackwardWeight, s, threads, false, op, x_type),
+                       [&] { return make_backward_weight(s, operand_type(op), x_type); });
+  if (p.reference) return false;
+  checked(what(op, kBackwardWeight), [&] {
+    const ConvDescs d = conv_descs(s);
+    memory user_dw(memory::desc(d.weights, dt::f32, tag::oihw), engine(), dw);
+    const bool blocked = static_cast<bool>(p.blocked_result);
+    p.primitive.execute(t.stream, {{DNNL_ARG_SRC, p.a.in(t.stream, x)},
+                                   {DNNL_ARG_DIFF_DST, p.b.in(t.stream, dy)},
+                                   {DNNL_ARG_DIFF_WEIGHTS, blocked ? p.blocked_result : user_dw}});
+    if (blocked) p.result_out.execute(t.stream, p.blocked_result, user_dw);
+    t.stream.wait();
+  });
+  return true;
+}
+
+}  // namespace
+
+bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y, Operands op) {
+  return forward(threads, s, x, dt::f32, w, bias_or_null, y, op);
+}
+
+bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, const float* w,
+                    const float* bias_or_null, float* y) {
+  return forward(threads, s, x, dt::bf16, w, bias_or_null, y, Operands::kBf16);
 }
 
 bool conv2d_backward_input(int threads, const Conv2dShape& s, const float* dy,
@@ -350,21 +386,12 @@ bool conv2d_backward_input(int threads, const Conv2dShape& s, const float* dy,
 
 bool conv2d_backward_weight(int threads, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw, Operands op) {
-  ThreadState& t = state(threads);
-  Problem& p = problem(t, conv_key(kBackwardWeight, s, threads, false, op),
-                       [&] { return make_backward_weight(s, operand_type(op)); });
-  if (p.reference) return false;
-  checked(what(op, kBackwardWeight), [&] {
-    const ConvDescs d = conv_descs(s);
-    memory user_dw(memory::desc(d.weights, dt::f32, tag::oihw), engine(), dw);
-    const bool blocked = static_cast<bool>(p.blocked_result);
-    p.primitive.execute(t.stream, {{DNNL_ARG_SRC, p.a.in(t.stream, x)},
-                                   {DNNL_ARG_DIFF_DST, p.b.in(t.stream, dy)},
-                                   {DNNL_ARG_DIFF_WEIGHTS, blocked ? p.blocked_result : user_dw}});
-    if (blocked) p.result_out.execute(t.stream, p.blocked_result, user_dw);
-    t.stream.wait();
-  });
-  return true;
+  return backward_weight(threads, s, x, dt::f32, dy, dw, op);
+}
+
+bool conv2d_backward_weight(int threads, const Conv2dShape& s, const std::uint16_t* x,
+                            const float* dy, float* dw) {
+  return backward_weight(threads, s, x, dt::bf16, dy, dw, Operands::kBf16);
 }
 
 bool gemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, const float* a,

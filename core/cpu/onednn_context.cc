@@ -51,12 +51,50 @@ std::int64_t image_out(const Conv2dShape& s) { return std::int64_t{s.out_h()} * 
 
 }  // namespace
 
-bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
-                    const float* bias_or_null, float* y, Operands op) {
+namespace {
+
+// x: float, or bf16 bits.
+template <typename T, typename... Op>
+bool forward_on_slices(const CpuContext& ctx, const Conv2dShape& s, const T* x, const float* w,
+                       const float* bias_or_null, float* y, Op... op) {
   const std::int64_t in = image_in(s), out = image_out(s);
   return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
-    return conv2d_forward(1, with_images(s, e - b), x + b * in, w, bias_or_null, y + b * out, op);
+    return conv2d_forward(1, with_images(s, e - b), x + b * in, w, bias_or_null, y + b * out, op...);
   });
+}
+
+template <typename T, typename... Op>
+bool backward_weight_on_slices(const CpuContext& ctx, const Conv2dShape& s, const T* x,
+                               const float* dy, float* dw, Op... op) {
+  const std::int64_t in = image_in(s), out = image_out(s);
+  const std::int64_t wn = std::int64_t{s.c_out} * s.c_in * s.kh * s.kw;
+  const int count = slices(ctx, s.n, 1);
+  thread_local std::vector<float> partial;  // the caller's: slices 1.. write here
+  if (static_cast<std::int64_t>(partial.size()) < (count - 1) * wn)
+    partial.resize(static_cast<std::size_t>((count - 1) * wn));
+  float* const part = partial.data();
+  if (!on_slices(ctx, count, s.n, [&](int i, std::int64_t b, std::int64_t e) {
+        return conv2d_backward_weight(1, with_images(s, e - b), x + b * in, dy + b * out,
+                                      i == 0 ? dw : part + (i - 1) * wn, op...);
+      }))
+    return false;
+  for (int i = 1; i < count; ++i) {
+    const float* p = part + (i - 1) * wn;
+    for (std::int64_t j = 0; j < wn; ++j) dw[j] += p[j];
+  }
+  return true;
+}
+
+}  // namespace
+
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, float* y, Operands op) {
+  return forward_on_slices(ctx, s, x, w, bias_or_null, y, op);
+}
+
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                    const float* w, const float* bias_or_null, float* y) {
+  return forward_on_slices(ctx, s, x, w, bias_or_null, y);
 }
 
 bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
@@ -69,23 +107,12 @@ bool conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
 
 bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw, Operands op) {
-  const std::int64_t in = image_in(s), out = image_out(s);
-  const std::int64_t wn = std::int64_t{s.c_out} * s.c_in * s.kh * s.kw;
-  const int count = slices(ctx, s.n, 1);
-  thread_local std::vector<float> partial;  // the caller's: slices 1.. write here
-  if (static_cast<std::int64_t>(partial.size()) < (count - 1) * wn)
-    partial.resize(static_cast<std::size_t>((count - 1) * wn));
-  float* const part = partial.data();
-  if (!on_slices(ctx, count, s.n, [&](int i, std::int64_t b, std::int64_t e) {
-        return conv2d_backward_weight(1, with_images(s, e - b), x + b * in, dy + b * out,
-                                      i == 0 ? dw : part + (i - 1) * wn, op);
-      }))
-    return false;
-  for (int i = 1; i < count; ++i) {
-    const float* p = part + (i - 1) * wn;
-    for (std::int64_t j = 0; j < wn; ++j) dw[j] += p[j];
-  }
-  return true;
+  return backward_weight_on_slices(ctx, s, x, dy, dw, op);
+}
+
+bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                            const float* dy, float* dw) {
+  return backward_weight_on_slices(ctx, s, x, dy, dw);
 }
 
 bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,

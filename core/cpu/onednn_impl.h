@@ -10,6 +10,7 @@
 // problem (or none); the caller then runs another kernel. Primitives are
 // created once per problem, operand type, thread and thread count, and kept for the thread's life.
 
+#include <cstdint>
 #include <string>
 
 #include "core/cpu/context.h"
@@ -36,6 +37,13 @@ bool conv2d_backward_weight(int threads, const Conv2dShape& s, const float* x,
 bool gemm(int threads, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
           int lda, const float* b, int ldb, float* c, int ldc, Operands op = Operands::kBf16);
 
+// The bf16 forward and weight gradient with x stored as bf16 bits (bf16.h's bf16 inputs), read
+// as they are: the problems of the calls above with an fp32 x, less its conversion.
+bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, const float* w,
+                    const float* bias_or_null, float* y);
+bool conv2d_backward_weight(int threads, const Conv2dShape& s, const std::uint16_t* x,
+                            const float* dy, float* dw);
+
 // The same kernels on ctx's threads (onednn_context.cc): each thread runs the kernel above on one
 // OpenMP thread, itself, over a slice of the problem (Note [oneDNN on the context's threads]).
 // False, as above, where oneDNN declines the problem.
@@ -47,5 +55,9 @@ bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const f
                             const float* dy, float* dw, Operands op = Operands::kBf16);
 bool gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
           int lda, const float* b, int ldb, float* c, int ldc, Operands op = Operands::kBf16);
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                    const float* w, const float* bias_or_null, float* y);
+bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                            const float* dy, float* dw);
 
 }  // namespace towerflow::cpu::onednn

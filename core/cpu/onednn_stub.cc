@@ -22,6 +22,13 @@ bool conv2d_backward_weight(int, const Conv2dShape&, const float*, const float*,
                             float*, Operands) {
   return false;
 }
+bool conv2d_forward(int, const Conv2dShape&, const std::uint16_t*, const float*, const float*,
+                    float*) {
+  return false;
+}
+bool conv2d_backward_weight(int, const Conv2dShape&, const std::uint16_t*, const float*, float*) {
+  return false;
+}
 bool gemm(int, bool, bool, int, int, int, const float*, int, const float*, int,
           float*, int, Operands) {
   return false;

@@ -100,11 +100,13 @@ class GpuBackend final : public Backend {
   const Device& device() const override { return ctx_.device(); }
   Allocator& allocator() const override { return ctx_.allocator(); }
   std::string name() const override { return name_; }
-  // Synchronised batch norm's phase kernels are not written for the GPU yet (the base class
-  // throws); without them ops.cc soft-places those layers on /cpu:0 or names the option. 16-bit
+  // Synchronised batch norm's phase kernels and the bf16 activations' kernels are not written
+  // for the GPU yet (the base class throws); without the former ops.cc soft-places those layers
+  // on /cpu:0 or names the option, without the latter activations stay fp32. 16-bit
   // products run on tensor cores where the GPU has them for the type (half_products_supported).
   bool supports(OpKind op) const override {
     if (op == OpKind::kBf16Products) return bf16_products_;
+    if (op == OpKind::kBf16Activations) return false;  // activations stay fp32 on GPUs
     if (op == OpKind::kFp16Products) return fp16_products_;
     return op != OpKind::kBatchNormSync;
   }

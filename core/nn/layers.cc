@@ -58,9 +58,11 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   return batch_norm(x, weight_, bias_, running_mean_, running_var_, options());
 }
 
-Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+Tensor BatchNorm2d::forward_relu(const Tensor& x, OutputReaders readers) {
   OpScope scope(path());
-  return batch_norm_relu(x, weight_, bias_, running_mean_, running_var_, options());
+  BatchNormOptions opts = options();
+  opts.readers = readers;
+  return batch_norm_relu(x, weight_, bias_, running_mean_, running_var_, opts);
 }
 
 Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {

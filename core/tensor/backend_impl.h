@@ -124,6 +124,35 @@ class Backend {
     no_half_products(p, "gemm_half");
   }
 
+  // ---- bf16 activations (kBf16Activations) ---------------------------------------------------
+  // Note [bf16 activations] in ops.cc: batch norm + ReLU storing its output as bf16 for the
+  // convolution after it, which reads it as it is. A backend that supports(kBf16Activations)
+  // has all four; the base class has none (DeviceError).
+  // batch_norm_forward_training with relu and no residual, y stored as bf16: each value the fp32
+  // kernel's y rounded to nearest even; the statistics, saved and running, as there.
+  virtual void batch_norm_relu_forward_training_bf16(std::int64_t rows, int c, const float* x,
+                                                     const float* gamma, const float* beta,
+                                                     float eps, float momentum,
+                                                     float* running_mean, float* running_var,
+                                                     bfloat16* y, float* save_mean,
+                                                     float* save_invstd) {
+    no_bf16_activations("batch_norm_relu_forward_training_bf16");
+  }
+  // y[i] = x[i] as float32 (exact).
+  virtual void widen_bf16(std::int64_t n, const bfloat16* x, float* y) {
+    no_bf16_activations("widen_bf16");
+  }
+  // conv2d_forward_half and conv2d_backward_weight_half in bf16 with x stored as bf16: the
+  // results of those calls on x widened.
+  virtual void conv2d_forward_bf16_input(const Conv2dShape& s, const bfloat16* x, const float* w,
+                                         const float* bias_or_null, float* y) {
+    no_bf16_activations("conv2d_forward_bf16_input");
+  }
+  virtual void conv2d_backward_weight_bf16_input(const Conv2dShape& s, const bfloat16* x,
+                                                 const float* dy, float* dw) {
+    no_bf16_activations("conv2d_backward_weight_bf16_input");
+  }
+
   // ---- elementwise (kElementwise); in place (y == x, y == a) is allowed ---------------------
   virtual void fill(std::int64_t n, float value, float* y) = 0;
   virtual void add(std::int64_t n, const float* a, const float* b, float* y) = 0;
@@ -186,7 +215,8 @@ class Backend {
   // gradient goes through the relu mask (y > 0) first; d_pre_relu (nullable) receives that
   // masked gradient (the residual's gradient). Without a residual (d_pre_relu null) a backend
   // may instead recompute the mask from x, the saved statistics, gamma and beta, bit for bit the
-  // forward's (the CPU does: Note [The ReLU mask from x] in core/cpu/batch_norm.cc). dx may not
+  // forward's (the CPU does: Note [The ReLU mask from x] in core/cpu/batch_norm.cc); one that
+  // supports(kBf16Activations) must, and then gets a null y after a bf16 forward. dx may not
   // alias dy. eps is the eps the training forward was given (save_invstd = 1/sqrt(var + eps));
   // see Note [Batch-norm backward eps] in core/cuda/batch_norm.cc.
   virtual void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y,
@@ -285,6 +315,11 @@ class Backend {
 
  protected:
   // The error of a 16-bit product method called on a backend without it for that type.
+  [[noreturn]] void no_bf16_activations(std::string_view method) const {
+    raise<DeviceError>(method, ": no kernels for tensors stored as bf16 on ", device(), " (",
+                       name(), "); activations stay float32 here (supports(kBf16Activations) is "
+                       "false), so a bfloat16 tensor on this device cannot be read");
+  }
   [[noreturn]] void no_half_products(Precision p, std::string_view method) const {
     raise<DeviceError>(method, ": no kernel that reads ", to_string(p), " operands on ", device(),
                        " (", name(), "); ", to_string(p),

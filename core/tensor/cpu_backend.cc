@@ -57,6 +57,13 @@ class CpuBackend final : public Backend {
     if (op == OpKind::kBf16Products && !cpu::bf16_products_in_kernels(cpu::active_bf16_kernels()))
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
     if (op == OpKind::kFp16Products) return false;  // fp16 is always emulated on CPUs
+    // bf16 activations where the convolutions after them read them as they are (oneDNN) or
+    // widen them in place of rounding (emulated): not under towerflow's own bf16 kernels, which
+    // would widen them into a copy first (Note [bf16 activations] in ops.cc).
+    if (op == OpKind::kBf16Activations) {
+      const cpu::Bf16Kernels k = cpu::active_bf16_kernels();
+      if (k != cpu::Bf16Kernels::Emulated && k != cpu::Bf16Kernels::OneDnn) return false;
+    }
     return std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
   std::string describe_products(Precision p) const override {
@@ -86,6 +93,12 @@ class CpuBackend final : public Backend {
   void round_to_bf16(std::int64_t n, const float* x, float* y) override {
     const auto span = kernel_span("round_to_bf16", 2.0 * n);
     each(n, [&](std::int64_t b, std::int64_t e) { towerflow::round_to_bf16(e - b, x + b, y + b); });
+  }
+
+  void widen_bf16(std::int64_t n, const bfloat16* x, float* y) override {
+    const auto span = kernel_span("widen_bf16", 1.5 * n);  // 2 bytes read, 4 written
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(x);
+    each(n, [&](std::int64_t b, std::int64_t e) { cpu::widen_bf16(e - b, bits + b, y + b); });
   }
 
   void round_to_fp16(std::int64_t n, const float* x, float* y) override {
@@ -277,6 +290,18 @@ class CpuBackend final : public Backend {
     count_conv("conv backward weight", s);
     cpu::conv2d_backward_weight_chosen(ctx_, s, x, dy, dw, true, OpScope::current());
   }
+  void conv2d_forward_bf16_input(const Conv2dShape& s, const bfloat16* x, const float* w,
+                                 const float* bias, float* y) override {
+    count_conv("conv forward", s);
+    cpu::conv2d_forward_bf16_input_chosen(ctx_, s, reinterpret_cast<const std::uint16_t*>(x), w,
+                                          bias, y, OpScope::current());
+  }
+  void conv2d_backward_weight_bf16_input(const Conv2dShape& s, const bfloat16* x,
+                                         const float* dy, float* dw) override {
+    count_conv("conv backward weight", s);
+    cpu::conv2d_backward_weight_bf16_input_chosen(
+        ctx_, s, reinterpret_cast<const std::uint16_t*>(x), dy, dw, OpScope::current());
+  }
   void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                  int lda, const float* b, int ldb, float* c, int ldc) override {
     if (p != Precision::Bf16) no_half_products(p, "gemm_half");
@@ -331,17 +356,33 @@ class CpuBackend final : public Backend {
       cpu::batch_norm_forward_training(ctx_, rows, c, x, gamma, beta, eps, y, save_mean,
                                        save_invstd);
     }
-    if (running_mean) {
-      // PyTorch updates the running variance with the unbiased batch variance.
-      const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
-      for (int j = 0; j < c; ++j) {
-        const double invstd = save_invstd[j];
-        const double var = (1.0 / (invstd * invstd) - eps) * unbias;
-        running_mean[j] = static_cast<float>((1.0 - momentum) * running_mean[j] +
-                                             momentum * static_cast<double>(save_mean[j]));
-        running_var[j] =
-            static_cast<float>((1.0 - momentum) * running_var[j] + momentum * var);
-      }
+    update_running(rows, c, eps, momentum, save_mean, save_invstd, running_mean, running_var);
+  }
+  void batch_norm_relu_forward_training_bf16(std::int64_t rows, int c, const float* x,
+                                             const float* gamma, const float* beta, float eps,
+                                             float momentum, float* running_mean,
+                                             float* running_var, bfloat16* y, float* save_mean,
+                                             float* save_invstd) override {
+    // x read twice, y written in half a float each.
+    const auto span = kernel_span("batch_norm_relu_forward_bf16", 2.5 * rows * c);
+    cpu::batch_norm_relu_forward_training_bf16(ctx_, rows, c, x, gamma, beta, eps,
+                                               reinterpret_cast<std::uint16_t*>(y), save_mean,
+                                               save_invstd);
+    update_running(rows, c, eps, momentum, save_mean, save_invstd, running_mean, running_var);
+  }
+  // The running statistics (where running_mean is not null) from a training forward's.
+  static void update_running(std::int64_t rows, int c, float eps, float momentum,
+                             const float* save_mean, const float* save_invstd,
+                             float* running_mean, float* running_var) {
+    if (!running_mean) return;
+    // PyTorch updates the running variance with the unbiased batch variance.
+    const double unbias = rows > 1 ? static_cast<double>(rows) / (rows - 1) : 1.0;
+    for (int j = 0; j < c; ++j) {
+      const double invstd = save_invstd[j];
+      const double var = (1.0 / (invstd * invstd) - eps) * unbias;
+      running_mean[j] = static_cast<float>((1.0 - momentum) * running_mean[j] +
+                                           momentum * static_cast<double>(save_mean[j]));
+      running_var[j] = static_cast<float>((1.0 - momentum) * running_var[j] + momentum * var);
     }
   }
   void batch_norm_forward_inference(std::int64_t rows, int c, const float* x, const float* gamma,

@@ -21,6 +21,7 @@ std::string_view to_string(OpKind op) {
     case OpKind::kOptimizerUpdate: return "optimizer_update";
     case OpKind::kBf16Products: return "bf16_products";
     case OpKind::kFp16Products: return "fp16_products";
+    case OpKind::kBf16Activations: return "bf16_activations";
   }
   return "?";
 }

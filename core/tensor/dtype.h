@@ -1,7 +1,8 @@
 #pragma once
-// DType: the element types a Tensor may hold. float32 is what every op computes in today;
-// int32 holds labels and pooling indices, uint8 dropout masks; bf16 / fp16 are reserved so that
-// storage, copies and views already handle them when mixed-precision kernels arrive.
+// DType: the element types a Tensor may hold. float32 is what every op computes in; int32 holds
+// labels and pooling indices, uint8 dropout masks; bfloat16 the activations that batch norm
+// stores for the convolution after it under bf16 precision (Note [bf16 activations] in ops.cc),
+// which convolutions read and no other op; float16 is reserved.
 
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +40,9 @@ constexpr std::string_view to_string(DType t) {
 
 inline std::ostream& operator<<(std::ostream& os, DType t) { return os << to_string(t); }
 
+// A bfloat16 as its bits, the top half of a float32's: the element of a kBFloat16 tensor.
+enum class bfloat16 : std::uint16_t {};
+
 // The DType of a C++ element type, for Tensor::data<T>() checks.
 template <typename T>
 constexpr DType dtype_of();
@@ -48,5 +52,7 @@ template <>
 constexpr DType dtype_of<std::int32_t>() { return DType::kInt32; }
 template <>
 constexpr DType dtype_of<std::uint8_t>() { return DType::kUInt8; }
+template <>
+constexpr DType dtype_of<bfloat16>() { return DType::kBFloat16; }
 
 }  // namespace towerflow

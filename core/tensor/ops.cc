@@ -93,6 +93,10 @@ const Device& common_device(std::string_view op, std::initializer_list<const Ten
 }
 
 void check_float(std::string_view op, const char* what, const Tensor& t) {
+  if (t.defined() && t.dtype() == DType::kBFloat16)
+    raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32: only Conv2D "
+                           "reads bfloat16 (a batch norm's output stored for convolutions alone, "
+                           "BatchNormOptions::readers); give this op's input OutputReaders::kAny");
   if (t.defined() && t.dtype() != DType::kFloat32)
     raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32");
 }
@@ -150,6 +154,39 @@ Tensor operand(const Tensor& t, Products p) {
   return r;
 }
 
+// Note [bf16 activations]
+// Under bf16 precision a convolution rounds its input to bf16 before it multiplies, so a tensor
+// that only convolutions read loses nothing when it is stored in bf16 in the first place.
+// batch_norm_relu in training does that where its caller says only convolutions read its output
+// (BatchNormOptions::readers: ResNet's blocks for bn1, which feeds conv2 alone) and the device
+// supports(kBf16Activations). The pass then writes 2 bytes per value instead of 4, the
+// convolution reads 2 instead of 4 (forward and weight gradient), and the graph keeps that bf16
+// tensor where it kept the float32 one (the batch norm's backward no longer holds it: the ReLU's
+// mask comes from x, Backend::batch_norm_backward). Every result
+// is the same, bit for bit: the convolution multiplies the same bf16 values either way, and the
+// gradients are float32. The convolution reads the tensor as it is where its kernels can (the
+// CPU's oneDNN ones, Backend::conv2d_forward_bf16_input), and elsewhere widens it into the
+// float32 copy that it would otherwise have rounded (the CPU's emulated bf16). Where bf16 runs
+// on towerflow's own CPU kernels (pairs, AMX), which pack float32 inputs, and on GPUs, the
+// activations stay float32: widening first would cost more than the batch norm saves.
+
+// A bfloat16 tensor widened to float32 on its device (exact: what rounding its float32
+// original to bf16 would give).
+Tensor widened(const Tensor& t) {
+  Tensor r = Tensor::empty(t.shape(), t.device());
+  backend_for(t.device()).widen_bf16(t.numel(), t.data<bfloat16>(), r.data<float>());
+  return r;
+}
+
+// A convolution's input x as its kernels read it under p: a bfloat16 x as it is where they read
+// bf16 (reads_bf16), else widened (under bf16 precision that is its rounding already); a float32
+// x as operand() gives it.
+Tensor conv_input(const Tensor& x, Products p, bool reads_bf16) {
+  if (x.dtype() != DType::kBFloat16) return operand(x, p);
+  if (reads_bf16) return x;
+  return operand(widened(x), p == Products::Bf16Rounded ? Products::Fp32 : p);
+}
+
 // c = op(a) op(b) (row-major, gemm.h's arguments with alpha 1 and beta 0) as p multiplies.
 void product(Backend& be, Products p, bool trans_a, bool trans_b, int m, int n, int k,
              const float* a, int lda, const float* b, int ldb, float* c, int ldc) {
@@ -167,7 +204,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
   constexpr std::string_view kOp = "Conv2D";
   const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &w, &bias});
-  check_float(kOp, "input", x);
+  if (x.defined() && x.dtype() != DType::kBFloat16) check_float(kOp, "input", x);
   check_float(kOp, "weight", w);
   check_float(kOp, "bias", bias);
   check_ndim(kOp, "input", x, 4, "NHWC [n, h, w, c_in]");
@@ -195,21 +232,27 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
                       .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
   Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
   const Products p = products_on(d);
-  const Tensor xo = operand(x, p), wo = operand(w, p);
-  if (half_kernels(p))
+  const bool reads_bf16 = x.dtype() == DType::kBFloat16 && p == Products::Bf16Kernels &&
+                          backend_for(d).supports(OpKind::kBf16Activations);
+  const Tensor xo = conv_input(x, p, reads_bf16), wo = operand(w, p);
+  if (reads_bf16)
+    backend_for(d).conv2d_forward_bf16_input(s, xo.data<bfloat16>(), wo.data<float>(), fptr(bias),
+                                             y.data<float>());
+  else if (half_kernels(p))
     backend_for(d).conv2d_forward_half(half_type(p), s, xo.data<float>(), wo.data<float>(), fptr(bias),
                                        y.data<float>());
   else
     backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
     record(y, std::string(kOp), {x, w, bias},
-           [s, xo, wo, bias, p, need_dx = x.requires_grad(), need_dw = w.requires_grad()](const Tensor& g) {
+           [s, xo, wo, bias, p, reads_bf16, need_dx = x.requires_grad(),
+            need_dw = w.requires_grad()](const Tensor& g) {
       Backend& be = backend_for(g.device());
       const Tensor go = operand(g, p);
       const bool by_half_kernels = half_kernels(p);
       Tensor dx, dw, db;
       if (need_dx) {
-        dx = empty_like(xo);
+        dx = Tensor::empty(xo.shape(), g.device());  // float32 whatever x's type
         if (by_half_kernels)
           be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(),
                                         dx.data<float>());
@@ -218,7 +261,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
       }
       if (need_dw) {
         dw = empty_like(wo);
-        if (by_half_kernels)
+        if (reads_bf16)
+          be.conv2d_backward_weight_bf16_input(s, xo.data<bfloat16>(), go.data<float>(),
+                                               dw.data<float>());
+        else if (by_half_kernels)
           be.conv2d_backward_weight_half(half_type(p), s, xo.data<float>(), go.data<float>(),
                                          dw.data<float>());
         else
@@ -772,22 +818,37 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                                     running_mean, running_var, opts);
 
   Tensor save_mean = Tensor::empty({c}, d), save_invstd = Tensor::empty({c}, d);
+  const bool bf16_out = relu_on && !residual.defined() &&
+                        opts.readers == OutputReaders::kConvolutions &&
+                        current_precision() == Precision::Bf16 &&
+                        be.supports(OpKind::kBf16Activations);
   {
     NoGradGuard no_grad;  // running statistics are state, not part of the graph
-    be.batch_norm_forward_training(rows, c, x.data<float>(), fptr(residual), relu_on,
-                                   gamma.data<float>(), beta.data<float>(), opts.eps,
-                                   opts.momentum, fptr(running_mean), fptr(running_var),
-                                   y.data<float>(), save_mean.data<float>(),
-                                   save_invstd.data<float>());
+    if (bf16_out) {
+      y = Tensor::empty(x.shape(), d, DType::kBFloat16);
+      be.batch_norm_relu_forward_training_bf16(
+          rows, c, x.data<float>(), gamma.data<float>(), beta.data<float>(), opts.eps,
+          opts.momentum, fptr(running_mean), fptr(running_var), y.data<bfloat16>(),
+          save_mean.data<float>(), save_invstd.data<float>());
+    } else {
+      be.batch_norm_forward_training(rows, c, x.data<float>(), fptr(residual), relu_on,
+                                     gamma.data<float>(), beta.data<float>(), opts.eps,
+                                     opts.momentum, fptr(running_mean), fptr(running_var),
+                                     y.data<float>(), save_mean.data<float>(),
+                                     save_invstd.data<float>());
+    }
   }
   if (needs_grad({&x, &residual, &gamma, &beta})) {
+    // The backward reads the forward's output for the ReLU's mask, except from a backend with
+    // bf16 activations, which recomputes it from x (Backend::batch_norm_backward): a bf16 output
+    // is not kept.
     record(y, std::string(op), {x, gamma, beta, residual},
            [rows, c, relu_on, x, gamma, beta, save_mean, save_invstd, eps = opts.eps,
-            out = y.detach(), has_residual = residual.defined()](const Tensor& g) {
+            out = bf16_out ? Tensor() : y.detach(), has_residual = residual.defined()](const Tensor& g) {
              Backend& be = backend_for(g.device());
              Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
              Tensor dres = has_residual ? empty_like(x) : Tensor();
-             be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? out.data<float>() : nullptr,
+             be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? fptr(out) : nullptr,
                                     relu_on, g.data<float>(), gamma.data<float>(), beta.data<float>(),
                                     save_mean.data<float>(), save_invstd.data<float>(), eps,
                                     dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),

@@ -46,6 +46,8 @@ struct Conv2dOptions {
   int padding = 0;
 };
 // x [n, h, w, c_in], w [c_out, c_in, kh, kw], bias [c_out] or undefined -> [n, oh, ow, c_out].
+// x float32, or bfloat16 (batch_norm_relu's output for a convolution, Note [bf16 activations] in
+// ops.cc), read exactly; every gradient is float32.
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions opts = {});
 
 // x [n, in], w [out, in], bias [out] or undefined -> x w^T + bias, [n, out].
@@ -81,6 +83,9 @@ Tensor global_avg_pool(const Tensor& x);
 
 class BatchNormSync;  // core/tensor/batch_norm_sync.h
 
+// Which ops read a batch norm's output: any (kAny), or only convolutions (kConvolutions).
+enum class OutputReaders { kAny, kConvolutions };
+
 struct BatchNormOptions {
   bool training = true;   // batch statistics (and running-average update) vs running statistics
   float momentum = 0.1f;  // PyTorch's convention: running = (1 - m) * running + m * batch
@@ -89,6 +94,12 @@ struct BatchNormOptions {
   // of this group together (each member calling with its own x), forward and backward; see
   // batch_norm_sync.h. Null: x's own rows. Ignored in inference.
   BatchNormSync* sync = nullptr;
+  // With kConvolutions, batch_norm_relu in training stores its output as bfloat16 under bf16
+  // precision, where the device supports(kBf16Activations) and sync is null: the convolutions
+  // round their input to bf16 anyway, so every result is the same, bit for bit, while the pass
+  // writes, the convolution reads and the graph keeps half the bytes (Note [bf16 activations]
+  // in ops.cc). Ops other than conv2d reject a bfloat16 input.
+  OutputReaders readers = OutputReaders::kAny;
 };
 // Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
 // In training, running_mean / running_var (if defined) are updated in place, with the unbiased

@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
 #include "core/cpu/batch_norm.h"
 #include "core/cpu/kernel_test_util.h"
 #include "core/error.h"
@@ -188,6 +192,18 @@ TEST_CASE("fused batch norm + ReLU (+ residual) equal the unfused composition", 
   }
 }
 
+// Two blocks of statistics rows and a partial third; the odd rows repeat row 0, so that a beta
+// of row 0's opposite puts half the pre-ReLU values at the ReLU's edge.
+namespace {
+constexpr std::int64_t kEdgeRows = 2 * 512 + 37;
+std::vector<float> odd_rows_repeat_row0(int c, std::uint32_t seed) {
+  auto x = random_vector(static_cast<std::size_t>(kEdgeRows) * c, seed);
+  for (std::int64_t r = 1; r < kEdgeRows; r += 2)
+    for (int ch = 0; ch < c; ++ch) x[r * c + ch] = x[ch];
+  return x;
+}
+}  // namespace
+
 // Note [The ReLU mask from x] in core/cpu/batch_norm.cc: without y, the mask is recomputed from
 // x; it must be the forward's own, so every result equals the one masked by the forward's y, bit
 // for bit. Half of the pre-ReLU values are put within an ulp or so of zero, where an evaluation
@@ -200,10 +216,8 @@ TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward
     for (int threads : {1, 2}) {
       INFO("c = " << c << ", threads = " << threads);
       CpuContext ctx(threads);
-      const std::int64_t rows = 2 * 512 + 37;
-      auto x = random_vector(static_cast<std::size_t>(rows) * c, 50 + c);
-      for (std::int64_t r = 1; r < rows; r += 2)
-        for (int ch = 0; ch < c; ++ch) x[r * c + ch] = x[ch];
+      const std::int64_t rows = kEdgeRows;
+      const auto x = odd_rows_repeat_row0(c, 50 + c);
       const auto dy = random_vector(x.size(), 51);
       const auto gamma = random_vector(c, 52);
       std::vector<float> beta(c, 0.0f), y(x.size()), mean(c), invstd(c);
@@ -246,6 +260,63 @@ TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward
   float p[4] = {1, 1, 1, 1};
   CHECK_THROWS_WITH(batch_norm_relu_backward(ctx, 2, 2, p, nullptr, p, p, nullptr, p, p, p, p, p, nullptr),
                     Catch::Contains("y and beta are both null"));
+}
+
+// The bf16 output (Note [bf16 activations] in core/tensor/ops.cc) is the fp32 kernel's output
+// rounded, each value checked against an independent rounding of its bits: to nearest, ties to
+// even, a carry into the exponent, overflow to infinity. gamma spans 1e-3 to 3e38 so that some
+// outputs are subnormal-small, some near the largest float and some infinite; the odd rows repeat
+// row 0 and beta puts half the values at the ReLU's edge (as the test above does). Widths with
+// and without a whole vector of channels, one and two threads.
+TEST_CASE("batch norm + ReLU with a bf16 output: the fp32 output rounded, statistics unchanged",
+          "[cpu][bn][bf16]") {
+  auto round_bits = [](float v) -> std::uint16_t {
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(v);
+    if (std::isnan(v)) return static_cast<std::uint16_t>((b >> 16) | 0x40u);
+    const std::uint64_t r = (std::uint64_t{b} + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return static_cast<std::uint16_t>(r);  // the largest finite floats carry into infinity
+  };
+  for (int c : {16, 64, 13}) {
+    for (int threads : {1, 2}) {
+      INFO("c = " << c << ", threads = " << threads);
+      CpuContext ctx(threads);
+      const std::int64_t rows = kEdgeRows;
+      const auto x = odd_rows_repeat_row0(c, 60 + c);
+      auto gamma = random_vector(c, 61);
+      auto beta = random_vector(c, 62);
+      for (int ch = 0; ch < c; ++ch) {
+        gamma[ch] = std::abs(gamma[ch]) * (ch % 4 == 1 ? 3e38f : ch % 4 == 2 ? 1e-3f : 1.0f);
+        if (ch % 4 == 3) {  // y = beta exactly, a tie between two bf16 (odd, then even, below)
+          gamma[ch] = 1e-30f;
+          beta[ch] = std::bit_cast<float>(ch % 8 == 3 ? 0x3f818000u : 0x3f808000u);
+        }
+      }
+      std::vector<float> y(x.size()), mean(c), invstd(c), mean_b(c, NAN), invstd_b(c, NAN);
+      std::vector<std::uint16_t> yb(x.size(), 0xffff);
+      batch_norm_relu_forward_training(ctx, rows, c, x.data(), gamma.data(), beta.data(), 1e-5f,
+                                       y.data(), mean.data(), invstd.data());
+      batch_norm_relu_forward_training_bf16(ctx, rows, c, x.data(), gamma.data(), beta.data(),
+                                            1e-5f, yb.data(), mean_b.data(), invstd_b.data());
+      CHECK(mean_b == mean);
+      CHECK(invstd_b == invstd);
+      std::int64_t infinite = 0, inexact = 0, ties = 0;
+      for (std::size_t i = 0; i < y.size(); ++i) {
+        infinite += std::isinf(y[i]);
+        ties += (std::bit_cast<std::uint32_t>(y[i]) & 0x1ffffu) == 0x18000u;  // rounding up to even
+        inexact += (std::bit_cast<std::uint32_t>(y[i]) & 0xffffu) != 0;
+        if (yb[i] != round_bits(y[i])) {
+          FAIL_CHECK("value " << i << ": fp32 " << y[i] << " gave bits " << yb[i] << ", want "
+                              << round_bits(y[i]));
+          break;
+        }
+      }
+      INFO(infinite << " infinite, " << ties << " odd ties and " << inexact << " inexact values of "
+                    << y.size());
+      CHECK(infinite > 0);
+      CHECK(ties > 0);
+      CHECK(inexact > static_cast<std::int64_t>(y.size()) / 4);
+    }
+  }
 }
 
 TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {

@@ -127,8 +127,32 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       CHECK(fdx.max_error < kBf16Tolerance);
       CHECK(fdw.max_error < kBf16Tolerance);
       CHECK(fy.max_error > 1e-5);  // the operands were rounded
+      // x stored as bf16 (bf16.h's bf16 inputs): the same bits as the fp32 x's calls.
+      std::vector<std::uint16_t> xb(xn);
+      for (std::size_t i = 0; i < xn; ++i) xb[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(xr[i]) >> 16);
+      std::vector<float> yb(yn, NAN), dwb(wn, NAN);
+      conv2d_forward_bf16_input(ctx, s, xb.data(), w.data(), bias.data(), yb.data());
+      conv2d_backward_weight_bf16_input(ctx, s, xb.data(), dy.data(), dwb.data());
+      CHECK(yb == y);
+      CHECK(dwb == dw);
     }
   }
+}
+
+TEST_CASE("bf16 widened to float: exact for every bit pattern", "[bf16]") {
+  std::vector<std::uint16_t> bits(1 << 16);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> wide(bits.size());
+  widen_bf16(static_cast<std::int64_t>(bits.size()), bits.data(), wide.data());
+  for (std::size_t i = 0; i < bits.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(wide[i]) != std::uint32_t{bits[i]} << 16) {
+      FAIL_CHECK("bits " << bits[i] << " widened to " << wide[i]);
+      break;
+    }
+  CHECK(round_bf16(wide[0x3f81]) == wide[0x3f81]);  // a bf16 value rounds to itself
+  CHECK(wide[0x3f80] == 1.0f);
+  CHECK(std::isinf(wide[0xff80]));
+  CHECK(std::isnan(wide[0x7fc1]));
 }
 
 TEST_CASE("bf16 GEMM equals fp32 on bf16-rounded operands, transposed and strided", "[bf16]") {

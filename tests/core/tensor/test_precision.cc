@@ -11,6 +11,7 @@
 #include "bf16_paths.h"
 #include "core/cpu/bf16.h"
 #include "core/error.h"
+#include "core/tensor/device_ops.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/precision.h"
 
@@ -233,4 +234,85 @@ TEST_CASE("bf16 convolutions and matrix products equal fp32 on bf16-rounded oper
     CHECK(edw < 1.5e-2);
     CHECK(ey > 0);  // the rounding did happen
   }
+}
+
+// Note [bf16 activations] in core/tensor/ops.cc: under bf16 precision, batch_norm_relu whose output
+// only convolutions read stores it as bfloat16 where the device can; the convolution rounds its
+// input to bf16 anyway, so the loss, every gradient and the running statistics are the same, bit
+// for bit, as with a float32 output. On every bf16 path this CPU runs (tests/bf16_paths.h): the
+// emulated one widens the stored bf16, oneDNN's reads it as it is, towerflow's own kernels keep
+// float32 activations.
+TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it, bit for bit the same training",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  struct Step {
+    DType stored;
+    std::vector<std::vector<float>> values;  // loss, gradients, running statistics
+  };
+  auto step = [&](OutputReaders readers) {
+    const PrecisionScope bf16(Precision::Bf16);
+    const Tensor none;
+    Tensor x = Tensor::from_host(randn(2 * 9 * 7 * 5, 11), {2, 9, 7, 5}, cpu);
+    Tensor w1 = Tensor::from_host(randn(16 * 5 * 3 * 3, 12), {16, 5, 3, 3}, cpu);
+    Tensor w2 = Tensor::from_host(randn(24 * 16 * 3 * 3, 13), {24, 16, 3, 3}, cpu);
+    Tensor gamma = Tensor::from_host(randn(16, 14), {16}, cpu);
+    Tensor beta = Tensor::from_host(randn(16, 15), {16}, cpu);
+    Tensor rm = Tensor::zeros({16}, cpu), rv = Tensor::full({16}, 1.0f, cpu);
+    for (Tensor* t : {&x, &w1, &w2, &gamma, &beta}) t->set_requires_grad(true);
+    const Tensor h = conv2d(x, w1, none, {.stride = 1, .padding = 1});
+    const Tensor a = batch_norm_relu(h, gamma, beta, rm, rv, {.readers = readers});
+    const Tensor out = conv2d(a, w2, none, {.stride = 2, .padding = 1});
+    const Tensor loss = sum(mul(out, Tensor::from_host(randn(out.numel(), 16), out.shape(), cpu)));
+    loss.backward();
+    return Step{a.dtype(), {loss.to_host(), x.grad().to_host(), w1.grad().to_host(),
+                            w2.grad().to_host(), gamma.grad().to_host(), beta.grad().to_host(),
+                            rm.to_host(), rv.to_host()}};
+  };
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    const bool stores_bf16 = has_kernel(cpu, OpKind::kBf16Activations);
+    INFO("bf16 kernels: " << cpu::bf16_kernels_name(path) << "; bf16 activations here: " << stores_bf16);
+    CHECK(stores_bf16 == (path == cpu::Bf16Kernels::Emulated || path == cpu::Bf16Kernels::OneDnn));
+    const Step any = step(OutputReaders::kAny), convs = step(OutputReaders::kConvolutions);
+    CHECK(any.stored == DType::kFloat32);
+    CHECK(convs.stored == (stores_bf16 ? DType::kBFloat16 : DType::kFloat32));
+    const char* names[] = {"loss", "dx", "dw1", "dw2", "dgamma", "dbeta", "running mean", "running var"};
+    for (std::size_t i = 0; i < any.values.size(); ++i) {
+      INFO(names[i]);
+      CHECK(convs.values[i] == any.values[i]);
+    }
+  }
+}
+
+TEST_CASE("bf16 activations: float32 outside bf16 training, and other ops reject bfloat16 by name",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  const testing::AutomaticBf16Kernels automatic;
+  cpu::force_bf16_kernels_for_testing(cpu::Bf16Kernels::Emulated);
+  REQUIRE(has_kernel(cpu, OpKind::kBf16Activations));
+  const Tensor x = Tensor::from_host(randn(4 * 3 * 3 * 8, 21), {4, 3, 3, 8}, cpu);
+  const Tensor gamma = Tensor::full({8}, 1.0f, cpu), beta = Tensor::zeros({8}, cpu);
+  const Tensor rm = Tensor::zeros({8}, cpu), rv = Tensor::full({8}, 1.0f, cpu);
+  const BatchNormOptions convs{.readers = OutputReaders::kConvolutions};
+  BatchNormOptions eval = convs;
+  eval.training = false;
+  CHECK(batch_norm_relu(x, gamma, beta, rm, rv, convs).dtype() == DType::kFloat32);  // fp32 precision
+  const PrecisionScope bf16(Precision::Bf16);
+  CHECK(batch_norm_relu(x, gamma, beta, rm, rv, eval).dtype() == DType::kFloat32);
+  CHECK(batch_norm(x, gamma, beta, rm, rv, convs).dtype() == DType::kFloat32);  // no ReLU
+  const Tensor stored = batch_norm_relu(x, gamma, beta, rm, rv, convs);
+  REQUIRE(stored.dtype() == DType::kBFloat16);
+  // Its values: the float32 output rounded to bf16.
+  const std::vector<float> want = batch_norm_relu(x, gamma, beta, rm, rv, {}).to_host();
+  const bfloat16* got = stored.data<bfloat16>();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (from_bits(std::uint32_t(got[i]) << 16) != round_to_bf16(want[i])) {
+      FAIL_CHECK("value " << i << ": " << from_bits(std::uint32_t(got[i]) << 16) << ", want "
+                          << round_to_bf16(want[i]));
+      break;
+    }
+  CHECK_THROWS_WITH(relu(stored), Catch::Contains("bfloat16[4, 3, 3, 8]") &&
+                                      Catch::Contains("OutputReaders::kAny"));
+  CHECK_THROWS_AS(add(stored, stored), InvalidArgument);
 }
