@@ -395,12 +395,12 @@ bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const 
                                     const float* bias_or_null, float* y) {
   s.validate();
   if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y);
-  const float* xw = widened(ctx, x, x_size(s));
   if (const Bf16KernelTable* p = own_kernels(k)) {
-    p->conv2d_forward(ctx, s, xw, w, bias_or_null, y);
+    p->forward_bf16_input(ctx, s, x, w, bias_or_null, y);
     return true;
   }
-  conv2d_forward_bias(ctx, s, xw, rounded(ctx, w, w_size(s), 1), bias_or_null, y);
+  conv2d_forward_bias(ctx, s, widened(ctx, x, x_size(s)), rounded(ctx, w, w_size(s), 1),
+                      bias_or_null, y);
   return true;
 }
 
@@ -409,12 +409,11 @@ bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx
                                             const float* dy, float* dw) {
   s.validate();
   if (k == Bf16Kernels::OneDnn) return onednn::conv2d_backward_weight(ctx, s, x, dy, dw);
-  const float* xw = widened(ctx, x, x_size(s));
   if (const Bf16KernelTable* p = own_kernels(k)) {
-    p->conv2d_backward_weight(ctx, s, xw, dy, dw);
+    p->backward_weight_bf16_input(ctx, s, x, dy, dw);
     return true;
   }
-  conv2d_backward_weight(ctx, s, xw, rounded(ctx, dy, y_size(s), 1), dw);
+  conv2d_backward_weight(ctx, s, widened(ctx, x, x_size(s)), rounded(ctx, dy, y_size(s), 1), dw);
   return true;
 }
 

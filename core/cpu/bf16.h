@@ -105,8 +105,8 @@ bool gemm_bf16_with(Bf16Kernels k, const CpuContext& ctx, bool trans_a, bool tra
 // x stored as bf16 bits (the top half of a float32's; batch_norm_relu_forward_training_bf16 of
 // batch_norm.h writes them), for the forward and the weight gradient: the same results, bit for
 // bit, as the calls above on x widened to fp32 (which their rounding leaves as it is), on the
-// same kernels. oneDNN reads x as it is; towerflow's own kernels and the emulated path read it
-// widened into a scratch buffer (docs/precision.md says what that costs where).
+// same kernels. oneDNN and towerflow's own kernels read x as it is (their packing widens it where
+// it would have rounded an fp32 x); the emulated path widens it into a scratch buffer.
 
 // y[i] = x[i] as a float (exact).
 void widen_bf16(std::int64_t n, const std::uint16_t* x, float* y);

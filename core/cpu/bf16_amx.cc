@@ -345,9 +345,10 @@ void run_grid(const ConvPlan& p, const Grid& g) {
 std::int64_t slack(std::int64_t unit, int kw, int c2) { return 32 * unit + std::int64_t{kw} * c2 + 32; }
 
 // y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
-// floats apart, pixels of y ld_y apart; conv_input says which of them are converted. Threads split the output rows, as direct_conv does.
-template <typename Get>
-void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, std::int64_t ld_in,
+// values apart (floats, or bf16.h's bf16 inputs), pixels of y ld_y apart; conv_input says which of
+// them are converted. Threads split the output rows, as direct_conv does.
+template <typename In, typename Get>
+void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::int64_t ld_in,
               const float* bias, float* y, std::int64_t ld_y, Get get) {
   const ConvInput in = conv_input(conv, ld_in);
   const Conv2dShape& s = in.s;
@@ -529,7 +530,8 @@ void unpack_padded_weight_grad(const Conv2dShape& s, const float* dwp, int co_pa
 // x 16 of q; A = dy transposed [output channel][pixel pair], packed once per pass; B = x in pixel
 // pairs [pair][q], as the pair kernels pack it. A tile of B reads on past q_len into the next row
 // (its columns there are dropped), so the packed x has 16 pairs of slack.
-void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+template <typename In>
+void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
                      float* dw) {
   const int oh = s.out_h(), ow = s.out_w();
   const int co_tiles = (s.c_out + kRows - 1) / kRows, co_pad = co_tiles * kRows;
@@ -552,7 +554,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
   const std::int64_t tiles = std::int64_t{co_groups} * s.kh * q_groups;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = padded_image_buffer(s);
+    In* xbuf = reinterpret_cast<In*>(padded_image_buffer(s));
     // dy transposed [co_pad][ld_pairs]: the rows past c_out stay zero.
     Pair* dyt = scratch_pairs(Scratch::kOutput, co_pad * ld_pairs);
     std::fill(dyt, dyt + co_pad * ld_pairs, Pair{0});
@@ -561,7 +563,7 @@ void amx_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x
     std::fill(xp, xp + x_pairs, Pair{0});
     TileScope tile_scope(kRowBytes);
     for (int n = n0; n < n1; ++n) {
-      const float* img = padded_image(s, x + n * image_in, xbuf);
+      const In* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -630,7 +632,8 @@ bool weight_rows_apply(const Conv2dShape& s) {
   return s.stride_h == 1 && s.stride_w == 1 && s.c_in % kLanes == 0;
 }
 
-void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+template <typename In>
+void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
                           float* dw) {
   const int oh = s.out_h(), ow = s.out_w(), hp = s.h + 2 * s.pad_h;
   const int kx = (ow + 1) / 2 + (s.kw - 1) / 2;
@@ -702,8 +705,8 @@ void amx_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const flo
 
 // This object's drivers, for detail::Bf16Table.
 struct AmxDrivers {
-  template <typename Get>
-  static void conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+  template <typename In, typename Get>
+  static void conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std::int64_t ld_x,
                    const float* bias, float* y, std::int64_t ld_y, Get get) {
     amx_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
   }
@@ -711,7 +714,8 @@ struct AmxDrivers {
                                     const float* w, float* dx) {
     amx_backward_input_phases(ctx, s, dy, w, dx);
   }
-  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+  template <typename In>
+  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
                               float* dw) {
     if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
     amx_weight_grad(ctx, s, x, dy, dw);

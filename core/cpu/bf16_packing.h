@@ -57,33 +57,43 @@ inline __mmask16 first_lanes(std::int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// dst[i] = the bf16 of src[i], i < n.
-inline void to_bf16(std::int64_t n, const float* __restrict src, std::uint16_t* __restrict dst) {
+// The float bits of the lanes m of 16 values at p (zeros elsewhere): floats, or the bf16 bits of
+// bf16.h's bf16 inputs widened (which rounded_bits16 then leaves as they are). The packers below
+// read their inputs through it, so that they take either.
+inline __m512i load_bits16(__mmask16 m, const float* p) { return _mm512_maskz_loadu_epi32(m, p); }
+inline __m512i load_bits16(__mmask16 m, const std::uint16_t* p) {
+  return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16);
+}
+
+// dst[i] = the bf16 of src[i], i < n. In: float or bf16 bits (as load_bits16).
+template <typename In>
+void to_bf16(std::int64_t n, const In* __restrict src, std::uint16_t* __restrict dst) {
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first_lanes(n - i);
-    const __m512i r = rounded_bits16(_mm512_maskz_loadu_epi32(m, src + i));
+    const __m512i r = rounded_bits16(load_bits16(m, src + i));
     _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
   }
 }
 
 // dst[i] = the pair (low[i], high[i]), i < n; a null low or high is zeros.
-inline void to_pairs(std::int64_t n, const float* __restrict low, const float* __restrict high,
-                     Pair* __restrict dst) {
+template <typename In>
+void to_pairs(std::int64_t n, const In* __restrict low, const In* __restrict high,
+              Pair* __restrict dst) {
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first_lanes(n - i);
     const __m512i lo =
-        low ? _mm512_srli_epi32(rounded_bits16(_mm512_maskz_loadu_epi32(m, low + i)), 16) : _mm512_setzero_si512();
-    const __m512i hi = high ? rounded_bits16(_mm512_maskz_loadu_epi32(m, high + i)) : _mm512_setzero_si512();
+        low ? _mm512_srli_epi32(rounded_bits16(load_bits16(m, low + i)), 16) : _mm512_setzero_si512();
+    const __m512i hi = high ? rounded_bits16(load_bits16(m, high + i)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(dst + i, m, _mm512_or_si512(lo, hi));
   }
 }
 
 // Rows [row_begin, row_end) of dst, an image [rows][wp][c2] of bf16 (c2 >= c, even) that holds
-// img ([h][w] pixels of c channels, ld_x floats apart, rows ld_row apart: w * ld_x unless given)
+// img ([h][w] pixels of c channels, ld_x values apart, rows ld_row apart: w * ld_x unless given)
 // at (top, left) and zeros elsewhere, channels c..c2 included.
-inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, int c2, int top,
-                      int left, int wp, int row_begin, int row_end, std::uint16_t* dst,
-                      std::int64_t ld_row = -1) {
+template <typename In>
+void bf16_rows(const In* img, int h, int w, int c, std::int64_t ld_x, int c2, int top, int left,
+               int wp, int row_begin, int row_end, std::uint16_t* dst, std::int64_t ld_row = -1) {
   if (ld_row < 0) ld_row = std::int64_t{w} * ld_x;
   const std::int64_t row = std::int64_t{wp} * c2;
   for (int r = row_begin; r < row_end; ++r) {
@@ -94,7 +104,7 @@ inline void bf16_rows(const float* img, int h, int w, int c, std::int64_t ld_x, 
       continue;
     }
     std::fill(d, d + std::int64_t{left} * c2, std::uint16_t{0});
-    const float* s = img + std::int64_t{src} * ld_row;
+    const In* s = img + std::int64_t{src} * ld_row;
     std::uint16_t* o = d + std::int64_t{left} * c2;
     if (c == c2 && ld_x == c) {
       to_bf16(std::int64_t{w} * c, s, o);
@@ -203,8 +213,9 @@ void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, P
 // The padded image img (s.h x s.w pixels of c_in channels, padding s.pad_h, s.pad_w) packed in
 // pairs of columns from column `first` (0 or 1): dst[row][c][channel] = (x at column first + 2c,
 // x at column first + 2c + 1), zero in the padding and beyond; rows x_row_step pairs apart.
-inline void pack_column_pairs(const Conv2dShape& s, const float* img, int col_pairs, std::int64_t x_row_step,
-                              Pair* dst, int first = 0) {
+template <typename In>
+void pack_column_pairs(const Conv2dShape& s, const In* img, int col_pairs, std::int64_t x_row_step,
+                       Pair* dst, int first = 0) {
   const int hp = s.h + 2 * s.pad_h;
   for (int r = 0; r < hp; ++r) {
     Pair* d = dst + r * x_row_step;
@@ -213,11 +224,11 @@ inline void pack_column_pairs(const Conv2dShape& s, const float* img, int col_pa
       std::fill(d, d + x_row_step, Pair{0});
       continue;
     }
-    const float* row = img + std::int64_t{src_r} * s.w * s.c_in;
+    const In* row = img + std::int64_t{src_r} * s.w * s.c_in;
     for (int c = 0; c < col_pairs; ++c, d += s.c_in) {
       const int left = first + 2 * c - s.pad_w;
-      const float* low = left >= 0 && left < s.w ? row + std::int64_t{left} * s.c_in : nullptr;
-      const float* high = left + 1 >= 0 && left + 1 < s.w ? row + std::int64_t{left + 1} * s.c_in : nullptr;
+      const In* low = left >= 0 && left < s.w ? row + std::int64_t{left} * s.c_in : nullptr;
+      const In* high = left + 1 >= 0 && left + 1 < s.w ? row + std::int64_t{left + 1} * s.c_in : nullptr;
       to_pairs(s.c_in, low, high, d);
     }
   }
@@ -248,8 +259,9 @@ inline std::int64_t pass_pair_rows(const Conv2dShape& s, int max_pixels, std::in
 // first pair to the next's (per_kernel_row where the kernel rows do not share a packing). With a
 // packing of their own, kernel row i's rows are [i * per_kernel_row, i * per_kernel_row +
 // (pixels + 1) / 2), the last pair's high half zero when pixels is odd.
-inline std::int64_t pack_pass_pairs(const Conv2dShape& s, const float* xbuf, std::int64_t row_step,
-                                    int r0, int pixels, std::int64_t per_kernel_row, Pair* dst) {
+template <typename In>
+std::int64_t pack_pass_pairs(const Conv2dShape& s, const In* xbuf, std::int64_t row_step, int r0,
+                             int pixels, std::int64_t per_kernel_row, Pair* dst) {
   const int ow = s.out_w(), q_len = s.kw * s.c_in;
   const std::int64_t pix_step = std::int64_t{s.stride_w} * s.c_in;
   auto input = [&](int pixel, int i) {
@@ -273,9 +285,9 @@ inline std::int64_t pack_pass_pairs(const Conv2dShape& s, const float* xbuf, std
 // ld_y, get): y = conv(x, w) (+ bias, nullable) with pixels of x ld_x floats apart and of y ld_y
 // apart, the weights read through get(co, ci, i, j).
 
-// conv2d_forward (conv.h's arguments): the weights OIHW.
-template <typename Conv>
-void forward_as_conv(const Conv2dShape& s, const float* x, const float* w, const float* bias,
+// conv2d_forward (conv.h's arguments, x float or bf16 bits): the weights OIHW.
+template <typename In, typename Conv>
+void forward_as_conv(const Conv2dShape& s, const In* x, const float* w, const float* bias,
                      float* y, Conv&& conv) {
   conv(s, x, std::int64_t{s.c_in}, bias, y, std::int64_t{s.c_out},
        StridedWeights{.base = w, .co_step = std::int64_t{s.c_in} * s.kh * s.kw,
@@ -330,12 +342,20 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
 template <typename D>
 struct Bf16Table {
   static auto conv(const CpuContext& ctx) {
-    return [&ctx](const Conv2dShape& s, const float* x, std::int64_t ld_x, const float* bias, float* y,
+    return [&ctx](const Conv2dShape& s, const auto* x, std::int64_t ld_x, const float* bias, float* y,
                   std::int64_t ld_y, auto get) { D::conv(ctx, s, x, ld_x, bias, y, ld_y, get); };
   }
   static void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
                              const float* bias_or_null, float* y) {
     forward_as_conv(s, x, w, bias_or_null, y, conv(ctx));
+  }
+  static void conv2d_forward_bf16_input(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                                        const float* w, const float* bias_or_null, float* y) {
+    forward_as_conv(s, x, w, bias_or_null, y, conv(ctx));
+  }
+  static void conv2d_backward_weight_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
+                                                const std::uint16_t* x, const float* dy, float* dw) {
+    D::backward_weight(ctx, s, x, dy, dw);
   }
   static void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                     const float* w, float* dx) {
@@ -354,6 +374,8 @@ struct Bf16Table {
       .conv2d_backward_input = &conv2d_backward_input,
       .conv2d_backward_weight = &conv2d_backward_weight,
       .gemm = &gemm,
+      .forward_bf16_input = &conv2d_forward_bf16_input,
+      .backward_weight_bf16_input = &conv2d_backward_weight_bf16_input,
   };
 };
 

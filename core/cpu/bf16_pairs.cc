@@ -248,8 +248,8 @@ bool row_kernel_applies(const Conv2dShape& s) {
 
 // pair_conv (below) with the row kernel, where row_kernel_applies. Threads split the output
 // rows; each row is cut into balanced tiles of up to 16 pixels.
-template <int HALF, typename Get>
-void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+template <int HALF, typename In, typename Get>
+void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std::int64_t ld_x,
                    const float* bias, float* y, std::int64_t ld_y, Get get) {
   constexpr int kKW = 3;
   static constexpr auto kTiles = kernel_table<kRowTile>([]<int T>() { return &pair_row_tile<T, kKW, HALF>; });
@@ -293,9 +293,10 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
 // ---- the general convolution ---------------------------------------------------------------
 
 // y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
-// floats apart, pixels of y ld_y apart; conv_input says which of them are converted. Threads split the output rows, as direct_conv does.
-template <typename Get>
-void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const float* x, std::int64_t ld_in,
+// values apart (floats, or bf16.h's bf16 inputs), pixels of y ld_y apart; conv_input says which of
+// them are converted. Threads split the output rows, as direct_conv does.
+template <typename In, typename Get>
+void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::int64_t ld_in,
                const float* bias, float* y, std::int64_t ld_y, Get get) {
   if (row_kernel_applies(conv)) {
     if (conv.c_in <= 4) return pair_row_conv<2>(ctx, conv, x, ld_in, bias, y, ld_y, get);
@@ -408,8 +409,8 @@ void pair_weight_tile(const Pair* __restrict xp, std::int64_t ld_x, const Pair* 
 }
 
 // dw = correlate(x, dy), built in dwp [kh][kw*c_in][blocks*B] as conv.cc's weight_grad.
-template <int V>
-void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+template <int V, typename In>
+void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
                       float* dw) {
   constexpr int kBlock = kLanes * V;
   constexpr int kQ = kMaxInputs<V>;
@@ -431,11 +432,11 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* 
   const std::int64_t max_pairs = (std::int64_t{rows_per_pass} * ow + 1) / 2;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
-    float* xbuf = padded_image_buffer(s);
+    In* xbuf = reinterpret_cast<In*>(padded_image_buffer(s));
     Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
     Pair* xpb = scratch_pairs(Scratch::kPacked, pass_pair_rows(s, rows_per_pass * ow, max_pairs) * q_len);
     for (int n = n0; n < n1; ++n) {
-      const float* img = padded_image(s, x + n * image_in, xbuf);
+      const In* img = padded_image(s, x + n * image_in, xbuf);
       const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
         const int pixels = std::min(rows_per_pass, oh - r0) * ow;
@@ -538,8 +539,8 @@ bool weight_row_kernel_applies(const Conv2dShape& s) {
 }
 
 // V vectors of output channels (V * 16 >= c_out, V 1 or 2).
-template <int V>
-void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+template <int V, typename In>
+void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const In* x,
                            const float* dy, float* dw) {
   constexpr int kKW = 3, kG = kRowPassChannels<V>, kLd = kLanes * V;
   static constexpr auto kPasses = kernel_table<kG>([]<int G>() { return &pair_weight_row_pass<G, V>; });
@@ -598,8 +599,8 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const fl
 
 // This object's drivers, for detail::Bf16Table.
 struct PairDrivers {
-  template <typename Get>
-  static void conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, std::int64_t ld_x,
+  template <typename In, typename Get>
+  static void conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std::int64_t ld_x,
                    const float* bias, float* y, std::int64_t ld_y, Get get) {
     pair_conv(ctx, s, x, ld_x, bias, y, ld_y, get);
   }
@@ -607,7 +608,8 @@ struct PairDrivers {
                                     const float* w, float* dx) {
     with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
   }
-  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy,
+  template <typename In>
+  static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
                               float* dw) {
     if (weight_row_kernel_applies(s)) {
       if (s.c_out <= kLanes) return pair_weight_grad_rows<1>(ctx, s, x, dy, dw);

@@ -19,6 +19,9 @@ struct Bf16KernelTable {
   decltype(&conv2d_backward_input_bf16) conv2d_backward_input;
   decltype(&conv2d_backward_weight_bf16) conv2d_backward_weight;
   decltype(&gemm_bf16) gemm;
+  // bf16.h's bf16 inputs, read as they are.
+  decltype(&conv2d_forward_bf16_input) forward_bf16_input;
+  decltype(&conv2d_backward_weight_bf16_input) backward_weight_bf16_input;
 };
 
 }  // namespace towerflow::cpu

@@ -102,20 +102,22 @@ inline void pixel_offsets(std::int64_t first, int p, int ow, std::int64_t in_row
 
 // Copies image rows [row_begin, row_end) of the padded image (padded coordinates) into dst,
 // which is laid out [h + 2*pad_h][w + 2*pad_w][c], zeroing the border.
-inline void pad_rows(const float* img, int h, int w, int c, int pad_h, int pad_w,
-                     int row_begin, int row_end, float* dst) {
+// T: float, or the bf16 bits of bf16.h's bf16 inputs (std::uint16_t).
+template <typename T>
+void pad_rows(const T* img, int h, int w, int c, int pad_h, int pad_w, int row_begin, int row_end,
+              T* dst) {
   const std::int64_t wp = w + 2 * pad_w;
   for (int r = row_begin; r < row_end; ++r) {
-    float* d = dst + r * wp * c;
+    T* d = dst + r * wp * c;
     const int src_row = r - pad_h;
     if (src_row < 0 || src_row >= h) {
-      std::fill(d, d + wp * c, 0.0f);
+      std::fill(d, d + wp * c, T{0});
       continue;
     }
-    std::fill(d, d + std::int64_t{pad_w} * c, 0.0f);
+    std::fill(d, d + std::int64_t{pad_w} * c, T{0});
     std::copy(img + std::int64_t{src_row} * w * c, img + std::int64_t{src_row + 1} * w * c,
               d + std::int64_t{pad_w} * c);
-    std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, 0.0f);
+    std::fill(d + (std::int64_t{pad_w} + w) * c, d + wp * c, T{0});
   }
 }
 
@@ -133,9 +135,10 @@ inline float* padded_image_buffer(const Conv2dShape& s) {
   if (s.pad_h == 0 && s.pad_w == 0) return nullptr;
   return scratch(Scratch::kInput, static_cast<std::size_t>(s.h + 2 * s.pad_h) * (s.w + 2 * s.pad_w) * s.c_in);
 }
-// The image img as the weight gradients read it: padded into buf (padded_image_buffer), or in
-// place where s does not pad.
-inline const float* padded_image(const Conv2dShape& s, const float* img, float* buf) {
+// The image img as the weight gradients read it: padded into buf (padded_image_buffer, or the
+// same memory as T), or in place where s does not pad.
+template <typename T>
+const T* padded_image(const Conv2dShape& s, const T* img, T* buf) {
   if (!buf) return img;
   pad_rows(img, s.h, s.w, s.c_in, s.pad_h, s.pad_w, 0, s.h + 2 * s.pad_h, buf);
   return buf;

@@ -26,8 +26,8 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw, bool bf16, std::string_view layer);
 // The bf16 forward and weight gradient with x stored as bf16 bits (bf16.h's bf16 inputs): problems
-// of their own ("..., bf16 input"), since oneDNN reads such an x as it is and the other kernels
-// widen it first.
+// of their own ("..., bf16 input"), since reading half the bytes of x may change which kernels
+// are fastest.
 void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
                                       const std::uint16_t* x, const float* w,
                                       const float* bias_or_null, float* y, std::string_view layer);

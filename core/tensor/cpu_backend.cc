@@ -57,13 +57,6 @@ class CpuBackend final : public Backend {
     if (op == OpKind::kBf16Products && !cpu::bf16_products_in_kernels(cpu::active_bf16_kernels()))
       return false;  // bf16 is emulated: ops.cc rounds the operands (Note [bf16 kernels])
     if (op == OpKind::kFp16Products) return false;  // fp16 is always emulated on CPUs
-    // bf16 activations where the convolutions after them read them as they are (oneDNN) or
-    // widen them in place of rounding (emulated): not under towerflow's own bf16 kernels, which
-    // would widen them into a copy first (Note [bf16 activations] in ops.cc).
-    if (op == OpKind::kBf16Activations) {
-      const cpu::Bf16Kernels k = cpu::active_bf16_kernels();
-      if (k != cpu::Bf16Kernels::Emulated && k != cpu::Bf16Kernels::OneDnn) return false;
-    }
     return std::find(missing_.begin(), missing_.end(), op) == missing_.end();
   }
   std::string describe_products(Precision p) const override {
