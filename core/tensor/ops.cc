@@ -789,8 +789,8 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   }
 
   Backend& be = backend_for(d);
-  Tensor y = empty_like(x);
   if (!opts.training) {
+    Tensor y = empty_like(x);
     be.batch_norm_forward_inference(rows, c, x.data<float>(), gamma.data<float>(),
                                     beta.data<float>(), running_mean.data<float>(),
                                     running_var.data<float>(), opts.eps, y.data<float>());
@@ -821,10 +821,10 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                         opts.readers == OutputReaders::kConvolutions &&
                         current_precision() == Precision::Bf16 &&
                         be.supports(OpKind::kBf16Activations);
+  Tensor y = bf16_out ? Tensor::empty(x.shape(), d, DType::kBFloat16) : empty_like(x);
   {
     NoGradGuard no_grad;  // running statistics are state, not part of the graph
     if (bf16_out) {
-      y = Tensor::empty(x.shape(), d, DType::kBFloat16);
       be.batch_norm_relu_forward_training_bf16(
           rows, c, x.data<float>(), gamma.data<float>(), beta.data<float>(), opts.eps,
           opts.momentum, fptr(running_mean), fptr(running_var), y.data<bfloat16>(),
