@@ -181,9 +181,9 @@ void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float
 // The scale/shift arrays live in the caller's scratch and are read by every thread.
 float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(c)); }
 
-// Output values: floats as they are, or rounded to bf16 bits as bf16_bits() rounds them (to
+// Output values: floats as they are, or rounded to bf16 bits as bf16_bits.h rounds them (to
 // nearest, ties to even; infinities stay) but for NaN: bf16 outputs come from a ReLU, which
-// gives none (it passes NaN as 0), so bf16_bits's NaN case, a third of its instructions, is
+// gives none (it passes NaN as 0), so the NaN case, a third of the instructions, is
 // left out. Eight at a time, or one.
 inline void store_out8(float* p, Vec8 v) { store8(p, v); }
 inline void store_out8(std::uint16_t* p, Vec8 v) {

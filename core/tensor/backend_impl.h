@@ -314,12 +314,13 @@ class Backend {
                              const std::int32_t* labels, int k, std::int32_t* correct_out) = 0;
 
  protected:
-  // The error of a 16-bit product method called on a backend without it for that type.
+  // The error of a bf16-activation method called on a backend without them.
   [[noreturn]] void no_bf16_activations(std::string_view method) const {
     raise<DeviceError>(method, ": no kernels for tensors stored as bf16 on ", device(), " (",
                        name(), "); activations stay float32 here (supports(kBf16Activations) is "
                        "false), so a bfloat16 tensor on this device cannot be read");
   }
+  // The error of a 16-bit product method called on a backend without it for that type.
   [[noreturn]] void no_half_products(Precision p, std::string_view method) const {
     raise<DeviceError>(method, ": no kernel that reads ", to_string(p), " operands on ", device(),
                        " (", name(), "); ", to_string(p),

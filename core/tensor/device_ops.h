@@ -43,7 +43,7 @@ enum class OpKind {
   kOptimizerUpdate, // sgd_update_, adam_update_ (fused updates over a flat parameter buffer)
   kBf16Products,    // convolutions and matrix products that read bf16 operands themselves
   kFp16Products,    // the same in fp16
-  kBf16Activations, // batch norm + ReLU storing bf16, convolutions reading it (Note [bf16 activations])
+  kBf16Activations, // bf16 storage between batch norm and convolution (Note [bf16 activations])
 };
 std::string_view to_string(OpKind op);
 

@@ -162,12 +162,12 @@ Tensor operand(const Tensor& t, Products p) {
 // supports(kBf16Activations). The pass then writes 2 bytes per value instead of 4, the
 // convolution reads 2 instead of 4 (forward and weight gradient), and the graph keeps that bf16
 // tensor where it kept the float32 one (the batch norm's backward no longer holds it: the ReLU's
-// mask comes from x, Backend::batch_norm_backward). Every result
-// is the same, bit for bit: the convolution multiplies the same bf16 values either way, and the
-// gradients are float32. The convolution reads the tensor as it is where its kernels multiply
-// in bf16 (the CPU's oneDNN, AMX and vdpbf16ps kernels, Backend::conv2d_forward_bf16_input), and
-// elsewhere widens it into the float32 copy that it would otherwise have rounded (the CPU's
-// emulated bf16). GPUs keep float32 activations (no kernels for bf16 storage there yet).
+// mask comes from x, Backend::batch_norm_backward). Every result is the same, bit for bit: the
+// convolution multiplies the same bf16 values either way, and the gradients are float32. The
+// convolution reads the tensor as it is where its kernels multiply in bf16 (the CPU's oneDNN,
+// AMX and vdpbf16ps kernels, Backend::conv2d_forward_bf16_input), and elsewhere widens it into
+// the float32 copy that it would otherwise have rounded (the CPU's emulated bf16). GPUs keep
+// float32 activations (no kernels for bf16 storage there yet).
 
 // A bfloat16 tensor widened to float32 on its device (exact: what rounding its float32
 // original to bf16 would give).
