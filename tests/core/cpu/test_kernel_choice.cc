@@ -5,7 +5,10 @@
 
 #include <unistd.h>
 
+#include <bit>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/bf16.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/kernel_choice.h"
@@ -347,4 +351,53 @@ TEST_CASE("kernel choice: auto on real kernels chooses per problem and matches t
   std::vector<float> y2(yn);
   conv2d_forward_chosen(ctx, s, x.data(), w.data(), nullptr, y2.data(), false, "block.conv");
   CHECK(y2 == y);
+}
+
+// bf16.h's bf16 inputs: a forward and a weight gradient whose x is stored as bf16 are problems of
+// their own ("..., bf16 input"), and every bf16 candidate reads such an x with the bits it gives
+// for the fp32 x it was rounded from. Where only one bf16 candidate runs (the emulated path,
+// on CPUs without AVX512-BF16 or AMX), there is nothing to choose among and the test says so.
+TEST_CASE("kernel choice: a bf16 input is a problem of its own, read with the fp32 input's bits",
+          "[kernel_choice][bf16]") {
+  const std::vector<std::string> names = kernel_choice_candidates(true);
+  if (names.size() < 2) {
+    WARN("the bf16 input's choice is not tested here: one bf16 candidate (" << names.front()
+                                                                            << ") runs on this CPU");
+    return;
+  }
+  const Conv2dShape s{.n = 4, .h = 16, .w = 16, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+  const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * 9,
+                    yn = std::size_t(s.n) * s.h * s.w * s.c_out;
+  auto x = random_vector(xn, 4);
+  std::vector<std::uint16_t> xb(xn);
+  for (std::size_t i = 0; i < xn; ++i) {
+    x[i] = round_to_bf16(x[i]);
+    xb[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x[i]) >> 16);
+  }
+  const auto w = random_vector(wn, 5), dy = random_vector(yn, 6);
+  const CpuContext ctx(2);
+  for (const std::string& name : names) {
+    INFO("candidate " << name);
+    const ChoiceScope scope(KernelChoice::kAuto);
+    force_kernel_candidate_for_testing(name);
+    std::vector<float> y(yn, NAN), yb(yn, NAN), dw(wn, NAN), dwb(wn, NAN);
+    conv2d_forward_chosen(ctx, s, x.data(), w.data(), nullptr, y.data(), true, "t");
+    conv2d_forward_bf16_input_chosen(ctx, s, xb.data(), w.data(), nullptr, yb.data(), "t");
+    conv2d_backward_weight_chosen(ctx, s, x.data(), dy.data(), dw.data(), true, "t");
+    conv2d_backward_weight_bf16_input_chosen(ctx, s, xb.data(), dy.data(), dwb.data(), "t");
+    CHECK(yb == y);
+    CHECK(dwb == dw);
+  }
+  const ChoiceScope scope(KernelChoice::kAuto);
+  std::vector<float> y(yn), dw(wn);
+  conv2d_forward_bf16_input_chosen(ctx, s, xb.data(), w.data(), nullptr, y.data(), "block.conv2");
+  conv2d_backward_weight_bf16_input_chosen(ctx, s, xb.data(), dy.data(), dw.data(), "");
+  const auto records = kernel_choices();
+  REQUIRE(records.size() == 2);
+  for (const auto& r : records) {
+    INFO(format_kernel_choice(r));
+    CHECK(r.layer == "block.conv2");
+    CHECK(r.problem == "4x16x16x16 -> 16, 3x3, stride 1, pad 1, bf16 input");
+    CHECK(r.ms.size() == names.size());
+  }
 }
