@@ -229,54 +229,54 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const
 
 }  // namespace
 
-void batch_norm_forward_training(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                                 const float* gamma, const float* beta, float eps, float* y,
-                                 float* save_mean, float* save_invstd) {
-  check_args("batch_norm_forward_training", rows, c, eps);
+namespace {
+
+// The training forwards: statistics, then the elementwise pass with the saved mean and the scale
+// and shift they give (kernel names the caller in errors).
+template <bool kRelu, bool kResidual, typename Out>
+void training_forward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c,
+                      const float* x, const float* residual, const float* gamma,
+                      const float* beta, float eps, Out* y, float* save_mean,
+                      float* save_invstd) {
+  check_args(kernel, rows, c, eps);
   float* scale = affine_scratch(c);
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    forward_rows<false, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
+    forward_rows<kRelu, kResidual>(r0, r1, c, x, residual, save_mean, scale, shift, y);
   });
+}
+
+}  // namespace
+
+void batch_norm_forward_training(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                 const float* gamma, const float* beta, float eps, float* y,
+                                 float* save_mean, float* save_invstd) {
+  training_forward<false, false>("batch_norm_forward_training", ctx, rows, c, x, nullptr, gamma,
+                                 beta, eps, y, save_mean, save_invstd);
 }
 
 void batch_norm_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
                                       const float* x, const float* gamma, const float* beta,
                                       float eps, float* y, float* save_mean, float* save_invstd) {
-  check_args("batch_norm_relu_forward_training", rows, c, eps);
-  float* scale = affine_scratch(c);
-  float* shift = scale + c;
-  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
-  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    forward_rows<true, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
-  });
+  training_forward<true, false>("batch_norm_relu_forward_training", ctx, rows, c, x, nullptr,
+                                gamma, beta, eps, y, save_mean, save_invstd);
 }
 
 void batch_norm_relu_forward_training_bf16(const CpuContext& ctx, std::int64_t rows, int c,
                                            const float* x, const float* gamma, const float* beta,
                                            float eps, std::uint16_t* y, float* save_mean,
                                            float* save_invstd) {
-  check_args("batch_norm_relu_forward_training_bf16", rows, c, eps);
-  float* scale = affine_scratch(c);
-  float* shift = scale + c;
-  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
-  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    forward_rows<true, false>(r0, r1, c, x, nullptr, save_mean, scale, shift, y);
-  });
+  training_forward<true, false>("batch_norm_relu_forward_training_bf16", ctx, rows, c, x, nullptr,
+                                gamma, beta, eps, y, save_mean, save_invstd);
 }
 
 void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t rows, int c,
                                           const float* x, const float* residual,
                                           const float* gamma, const float* beta, float eps,
                                           float* y, float* save_mean, float* save_invstd) {
-  check_args("batch_norm_add_relu_forward_training", rows, c, eps);
-  float* scale = affine_scratch(c);
-  float* shift = scale + c;
-  training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
-  rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    forward_rows<true, true>(r0, r1, c, x, residual, save_mean, scale, shift, y);
-  });
+  training_forward<true, true>("batch_norm_add_relu_forward_training", ctx, rows, c, x, residual,
+                               gamma, beta, eps, y, save_mean, save_invstd);
 }
 
 void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
