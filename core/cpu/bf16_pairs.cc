@@ -417,7 +417,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, 
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
   const int oh = s.out_h(), ow = s.out_w();
   const int blocks = (s.c_out + kBlock - 1) / kBlock;
-  const WeightTiles tiles(s.kh, s.kw * s.c_in, kQ);
+  const WeightTiles tiles(s.kh, s.kw * s.c_in, kQ, blocks);
   const int q_len = tiles.q_len;
   const std::int64_t ld_acc = std::int64_t{blocks} * kBlock;
   const std::int64_t dw_size = std::int64_t{s.kh} * q_len * ld_acc;
@@ -452,7 +452,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, 
         // x [pair][q] per kernel row (Note [Weight-gradient passes in pixel pairs]).
         const std::int64_t kernel_row_step = pack_pass_pairs(s, img, row_step, r0, pixels, max_pairs, xpb);
         for (std::int64_t t = t0; t < t1; ++t) {
-          const WeightTiles::Tile w = tiles[t];
+          const WeightTiles::Tile& w = tiles[t];
           kTiles[w.q - 1](xpb + w.i * kernel_row_step * q_len + w.q0, q_len, dyb + w.cb * kBlock, ld_acc, pairs,
                           dst + (std::int64_t{w.i} * q_len + w.q0) * ld_acc + w.cb * kBlock, ld_acc);
         }
@@ -461,7 +461,7 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, 
   };
 
   const std::int64_t macs_per_tile = std::int64_t{s.n} * image_out * kQ * kBlock;
-  sum_weight_grad(ctx, s.n, tiles.count(blocks), std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size,
+  sum_weight_grad(ctx, s.n, tiles.count(), std::max<std::int64_t>(1, 200000 / macs_per_tile), dw_size,
                   dwp, accumulate);
 
   unpack_weight_grad(s, dwp, ld_acc, dw);

