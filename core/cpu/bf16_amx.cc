@@ -412,7 +412,7 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, l.c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_region(s, row_begin, row_end, img_dx, [&](int phase, const StridePhases::Region& p) {
+      g.for_each_region(s, row_begin, row_end, detail::Store::kOverwrite, img_dx, [&](int phase, const StridePhases::Region& p) {
         const int q = p.mb * l.c2, kc = chunk_of(q);
         tiles.configure(2 * kc);
         const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,

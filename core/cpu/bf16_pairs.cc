@@ -367,7 +367,7 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, img_dx,
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, detail::Store::kOverwrite, img_dx,
                                 [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
                                     const std::int64_t* out_offs, int cb, int lanes) {
                                   const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;

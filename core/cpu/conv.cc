@@ -90,6 +90,7 @@ using detail::unpack_weight_grad;
 using detail::WeightTiles;
 using detail::zeroed_scratch;
 using detail::StridePhases;
+using detail::Store;
 using detail::Vec;
 
 namespace {
@@ -125,14 +126,23 @@ void with_block(int channels, Fn&& fn) {
 
 // ---- the forward register kernel -----------------------------------------------------------
 
+// out[k] = src[k] for k < lanes, or out[k] += src[k] (Store::kAdd).
+inline void store_lanes(const float* src, int lanes, Store store, float* out) {
+  if (store == Store::kAdd) {
+    for (int k = 0; k < lanes; ++k) out[k] += src[k];
+  } else {
+    std::copy(src, src + lanes, out);
+  }
+}
+
 // Computes P output pixels x L*V channels with vectors of L lanes. Pixel p reads its inputs for
 // kernel row 0 at img + offs[p] (the q-th at + q); kernel row i is row_step floats further. wp
 // is the block's packed weights [kh][q_len][L*V]. bias (nullable) holds L*V values. Output
-// pixel p is written at out + out_offs[p].
+// pixel p is written (or added, Store::kAdd) at out + out_offs[p].
 template <int L, int P, int V>
 void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64_t row_step,
                int kh, int q_len, const float* __restrict wp, const float* bias,
-               float* __restrict out, const std::int64_t* out_offs, int lanes) {
+               float* __restrict out, const std::int64_t* out_offs, int lanes, Store store) {
   using W = Vec<L>;
   typename W::type acc[P][V];
 #pragma GCC unroll 32
@@ -162,6 +172,12 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
     for (int p = 0; p < P; ++p) xe[p] += row_step;
   }
   if (lanes == L * V) {
+    if (store == Store::kAdd) {
+#pragma GCC unroll 32
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[p][v] += W::load(out + out_offs[p] + L * v);
+    }
 #pragma GCC unroll 32
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
@@ -170,7 +186,7 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
     for (int p = 0; p < P; ++p) {
       float tmp[L * V];
       for (int v = 0; v < V; ++v) W::store(tmp + L * v, acc[p][v]);
-      std::copy(tmp, tmp + lanes, out + out_offs[p]);
+      store_lanes(tmp, lanes, store, out + out_offs[p]);
     }
   }
 }
@@ -201,7 +217,7 @@ void pack_weights(int c_out, int c_in, int kh, int kw, int block, float* dst, Ge
 // is written once, by one thread.
 template <int L, int V>
 void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* wp,
-                 const float* bias_padded, float* y) {
+                 const float* bias_padded, Store store, float* y) {
   constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
   const int oh = s.out_h(), ow = s.out_w();
@@ -222,7 +238,7 @@ void direct_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
         pixel_offsets(pix_begin + p0, p, ow, s.stride_h * row_step, pix_step, s.c_out, offs, out_offs);
         kConvTiles<L, V>[p - 1](img, offs, row_step, s.kh, q_len, wp + cb * wblock,
                                 bias_padded ? bias_padded + cb * kBlock : nullptr,
-                                ybase + p0 * s.c_out + cb * kBlock, out_offs, lanes);
+                                ybase + p0 * s.c_out + cb * kBlock, out_offs, lanes, store);
       });
     });
   });
@@ -248,7 +264,7 @@ constexpr int kRowTile = 16;  // T <= 16: T accumulators + KW weights + a broadc
 template <int T, int KW, int CIN>
 void conv_row_tile(const float* __restrict in, std::int64_t row_step, int kh,
                    const float* __restrict wp, const float* bias, float* __restrict out,
-                   int c_out) {
+                   int c_out, Store store) {
   using W = Vec<16>;
   typename W::type acc[T];
 #pragma GCC unroll 16
@@ -269,13 +285,17 @@ void conv_row_tile(const float* __restrict in, std::int64_t row_step, int kh,
     }
   }
   if (c_out == 16) {
+    if (store == Store::kAdd) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[t] += W::load(out + 16 * t);
+    }
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) W::store(out + 16 * t, acc[t]);
   } else {
     for (int t = 0; t < T; ++t) {
       float tmp[16];
       W::store(tmp, acc[t]);
-      std::copy(tmp, tmp + c_out, out + std::int64_t{t} * c_out);
+      store_lanes(tmp, c_out, store, out + std::int64_t{t} * c_out);
     }
   }
 }
@@ -287,11 +307,12 @@ bool row_kernel_applies(const Conv2dShape& s) {
          (s.c_in == 3 || s.c_in == 16);
 }
 
-// y = conv(x, w) (+ bias) with the row kernel; get(co, ci, i, j) gives the weights. Threads
-// split the output rows, as in direct_conv; each row is cut into balanced tiles of <= 16 pixels.
+// y = conv(x, w) (+ bias) with the row kernel (y += with Store::kAdd); get(co, ci, i, j) gives
+// the weights. Threads split the output rows, as in direct_conv; each row is cut into balanced
+// tiles of <= 16 pixels.
 template <int CIN, typename Get>
 void row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
-              float* y, Get get) {
+              Store store, float* y, Get get) {
   constexpr int kKW = 3;
   static constexpr auto kTiles = kernel_table<kRowTile>([]<int T>() { return &conv_row_tile<T, kKW, CIN>; });
   float* wp = scratch(Scratch::kWeights, static_cast<std::size_t>(s.kh) * CIN * kKW * 16);
@@ -314,21 +335,21 @@ void row_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const
         for (int t = 0; t < tiles; ++t) {
           const int x0 = ow * t / tiles, width = ow * (t + 1) / tiles - x0;
           kTiles[width - 1](in + std::int64_t{x0} * CIN, row_step, s.kh, wp, bias16,
-                            yrow + std::int64_t{x0} * s.c_out, s.c_out);
+                            yrow + std::int64_t{x0} * s.c_out, s.c_out, store);
         }
       }
     });
   });
 }
 
-// Runs direct_conv with the channel block that with_block picks for c_out. get(co, ci, i, j)
-// gives the weight of the convolution described by s.
+// Runs direct_conv with the channel block that with_block picks for c_out, writing y or adding
+// to it (store). get(co, ci, i, j) gives the weight of the convolution described by s.
 template <typename Get>
 void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
-                float* y, Get get) {
+                Store store, float* y, Get get) {
   if (row_kernel_applies(s)) {
-    if (s.c_in == 3) return row_conv<3>(ctx, s, x, bias, y, get);
-    return row_conv<16>(ctx, s, x, bias, y, get);
+    if (s.c_in == 3) return row_conv<3>(ctx, s, x, bias, store, y, get);
+    return row_conv<16>(ctx, s, x, bias, store, y, get);
   }
   with_block(s.c_out, [&]<int L, int V>() {
     constexpr int kBlock = L * V;
@@ -336,7 +357,7 @@ void run_direct(const CpuContext& ctx, const Conv2dShape& s, const float* x, con
     float* wp = scratch(Scratch::kWeights,
                         static_cast<std::size_t>(blocks * kBlock * s.c_in * s.kh * s.kw));
     pack_weights(s.c_out, s.c_in, s.kh, s.kw, kBlock, wp, get);
-    direct_conv<L, V>(ctx, s, x, wp, padded_bias(bias, s.c_out, blocks * kBlock), y);
+    direct_conv<L, V>(ctx, s, x, wp, padded_bias(bias, s.c_out, blocks * kBlock), store, y);
   });
 }
 
@@ -574,7 +595,7 @@ void embed_image(const float* img, int h, int w, int c, int top, int left, int h
 
 template <int L, int V>
 void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
+                           const float* w, Store store, float* dx) {
   constexpr int kBlock = L * V;
   constexpr int kP = kMaxPixels<V>;
   const int blocks = (s.c_in + kBlock - 1) / kBlock;
@@ -594,13 +615,13 @@ void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const fl
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       embed_image(dy + n * image_out, g.oh, g.ow, s.c_out, g.top, g.left, g.hp, g.wp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, img_dx,
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, store, img_dx,
                                 [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
                                     const std::int64_t* out_offs, int cb, int lanes) {
                                   const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
                                   kConvTiles<L, V>[p - 1](buf, offs, row_step, ma, mb * s.c_out,
                                                           wp + g.phase_offset[phase] + cb * wblock, nullptr,
-                                                          img_dx + cb * kBlock, out_offs, lanes);
+                                                          img_dx + cb * kBlock, out_offs, lanes, store);
                                 });
     });
   });
@@ -618,26 +639,40 @@ void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x,
 void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                          const float* w, const float* bias, float* y) {
   s.validate();
-  run_direct(ctx, s, x, bias, y, [&](int co, int ci, int i, int j) {
+  run_direct(ctx, s, x, bias, Store::kOverwrite, y, [&](int co, int ci, int i, int j) {
     return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
   });
 }
 
-void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                           const float* w, float* dx) {
+namespace {
+
+void backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w,
+                    Store store, float* dx) {
   s.validate();
   if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw) {
     // The transposed convolution as a forward one (Note [Channels-last on the CPU]).
     const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
                         .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
                         .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
-    run_direct(ctx, t, dy, nullptr, dx, [&](int ci, int co, int i, int j) {
+    run_direct(ctx, t, dy, nullptr, store, dx, [&](int ci, int co, int i, int j) {
       return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
     });
     return;
   }
   // Strides > 1, or padding as large as the kernel (Note [Backward input by stride phases]).
-  with_block(s.c_in, [&]<int L, int V>() { backward_input_phases<L, V>(ctx, s, dy, w, dx); });
+  with_block(s.c_in, [&]<int L, int V>() { backward_input_phases<L, V>(ctx, s, dy, w, store, dx); });
+}
+
+}  // namespace
+
+void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                           const float* w, float* dx) {
+  backward_input(ctx, s, dy, w, Store::kOverwrite, dx);
+}
+
+void conv2d_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                               const float* w, float* dx) {
+  backward_input(ctx, s, dy, w, Store::kAdd, dx);
 }
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,

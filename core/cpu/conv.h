@@ -33,6 +33,13 @@ void conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x,
 void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                            const float* w, float* dx);
 
+// dx += conv_transpose(dy, w): each element dx + the value conv2d_backward_input gives, rounded
+// once (the same bits as that result added afterwards), without writing it anywhere first. For a
+// gradient summed over several consumers of x (Note [Gradients summed in place] in
+// core/tensor/autograd.cc).
+void conv2d_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                               const float* w, float* dx);
+
 // dw = correlate(x, dy): the gradient of conv2d_forward with respect to w. Overwrites dw
 // [c_out, c_in, kh, kw].
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,

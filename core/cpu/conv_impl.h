@@ -18,6 +18,10 @@
 
 namespace towerflow::cpu::TW_ISA::detail {
 
+// How a kernel writes its result: over what dst held, or added to it (conv2d_backward_input_add:
+// dst + result, one rounding, the same bits as the result added afterwards).
+enum class Store { kOverwrite, kAdd };
+
 // {make.template operator()<1>(), ..., make.template operator()<N>()}: the table of a kernel
 // instantiated for every size from 1 to N of one of its tile dimensions, indexed by size - 1.
 template <int N, typename Make>
@@ -302,15 +306,17 @@ struct StridePhases {
   }
 
   // For dx rows [row_begin, row_end) of one image (img_dx, NHWC): zeroes the pixels of phases
-  // without taps, and calls region(phase, r) for each other phase with pixels in those rows.
+  // without taps (leaves them as they are where the kernel adds to dx), and calls region(phase,
+  // r) for each other phase with pixels in those rows.
   template <typename Fn>
-  void for_each_region(const Conv2dShape& s, int row_begin, int row_end, float* img_dx, Fn&& fn) const {
+  void for_each_region(const Conv2dShape& s, int row_begin, int row_end, Store store, float* img_dx,
+                       Fn&& fn) const {
     for (int a = 0; a < sh; ++a)
       for (int b = 0; b < sw; ++b) {
         const Region r = region(s, a, b, row_begin, row_end);
         if (r.rows == 0 || r.cols == 0) continue;
         if (r.ma == 0 || r.mb == 0) {
-          zero_region(s, r, sh, sw, img_dx);
+          if (store == Store::kOverwrite) zero_region(s, r, sh, sw, img_dx);
           continue;
         }
         fn(a * sw + b, r);
@@ -323,8 +329,8 @@ struct StridePhases {
   // out_offs in img_dx.
   template <int P, typename Tile>
   void for_each_phase_tile(const Conv2dShape& s, int row_begin, int row_end, std::int64_t row_step,
-                           std::int64_t unit, int block, float* img_dx, Tile&& tile) const {
-    for_each_region(s, row_begin, row_end, img_dx, [&](int phase, const Region& r) {
+                           std::int64_t unit, int block, Store store, float* img_dx, Tile&& tile) const {
+    for_each_region(s, row_begin, row_end, store, img_dx, [&](int phase, const Region& r) {
       for_each_tile<P>(std::int64_t{r.rows} * r.cols, s.c_in, block, [&](std::int64_t p0, int p, int cb, int lanes) {
         std::int64_t offs[P], out_offs[P];
         // Consecutive phase pixels step dx by the stride and dy by one.

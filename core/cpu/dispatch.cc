@@ -12,6 +12,10 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
   kernels().conv2d_backward_input(ctx, s, dy, w, dx);
 }
 
+void conv2d_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  kernels().conv2d_backward_input_add(ctx, s, dy, w, dx);
+}
+
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
   kernels().conv2d_backward_weight(ctx, s, x, dy, dw);
 }

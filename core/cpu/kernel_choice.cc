@@ -273,12 +273,33 @@ std::string choose_fastest(const std::vector<std::pair<std::string, double>>& ti
   return best;
 }
 
+namespace {
+// A problem's key within this CPU and build: operands, threads and the problem.
+std::string local_key_of(const ChoiceProblem& p) {
+  return str(p.bf16 ? "bf16" : "fp32", " ", p.threads, " threads ", p.key);
+}
+}  // namespace
+
+std::optional<std::string> settled_choice(const ChoiceProblem& p,
+                                          const std::vector<std::string>& candidates) {
+  State& s = state();
+  std::lock_guard lock(s.mu);
+  if (mode_locked(s) == KernelChoice::kFixed || candidates.size() < 2) return candidates.front();
+  if (s.forced) {
+    const bool listed = std::find(candidates.begin(), candidates.end(), *s.forced) != candidates.end();
+    return listed ? *s.forced : candidates.front();
+  }
+  if (const auto it = s.chosen.find(cpu_key() + " | " + local_key_of(p)); it != s.chosen.end())
+    return it->second;
+  return std::nullopt;
+}
+
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
                 const std::function<bool(const std::string&)>& run) {
   State& s = state();
   const std::string operands = p.bf16 ? "bf16" : "fp32";
-  const std::string local_key = str(operands, " ", p.threads, " threads ", p.key);
+  const std::string local_key = local_key_of(p);
   // Fast path: this thread has seen the problem.
   thread_local ThreadTable table;
   if (const std::uint64_t g = s.generation.load(); table.generation != g) {
@@ -454,6 +475,16 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
     conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
   });
+}
+
+bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                      const float* w, float* dx) {
+  const std::string problem = s.describe();
+  const ChoiceProblem p{.key = "conv backward input " + problem, .pass = "backward input",
+                        .problem = problem, .bf16 = false, .threads = ctx.threads()};
+  if (settled_choice(p, candidates(false)) != "towerflow") return false;
+  conv2d_backward_input_add(ctx, s, dy, w, dx);
+  return true;
 }
 
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,

@@ -23,6 +23,12 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
                            std::string_view layer);
 void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx, bool bf16, std::string_view layer);
+// dx += the fp32 backward input (conv.h's conv2d_backward_input_add) where towerflow's kernels
+// are the settled choice of that problem; false, dx untouched, where another kernel is, or where
+// the choice is still to be measured (measuring runs the candidates more than once): the caller
+// then computes the gradient with conv2d_backward_input_chosen and adds it.
+bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                      const float* w, float* dx);
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw, bool bf16, std::string_view layer);
 // The bf16 forward and weight gradient with x stored as bf16 bits (bf16.h's bf16 inputs): problems
@@ -59,6 +65,12 @@ std::string choose_fastest(const std::vector<std::pair<std::string, double>>& ti
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
                 const std::function<bool(const std::string&)>& run);
+
+// The candidate run_chosen runs for p without measuring anything: the fixed one (fixed mode, a
+// single candidate), the forced one, or the one this process has chosen for p; nullopt where
+// run_chosen would still read the cache or measure.
+std::optional<std::string> settled_choice(const ChoiceProblem& p,
+                                          const std::vector<std::string>& candidates);
 
 // Tests: in auto mode, run every problem on the candidate `name` where it is one (and where it
 // declines, on the fixed choice) without measuring or recording; nullopt to measure again.

@@ -26,6 +26,7 @@ namespace towerflow::cpu {
 #define TW_CPU_KERNELS(X) \
   X(conv2d_forward) \
   X(conv2d_backward_input) \
+  X(conv2d_backward_input_add) \
   X(conv2d_backward_weight) \
   X(conv2d_forward_bias) \
   X(conv2d_backward_bias) \

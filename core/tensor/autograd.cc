@@ -22,6 +22,11 @@ namespace towerflow {
 namespace {
 std::atomic<std::uint64_t> g_sequence{0};
 
+// Whether t is the only tensor referring to its buffer (the engine's sums are held by grads only).
+bool exclusive(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1;
+}
+
 // dst += src (same shape), both on one device.
 void accumulate_into(const Tensor& dst, const Tensor& src) {
   backend_for(dst.device())
@@ -36,16 +41,46 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs) {
   return false;
 }
 
-void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
-            std::function<std::vector<Tensor>(const Tensor&)> backward) {
+namespace {
+std::shared_ptr<Node> new_node(std::string name, std::vector<Tensor> inputs) {
   auto node = std::make_shared<Node>();
   node->name = std::move(name);
   if (trace::enabled()) node->scope = OpScope::current();
   node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
   node->inputs = std::move(inputs);
-  node->backward = std::move(backward);
+  return node;
+}
+}  // namespace
+
+void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
+            std::function<std::vector<Tensor>(const Tensor&)> backward) {
+  std::shared_ptr<Node> node = new_node(std::move(name), std::move(inputs));
+  node->backward = [backward = std::move(backward)](const Tensor& g, const std::vector<Tensor>&) {
+    return backward(g);
+  };
   output.impl()->grad_fn = std::move(node);
 }
+
+void record_summing(Tensor& output, std::string name, std::vector<Tensor> inputs,
+                    std::function<std::vector<Tensor>(const Tensor& grad_output,
+                                                      const std::vector<Tensor>& partial)>
+                        backward) {
+  std::shared_ptr<Node> node = new_node(std::move(name), std::move(inputs));
+  node->backward = std::move(backward);
+  node->sums_in_place = true;
+  output.impl()->grad_fn = std::move(node);
+}
+
+// Note [Gradients summed in place]
+// A tensor read by several ops gets the sum of their gradients: the engine keeps the sum so far
+// for the node that produced it, and adds each further consumer's gradient to it (axpy), a pass
+// that reads both and writes the sum. An op recorded with record_summing is offered, for each
+// input, the sum so far where the engine holds the only reference to its buffer; it may add its
+// own gradient into that buffer as it computes it and return the buffer, leaving nothing to add.
+// A ResNet block's input is read by the block's first convolution and by the shortcut; the
+// shortcut's gradient comes first (tape order), and the convolution adds its input gradient to
+// it as its kernel stores it, instead of writing it to a tensor of its own that the engine then
+// adds. The bits are the same as the separate add's (one rounding of the same two values).
 
 // Note [Final leaf gradients]
 // A leaf's gradient is the sum of what every node consuming it gives. The engine counts, before
@@ -126,11 +161,27 @@ void backward(const Tensor& loss, const BackwardHooks& hooks) {
     }
     const Tensor g = std::move(it->second);
     grads.erase(it);
+    std::vector<Tensor> partial;  // Note [Gradients summed in place]
+    if (n->sums_in_place) {
+      partial.resize(n->inputs.size());
+      for (std::size_t i = 0; i < n->inputs.size(); ++i) {
+        const Tensor& in = n->inputs[i];
+        if (!in.defined() || !in.requires_grad() || !in.impl()->grad_fn) continue;
+        const auto slot = grads.find(in.impl()->grad_fn.get());
+        if (slot != grads.end() && exclusive(slot->second)) partial[i] = slot->second;
+      }
+    }
     std::vector<Tensor> input_grads;
     {
       const trace::Span span("grad", n->name, n->scope);
-      input_grads = n->backward(g);
+      input_grads = n->backward(g, partial);
     }
+    // The inputs whose gradient the op summed into the partial sum it was given.
+    std::vector<bool> summed(n->inputs.size(), false);
+    for (std::size_t i = 0; i < partial.size() && i < input_grads.size(); ++i)
+      summed[i] = partial[i].defined() && input_grads[i].defined() &&
+                  input_grads[i].impl() == partial[i].impl();
+    partial.clear();
     TW_CHECK(input_grads.size() == n->inputs.size(), "op ", n->name, " returned ",
              input_grads.size(), " gradients for ", n->inputs.size(), " inputs");
     for (std::size_t i = 0; i < n->inputs.size(); ++i) {
@@ -143,13 +194,12 @@ void backward(const Tensor& loss, const BackwardHooks& hooks) {
       if (in_impl->grad_fn) {
         auto [slot, inserted] = grads.try_emplace(in_impl->grad_fn.get(), gi);
         if (!inserted) {
+          if (summed[i]) continue;  // the op added its part to the sum already
+          Tensor& acc = slot->second;
           // Sum in place when this map holds the only reference to the buffer (the usual case:
           // a ResNet block's input gets a fresh gradient from each of its two consumers).
           // Otherwise it is shared (add passes g to both inputs): sum into a fresh buffer.
-          Tensor& acc = slot->second;
-          const bool exclusive = acc.impl_ptr().use_count() == 1 &&
-                                 acc.impl()->storage.use_count() == 1;
-          if (!exclusive) acc = acc.clone();
+          if (!exclusive(acc)) acc = acc.clone();
           accumulate_into(acc, gi);
         }
       } else if (in_impl->grad) {

@@ -21,8 +21,14 @@ struct Node {
   std::string scope;         // OpScope::current() when recorded, only while a trace is on
   std::uint64_t sequence;    // creation order
   std::vector<Tensor> inputs;  // the inputs gradients flow to (undefined entries allowed)
-  // Gradients for `inputs`, in order; an undefined entry means "no gradient".
-  std::function<std::vector<Tensor>(const Tensor& grad_output)> backward;
+  // Gradients for `inputs`, in order; an undefined entry means "no gradient". Where sums_in_place,
+  // partial[i] is input i's gradient summed so far from its other consumers, given where the
+  // engine holds the only reference to it (else undefined): the op may add its own gradient into
+  // it and return it as entry i (Note [Gradients summed in place] in autograd.cc). Otherwise
+  // partial is empty.
+  std::function<std::vector<Tensor>(const Tensor& grad_output, const std::vector<Tensor>& partial)>
+      backward;
+  bool sums_in_place = false;
 };
 
 // Hooks a caller can give backward(loss, hooks).
@@ -45,5 +51,11 @@ bool needs_grad(std::initializer_list<const Tensor*> inputs);
 // needs_grad(...) was true.
 void record(Tensor& output, std::string name, std::vector<Tensor> inputs,
             std::function<std::vector<Tensor>(const Tensor&)> backward);
+// The same for an op whose backward may add its input gradients into the partial sums it is
+// given (Node::backward, Node::sums_in_place).
+void record_summing(Tensor& output, std::string name, std::vector<Tensor> inputs,
+                    std::function<std::vector<Tensor>(const Tensor& grad_output,
+                                                      const std::vector<Tensor>& partial)>
+                        backward);
 
 }  // namespace towerflow

@@ -184,6 +184,14 @@ class Backend {
                                      float* dx) = 0;
   virtual void conv2d_backward_weight(const Conv2dShape& s, const float* x, const float* dy,
                                       float* dw) = 0;
+  // dx += conv2d_backward_input's dx, in one pass over dx (Note [Gradients summed in place] in
+  // autograd.cc), where this backend has such a kernel for this call; false, dx untouched, where
+  // it has not (the base class: never), and the caller computes dx apart and adds it.
+  virtual bool conv2d_backward_input_add(const Conv2dShape& s, const float* dy, const float* w,
+                                         float* dx) {
+    (void)s, (void)dy, (void)w, (void)dx;
+    return false;
+  }
   virtual void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) = 0;
 
   // ---- pooling (kMaxPool, kAvgPool); core/shapes.h's shapes, core/cpu/pool.h's rules --------

@@ -243,14 +243,21 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
   else
     backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
-    record(y, std::string(kOp), {x, w, bias},
+    record_summing(y, std::string(kOp), {x, w, bias},
            [s, xo, wo, bias, p, reads_bf16, need_dx = x.requires_grad(),
-            need_dw = w.requires_grad()](const Tensor& g) {
+            need_dw = w.requires_grad()](const Tensor& g, const std::vector<Tensor>& partial) {
       Backend& be = backend_for(g.device());
       const Tensor go = operand(g, p);
       const bool by_half_kernels = half_kernels(p);
       Tensor dx, dw, db;
-      if (need_dx) {
+      // x's gradient added to what its other consumers gave, where the backend adds as it
+      // stores (Note [Gradients summed in place] in autograd.cc).
+      const Tensor& sum = partial[0];
+      if (need_dx && sum.defined() && !by_half_kernels && sum.dtype() == DType::kFloat32 &&
+          sum.is_contiguous() && sum.shape() == xo.shape() &&
+          be.conv2d_backward_input_add(s, go.data<float>(), wo.data<float>(), sum.data<float>())) {
+        dx = sum;
+      } else if (need_dx) {
         dx = Tensor::empty(xo.shape(), g.device());  // float32 whatever x's type
         if (by_half_kernels)
           be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(),

@@ -278,6 +278,33 @@ TEST_CASE("conv2d results are identical for 1 and 3 threads", "[cpu][conv]") {
   }
 }
 
+TEST_CASE("conv2d_backward_input_add adds the backward input to dx as a separate add would", "[cpu][conv]") {
+  // Every odd shape (stride phases without taps leave dx as it is), the row kernel's transposed
+  // shapes on AVX-512 (16 dx channels, 3-wide kernels, from 16 or 3 dy channels), partial channel
+  // vectors, and 1 and 3 threads: each element dx + conv2d_backward_input's value, rounded once.
+  std::vector<Conv2dShape> shapes = kShapes;
+  shapes.push_back({.n = 3, .h = 9, .w = 19, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1});
+  shapes.push_back({.n = 2, .h = 6, .w = 33, .c_in = 16, .c_out = 3, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1});
+  shapes.push_back({.n = 5, .h = 13, .w = 13, .c_in = 13, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1});
+  std::uint32_t seed = 700;
+  for (const int threads : {1, 3}) {
+    CpuContext ctx(threads);
+    for (const auto& s : shapes) {
+      INFO("shape " << s.to_string() << ", " << threads << " threads");
+      const auto w = random_vector(w_size(s), seed++);
+      const auto dy = random_vector(y_size(s), seed++);
+      const auto base = random_vector(x_size(s), seed++);
+      std::vector<float> dx(x_size(s), NAN);
+      conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
+      std::vector<float> want(base.size());
+      for (std::size_t i = 0; i < want.size(); ++i) want[i] = base[i] + dx[i];
+      std::vector<float> sum = base;
+      conv2d_backward_input_add(ctx, s, dy.data(), w.data(), sum.data());
+      CHECK(sum == want);
+    }
+  }
+}
+
 TEST_CASE("conv2d bias variants add and reduce the bias", "[cpu][conv]") {
   CpuContext ctx(2);
   const Conv2dShape s{.n = 2, .h = 7, .w = 9, .c_in = 5, .c_out = 19, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2};

@@ -19,6 +19,7 @@
 #include "core/tensor/device_ops.h"
 #include "core/tensor/mac_counter.h"
 #include "core/tensor/ops.h"
+#include "core/trace.h"
 
 namespace towerflow {
 namespace {
@@ -162,6 +163,104 @@ TEST_CASE("autograd: accumulation, shared inputs, freed graph, no_grad", "[autog
   Tensor m = ramp({2, 2}).set_requires_grad(true);
   sum(mul(m.view({4}), ramp({4}, 1.0f))).backward();
   CHECK(m.grad().to_host() == std::vector<float>{1, 2, 3, 4});
+}
+
+// y = x, recorded with record_summing: its backward notes whether it was offered x's partial
+// gradient sum, and adds g into it where it was (Note [Gradients summed in place]).
+Tensor summing_identity(const Tensor& x, std::vector<bool>* offered) {
+  Tensor y = x.detach().clone();
+  record_summing(y, "SummingIdentity", {x}, [offered](const Tensor& g, const std::vector<Tensor>& partial) {
+    offered->push_back(partial.at(0).defined());
+    if (!partial[0].defined()) return std::vector<Tensor>{g.clone()};
+    axpy_(partial[0], 1.0f, g);
+    return std::vector<Tensor>{partial[0]};
+  });
+  return y;
+}
+
+TEST_CASE("autograd offers an op the gradient summed so far where it alone holds it, and adds nothing after",
+          "[autograd]") {
+  const Tensor e = ramp({3}, 10.0f), d = ramp({3}, 100.0f), c = ramp({3}, 2.0f);
+  std::vector<bool> offered;
+  SECTION("the other consumer's gradient is the engine's alone: the op sums into it") {
+    Tensor x0 = ramp({3}, 1.0f).set_requires_grad(true);
+    const Tensor x = mul(x0, c);                         // a node, so x's gradient is summed in the map
+    const Tensor p = summing_identity(x, &offered);      // runs last of x's consumers (tape order)
+    const Tensor q = mul(x, d);                          // a fresh gradient d * 1 for x
+    sum(add(mul(p, e), q)).backward();
+    CHECK(offered == std::vector<bool>{true});
+    // dx = e + d, once each; dx0 = dx * c.
+    CHECK(x0.grad().to_host() == std::vector<float>{(10 + 100) * 2.0f, (11 + 101) * 3.0f, (12 + 102) * 4.0f});
+  }
+  SECTION("a gradient that another input shares is not offered, and stays that input's") {
+    Tensor x0 = ramp({3}, 1.0f).set_requires_grad(true), y0 = ramp({3}, 1.0f).set_requires_grad(true);
+    const Tensor x = mul(x0, c), y = mul(y0, c);
+    const Tensor p = summing_identity(x, &offered);
+    const Tensor q = add(x, y);  // passes one gradient buffer to both x and y
+    sum(add(mul(p, e), q)).backward();
+    CHECK(offered == std::vector<bool>{false});
+    CHECK(x0.grad().to_host() == std::vector<float>{(10 + 1) * 2.0f, (11 + 1) * 3.0f, (12 + 1) * 4.0f});
+    CHECK(y0.grad().to_host() == std::vector<float>{2.0f, 3.0f, 4.0f});  // without p's part
+  }
+  SECTION("an op that runs first has nothing to sum into") {
+    Tensor x0 = ramp({3}, 1.0f).set_requires_grad(true);
+    const Tensor x = mul(x0, c);
+    const Tensor q = mul(x, d);
+    const Tensor p = summing_identity(x, &offered);  // created last: runs first
+    sum(add(mul(p, e), q)).backward();
+    CHECK(offered == std::vector<bool>{false});
+    CHECK(x0.grad().to_host() == std::vector<float>{(10 + 100) * 2.0f, (11 + 101) * 3.0f, (12 + 102) * 4.0f});
+  }
+  SECTION("an input read twice by one add is summed twice") {
+    Tensor x0 = ramp({3}, 1.0f).set_requires_grad(true);
+    const Tensor x = mul(x0, c);
+    const Tensor p = summing_identity(x, &offered);
+    sum(add(mul(p, e), add(x, x))).backward();
+    CHECK(offered == std::vector<bool>{true});
+    CHECK(x0.grad().to_host() == std::vector<float>{(10 + 2) * 2.0f, (11 + 2) * 3.0f, (12 + 2) * 4.0f});
+  }
+}
+
+TEST_CASE("a convolution adds its input gradient to the sum of x's other consumers: a separate add's bits, "
+          "no separate add",
+          "[autograd][conv]") {
+  // A ResNet block's input: read by a convolution and by the shortcut, whose gradient comes first.
+  const Device cpu = Device::cpu(0);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  auto random = [&](const Shape& shape) {
+    std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+    for (float& f : v) f = normal(rng);
+    return Tensor::from_host(v, shape, cpu);
+  };
+  const Tensor x0 = random({2, 6, 7, 16}), w = random({16, 16, 3, 3}), g1 = random({2, 6, 7, 16}),
+               g2 = random({2, 6, 7, 16}), scale = random({2, 6, 7, 16});
+  const Tensor x_value = mul(x0, scale);
+  // Each consumer's gradient of x alone (x a leaf: its gradient as the op gives it).
+  auto part = [&](bool through_conv) {
+    Tensor x = x_value.detach().clone().set_requires_grad(true);
+    if (through_conv) sum(mul(conv2d(x, w, Tensor(), {.stride = 1, .padding = 1}), g1)).backward();
+    else sum(mul(relu(x), g2)).backward();
+    return x.grad().to_host();
+  };
+  const std::vector<float> conv_part = part(true), relu_part = part(false);
+  // Both, with x = x0 * scale a node, so that its two gradients are summed before mul's backward:
+  // loss = sum(conv(x) * g1) + sum(relu(x) * g2). relu's gradient comes first (tape order).
+  Tensor leaf = x0.detach().clone().set_requires_grad(true);
+  const Tensor x = mul(leaf, scale);
+  const Tensor y = conv2d(x, w, Tensor(), {.stride = 1, .padding = 1});
+  const Tensor loss = add(sum(mul(y, g1)), sum(mul(relu(x), g2)));
+  trace::start();
+  loss.backward();
+  trace::stop();
+  const std::vector<float> got = leaf.grad().to_host(), s = scale.to_host();
+  std::vector<float> want(got.size());
+  for (std::size_t i = 0; i < want.size(); ++i) want[i] = (relu_part[i] + conv_part[i]) * s[i];
+  CHECK(got == want);
+  std::size_t axpys = 0;
+  for (const trace::Event& ev : trace::collect())
+    if (ev.name == "axpy") ++axpys;
+  CHECK(axpys == 0);  // the engine would have added the two with one
 }
 
 TEST_CASE("autograd names each leaf once its gradient is final, while backward goes on", "[autograd]") {
