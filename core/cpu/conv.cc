@@ -421,14 +421,14 @@ void weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x, co
   const std::int64_t image_out = std::int64_t{oh} * ow;
   // Rows per pass: about 96 pixels, so the dy slice and x rows of a pass stay in L1 across the
   // tiles that share them. Where a pixel's x and dy each take at most one 64-byte line (a pixel
-  // step of at most 16 input floats, one block of at most 16 output channels), a tile reads both as
-  // dense streams that the L2 prefetchers keep up with, and a pass of the whole image has ten
-  // times fewer tile calls: ResNet-20's 16->16 weight gradient ran at 172-175 GFLOP/s that way
-  // against 162-164 in 96-pixel passes on a 2-core Zen 3 EPYC (AVX2); its 16->32 stride-2 one,
-  // whose pixels take two lines, ran 10% slower (`towerflow_bench_ops --threads 2 --filter
-  // resnet20`).
+  // step of at most 16 input floats, one block of at most 16 output channels), a tile reads both
+  // as dense streams that the L2 prefetchers keep up with, and passes of about 1024 pixels (at
+  // most 64 KiB of dy, a CIFAR image whole) make ten times fewer tile calls: ResNet-20's 16->16
+  // weight gradient ran at 172-175 GFLOP/s that way against 162-164 in 96-pixel passes on a
+  // 2-core Zen 3 EPYC (AVX2); its 16->32 stride-2 one, whose pixels take two lines, ran 10%
+  // slower (`towerflow_bench_ops --threads 2 --filter resnet20`).
   const bool dense_pixels = pix_step <= 16 && ld_dy <= 16;
-  const int rows_per_pass = dense_pixels ? oh : std::max(1, std::min(oh, 96 / ow));
+  const int rows_per_pass = std::max(1, std::min(oh, (dense_pixels ? 1024 : 96) / ow));
 
   // Adds images [n0, n1), tiles [t0, t1) into dst ([kh * q_len][ld_acc]), image by image.
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
