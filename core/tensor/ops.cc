@@ -244,8 +244,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
     backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
   if (needs_grad({&x, &w, &bias})) {
     record_summing(y, std::string(kOp), {x, w, bias},
-           [s, xo, wo, bias, p, reads_bf16, need_dx = x.requires_grad(),
-            need_dw = w.requires_grad()](const Tensor& g, const std::vector<Tensor>& partial) {
+                   [s, xo, wo, bias, p, reads_bf16, need_dx = x.requires_grad(),
+                    need_dw = w.requires_grad()](const Tensor& g, const std::vector<Tensor>& partial) {
       Backend& be = backend_for(g.device());
       const Tensor go = operand(g, p);
       const bool by_half_kernels = half_kernels(p);
