@@ -77,10 +77,11 @@ void record_summing(Tensor& output, std::string name, std::vector<Tensor> inputs
 // that reads both and writes the sum. An op recorded with record_summing is offered, for each
 // input, the sum so far where the engine holds the only reference to its buffer; it may add its
 // own gradient into that buffer as it computes it and return the buffer, leaving nothing to add.
-// A ResNet block's input is read by the block's first convolution and by the shortcut; the
-// shortcut's gradient comes first (tape order), and the convolution adds its input gradient to
-// it as its kernel stores it, instead of writing it to a tensor of its own that the engine then
-// adds. The bits are the same as the separate add's (one rounding of the same two values).
+// A ResNet block's input is read by the block's first convolution and by the shortcut: an
+// identity shortcut's gradient comes first (tape order) and the convolution adds its input
+// gradient to it as its kernel stores it, instead of writing it to a tensor of its own that the
+// engine then adds; a projection shortcut, run before conv1, comes second and adds to conv1's.
+// The bits are the same as the separate add's (one rounding of the same two values).
 
 // Note [Final leaf gradients]
 // A leaf's gradient is the sum of what every node consuming it gives. The engine counts, before
