@@ -197,25 +197,36 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
 // that consecutive tiles read one slice of dy, with q tiles of at most max_q, balanced (15 at 6:
 // 5, 5, 5 rather than 6, 6, 3). They are listed once per gradient: decoding t takes five integer
 // divisions, which cost 7% of ResNet-20's 64->64 weight gradient (384 tiles of 64 pixels an
-// image) on a 2-core Zen 3 EPYC (AVX2) when each tile call did them.
+// image) on a 2-core Zen 3 EPYC (AVX2) when each tile call did them. The list lives in a vector
+// of the calling thread's, reused from one gradient to the next, so that a training step does not
+// allocate it.
 struct WeightTiles {
   struct Tile {
     int cb, i, q0, q;
   };
   int kh, q_len, q_tiles;
-  std::vector<Tile> list;
+  const std::vector<Tile>& list;
   WeightTiles(int kh, int q_len, int max_q, int blocks)
-      : kh(kh), q_len(q_len), q_tiles((q_len + max_q - 1) / max_q) {
-    list.reserve(static_cast<std::size_t>(blocks) * kh * q_tiles);
+      : kh(kh), q_len(q_len), q_tiles((q_len + max_q - 1) / max_q), list(storage()) {
+    std::vector<Tile>& l = storage();
+    l.clear();
     for (int cb = 0; cb < blocks; ++cb)
       for (int i = 0; i < kh; ++i)
         for (int qt = 0; qt < q_tiles; ++qt) {
           const int q0 = q_len * qt / q_tiles;
-          list.push_back({.cb = cb, .i = i, .q0 = q0, .q = q_len * (qt + 1) / q_tiles - q0});
+          l.push_back({.cb = cb, .i = i, .q0 = q0, .q = q_len * (qt + 1) / q_tiles - q0});
         }
   }
   std::int64_t count() const { return static_cast<std::int64_t>(list.size()); }
   const Tile& operator[](std::int64_t t) const { return list[static_cast<std::size_t>(t)]; }
+
+ private:
+  // One list per thread: a weight gradient's workers only read the list of the thread that
+  // called it, which waits for them.
+  static std::vector<Tile>& storage() {
+    thread_local std::vector<Tile> tiles;
+    return tiles;
+  }
 };
 
 // dw (OIHW) from a weight gradient summed as dwp [kh][kw][c_in][ld_acc]: dw[co][ci][i][j] =

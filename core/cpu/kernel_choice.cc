@@ -456,6 +456,15 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
   });
 }
 
+namespace {
+// The backward input's problem, for its choice and for whether that choice is settled.
+ChoiceProblem backward_input_problem(const Conv2dShape& s, bool bf16, int threads) {
+  const std::string problem = s.describe();
+  return {.key = "conv backward input " + problem, .pass = "backward input", .problem = problem,
+          .bf16 = bf16, .threads = threads};
+}
+}  // namespace
+
 void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx, bool bf16, std::string_view layer) {
   const std::vector<std::string>& c = candidates(bf16);
@@ -463,9 +472,7 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
     if (bf16) return conv2d_backward_input_bf16(ctx, s, dy, w, dx);
     return conv2d_backward_input(ctx, s, dy, w, dx);
   }
-  const std::string problem = s.describe();
-  const ChoiceProblem p{.key = "conv backward input " + problem, .pass = "backward input",
-                        .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
+  const ChoiceProblem p = backward_input_problem(s, bf16, ctx.threads());
   run_chosen(p, layer, c, [&](const std::string& name) {
     if (bf16)
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
@@ -479,10 +486,8 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
 
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                       const float* w, float* dx) {
-  const std::string problem = s.describe();
-  const ChoiceProblem p{.key = "conv backward input " + problem, .pass = "backward input",
-                        .problem = problem, .bf16 = false, .threads = ctx.threads()};
-  if (settled_choice(p, candidates(false)) != "towerflow") return false;
+  if (settled_choice(backward_input_problem(s, false, ctx.threads()), candidates(false)) != "towerflow")
+    return false;
   conv2d_backward_input_add(ctx, s, dy, w, dx);
   return true;
 }
