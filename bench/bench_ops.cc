@@ -16,7 +16,9 @@
 // VDPBF16PS where the CPU has AVX512-BF16), and the "% peak" column puts each row against the
 // peak of the instructions it runs: the bf16 peak for oneDNN's and towerflow's AVX512-BF16
 // kernels where it was measured, the fp32 peak for fp32 rows and for emulated bf16 (which runs
-// the fp32 kernels).
+// the fp32 kernels). The winograd_* rows (Winograd F(2x2, 3x3), 3x3 stride-1 layers) count the
+// direct convolution's multiply-adds, as the training benchmarks do, so that their GFLOP/s compare
+// with the conv_* rows; having 16/36 of those to do, they may pass 100% of the peak.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -246,14 +248,11 @@ int main(int argc, char** argv) {
       const bool bf16 = p == "bf16";
       const std::vector<float> xr = bf16 ? rounded(x) : x, wr = bf16 ? rounded(w) : w,
                                dyr = bf16 ? rounded(dy) : dy;
-      if (wanted(cc.model, cc.layer, "conv_fwd")) {
-        Row r{cc.model, cc.layer, "conv_fwd", s.to_string(), p};
-        r.ms = median_ms([&] {
-          if (bf16)
-            tw::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
-          else
-            tw::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
-        }, min_time);
+      // A row of op timing run() and checking its output against the reference (the three
+      // passes' checks: y, dx, or dw), where wanted.
+      auto fwd_row = [&](const std::string& op, auto run) {
+        Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 300; ++t) {
           const int n = uni(s.n), oh = uni(s.out_h()), ow = uni(s.out_w()), co = uni(s.c_out);
@@ -264,15 +263,10 @@ int main(int argc, char** argv) {
         r.gbytes = gb_fwd / (r.ms / 1e3);
         r.max_error = smp.error();
         emit(r);
-      }
-      if (wanted(cc.model, cc.layer, "conv_bwd_input")) {
-        Row r{cc.model, cc.layer, "conv_bwd_input", s.to_string(), p};
-        r.ms = median_ms([&] {
-          if (bf16)
-            tw::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
-          else
-            tw::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
-        }, min_time);
+      };
+      auto bwd_input_row = [&](const std::string& op, auto run) {
+        Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 300; ++t) {
           const int n = uni(s.n), ih = uni(s.h), iw = uni(s.w), ci = uni(s.c_in);
@@ -283,15 +277,10 @@ int main(int argc, char** argv) {
         r.gbytes = gb_fwd / (r.ms / 1e3);
         r.max_error = smp.error();
         emit(r);
-      }
-      if (wanted(cc.model, cc.layer, "conv_bwd_weight")) {
-        Row r{cc.model, cc.layer, "conv_bwd_weight", s.to_string(), p};
-        r.ms = median_ms([&] {
-          if (bf16)
-            tw::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
-          else
-            tw::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
-        }, min_time);
+      };
+      auto bwd_weight_row = [&](const std::string& op, auto run) {
+        Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 12; ++t) {
           const int co = uni(s.c_out), ci = uni(s.c_in), i = uni(s.kh), j = uni(s.kw);
@@ -302,7 +291,41 @@ int main(int argc, char** argv) {
         r.gbytes = gb_fwd / (r.ms / 1e3);
         r.max_error = smp.error();
         emit(r);
-      }
+      };
+      if (wanted(cc.model, cc.layer, "conv_fwd"))
+        fwd_row("conv_fwd", [&] {
+          if (bf16)
+            tw::conv2d_forward_bf16(ctx, s, x.data(), w.data(), nullptr, y.data());
+          else
+            tw::conv2d_forward(ctx, s, x.data(), w.data(), y.data());
+        });
+      if (wanted(cc.model, cc.layer, "conv_bwd_input"))
+        bwd_input_row("conv_bwd_input", [&] {
+          if (bf16)
+            tw::conv2d_backward_input_bf16(ctx, s, dy.data(), w.data(), dx.data());
+          else
+            tw::conv2d_backward_input(ctx, s, dy.data(), w.data(), dx.data());
+        });
+      if (wanted(cc.model, cc.layer, "conv_bwd_weight"))
+        bwd_weight_row("conv_bwd_weight", [&] {
+          if (bf16)
+            tw::conv2d_backward_weight_bf16(ctx, s, x.data(), dy.data(), dw.data());
+          else
+            tw::conv2d_backward_weight(ctx, s, x.data(), dy.data(), dw.data());
+        });
+      // Winograd F(2x2, 3x3), a kernel-choice candidate, on the 3x3 stride-1 layers it computes
+      // (a first call says whether it does).
+      if (!bf16 && wanted(cc.model, cc.layer, "winograd_fwd") &&
+          tw::conv2d_forward_winograd(ctx, s, x.data(), w.data(), nullptr, y.data()))
+        fwd_row("winograd_fwd", [&] { tw::conv2d_forward_winograd(ctx, s, x.data(), w.data(), nullptr, y.data()); });
+      if (!bf16 && wanted(cc.model, cc.layer, "winograd_bwd_input") &&
+          tw::conv2d_backward_input_winograd(ctx, s, dy.data(), w.data(), dx.data()))
+        bwd_input_row("winograd_bwd_input",
+                      [&] { tw::conv2d_backward_input_winograd(ctx, s, dy.data(), w.data(), dx.data()); });
+      if (!bf16 && wanted(cc.model, cc.layer, "winograd_bwd_weight") &&
+          tw::conv2d_backward_weight_winograd(ctx, s, x.data(), dy.data(), dw.data()))
+        bwd_weight_row("winograd_bwd_weight",
+                       [&] { tw::conv2d_backward_weight_winograd(ctx, s, x.data(), dy.data(), dw.data()); });
     }
   }
 

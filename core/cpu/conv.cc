@@ -31,6 +31,9 @@
 //                            (Note [Backward input by stride phases])
 //   backward weight          weight_grad: accumulators are a tile of Q inputs q x B channels,
 //                            summed over every output pixel, the same register shape as forward
+// A 3x3 stride-1 forward or backward input can also run as Winograd's F(2x2, 3x3), whose matrix
+// products run on the forward register kernel (Note [Winograd convolution]); the kernel choice
+// takes it where it measures faster.
 //
 // Note [Register tiles for 8 and 16 lanes]
 // The kernels are written once for vectors of L lanes (Vec<L> in simd_impl.h) and instantiated
@@ -92,6 +95,10 @@ using detail::zeroed_scratch;
 using detail::StridePhases;
 using detail::Store;
 using detail::Vec;
+using detail::Vec8;
+using detail::load8;
+using detail::splat8;
+using detail::store8;
 
 namespace {
 
@@ -627,6 +634,308 @@ void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const fl
   });
 }
 
+// ---- Winograd F(2x2, 3x3) --------------------------------------------------------------------
+
+// Note [Winograd convolution]
+// A 3x3 stride-1 convolution can make each 2x2 block of output pixels from the 4x4 patch of
+// input under it with 16 multiplies per (input channel, output channel) instead of 36: Y =
+// A^T [(G g G^T) . (B^T d B)] A (Lavin and Gray, "Fast Algorithms for Convolutional Neural
+// Networks", CVPR 2016). Summed over input channels, the 16 elementwise products are 16 matrix
+// products [tiles x c_in] x [c_in x c_out], one per position xi of the transformed patch, which
+// run on the forward register kernel as 1x1 convolutions. An image's tiles go in fixed groups: a
+// group's input transforms fill [16][tiles][c_in], its products [16][tiles][c_out] (together at
+// most about 48 KiB), and the output transform writes its 2x2 blocks of y. The multiply-adds are
+// 16/36 of the direct kernel's; in exchange each output pixel's channels take 4 transformed inputs
+// and 4 products through the caches, and about 6 adds (two per transformed value), so the gain
+// grows with the channels: on a 2-core Zen 3 EPYC (AVX2) ResNet-20's 32->32 and 64->64 layers
+// run at 1.3-1.6x the direct kernels' speed in each of the three passes, its 16->16 layers within
+// 7% of it either way (`towerflow_bench_ops --threads 2 --filter resnet20`, the winograd_* rows).
+// The weight gradient is the adjoint: dU[xi] = sum over tiles of V[xi]^T (A dY A^T)[xi], a
+// product whose reduction runs over the tiles, then dw = G^T dU G.
+// The backward input at stride 1 is the same convolution of dy with the flipped kernel, so it
+// runs here too. The values are rounded differently from the direct sum (the patch is combined
+// before it is multiplied, the weights are halved and summed): within the fp32 tolerance of the
+// direct kernels' tests, not the same bits. Each output is still summed by one thread in a fixed
+// order whatever the thread count. It is one of the kernel choice's candidates ("winograd",
+// core/cpu/kernel_choice.cc): a problem takes it where it measures faster.
+
+// Whether winograd_conv computes the convolution s.
+bool winograd_applies(const Conv2dShape& s) {
+  return s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 &&
+         s.pad_w <= 2 && s.c_in % 8 == 0 && s.c_out % 8 == 0;
+}
+
+// u = G g G^T for one (output channel, input channel): g[i][j] = get(i, j), u[xi], xi = 4 r + c.
+template <typename Get>
+void winograd_weight(Get get, float* u) {
+  float gg[4][3];  // G g
+  for (int j = 0; j < 3; ++j) {
+    const float a = get(0, j), b = get(1, j), c = get(2, j);
+    gg[0][j] = a;
+    gg[1][j] = 0.5f * (a + b + c);
+    gg[2][j] = 0.5f * (a - b + c);
+    gg[3][j] = c;
+  }
+  for (int r = 0; r < 4; ++r) {
+    const float a = gg[r][0], b = gg[r][1], c = gg[r][2];
+    u[4 * r + 0] = a;
+    u[4 * r + 1] = 0.5f * (a + b + c);
+    u[4 * r + 2] = 0.5f * (a - b + c);
+    u[4 * r + 3] = c;
+  }
+}
+
+// The input transforms V = B^T d B of one tile, c_in channels: d the 4x4 patch at p (rows
+// `row` floats apart, pixels c_in), V[xi] written at v + xi * plane.
+inline void winograd_input(const float* __restrict p, std::int64_t row, int c_in,
+                           float* __restrict v, std::int64_t plane) {
+  for (int c0 = 0; c0 < c_in; c0 += 8) {
+    Vec8 e[4][4];  // d B
+    for (int r = 0; r < 4; ++r) {
+      const float* q = p + r * row + c0;
+      const Vec8 d0 = load8(q), d1 = load8(q + c_in), d2 = load8(q + 2 * c_in), d3 = load8(q + 3 * c_in);
+      e[r][0] = d0 - d2;
+      e[r][1] = d1 + d2;
+      e[r][2] = d2 - d1;
+      e[r][3] = d1 - d3;
+    }
+    for (int j = 0; j < 4; ++j) {
+      store8(v + (0 + j) * plane + c0, e[0][j] - e[2][j]);
+      store8(v + (4 + j) * plane + c0, e[1][j] + e[2][j]);
+      store8(v + (8 + j) * plane + c0, e[2][j] - e[1][j]);
+      store8(v + (12 + j) * plane + c0, e[1][j] - e[3][j]);
+    }
+  }
+}
+
+// The output transform Y = A^T m A of one tile, c_out channels: m[xi] at m + xi * plane, the
+// 2x2 outputs (rows x cols of them inside the image) at y (rows `row` floats apart, pixels c_out
+// apart), plus bias (nullable), written or added (store).
+inline void winograd_output(const float* __restrict m, std::int64_t plane, int c_out,
+                            const float* bias, Store store, float* __restrict y, std::int64_t row,
+                            int rows, int cols) {
+  for (int c0 = 0; c0 < c_out; c0 += 8) {
+    Vec8 s0[4], s1[4];  // A^T m
+    for (int j = 0; j < 4; ++j) {
+      const Vec8 m0 = load8(m + (0 + j) * plane + c0), m1 = load8(m + (4 + j) * plane + c0),
+                 m2 = load8(m + (8 + j) * plane + c0), m3 = load8(m + (12 + j) * plane + c0);
+      s0[j] = m0 + m1 + m2;
+      s1[j] = m1 - m2 - m3;
+    }
+    Vec8 out[2][2] = {{s0[0] + s0[1] + s0[2], s0[1] - s0[2] - s0[3]},
+                      {s1[0] + s1[1] + s1[2], s1[1] - s1[2] - s1[3]}};
+    if (bias) {
+      const Vec8 b = load8(bias + c0);
+      for (auto& r : out)
+        for (Vec8& o : r) o += b;
+    }
+    for (int a = 0; a < rows; ++a)
+      for (int b = 0; b < cols; ++b) {
+        float* o = y + a * row + b * c_out + c0;
+        store8(o, store == Store::kAdd ? load8(o) + out[a][b] : out[a][b]);
+      }
+  }
+}
+
+// y = conv(x, w) + bias (or y += it, Store::kAdd) for s with winograd_applies(s), by Note
+// [Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values.
+template <int L, int V, typename Get>
+void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
+                   Store store, float* y, Get get) {
+  constexpr int kBlock = L * V;
+  constexpr int kP = kMaxPixels<V>;
+  constexpr int kXi = 16;
+  const int c_in = s.c_in, c_out = s.c_out;
+  const int oh = s.out_h(), ow = s.out_w();
+  const int th = (oh + 1) / 2, tw = (ow + 1) / 2;
+  const int blocks = (c_out + kBlock - 1) / kBlock;
+  const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
+  // Transformed weights [xi][block][c_in][kBlock], zero past c_out: the register kernel's packing
+  // of a 1x1 convolution, one per xi.
+  const std::int64_t per_xi = ld_m * c_in;
+  float* u = scratch(Scratch::kWeights, static_cast<std::size_t>(kXi * per_xi));
+  std::fill(u, u + kXi * per_xi, 0.0f);
+  for (int co = 0; co < c_out; ++co)
+    for (int ci = 0; ci < c_in; ++ci) {
+      float t[kXi];
+      winograd_weight([&](int i, int j) { return get(co, ci, i, j); }, t);
+      const std::int64_t at = (std::int64_t{co / kBlock} * c_in + ci) * kBlock + co % kBlock;
+      for (int xi = 0; xi < kXi; ++xi) u[xi * per_xi + at] = t[xi];
+    }
+  // An image's tiles go in balanced groups whose two buffers take at most about 48 KiB (24 tiles
+  // at 16 channels, 6 at 64; groups of 48 to 128 tiles measured no faster on a 2-core Zen 3
+  // EPYC), so that a group's products read and write L1 and L2 rather than memory. Their 16
+  // planes (one per xi) are 64 bytes more than a whole number of 4 KiB apart, so that the
+  // transforms' 16 streams fall in different sets of L1 rather than in one.
+  const std::int64_t image_tiles = std::int64_t{th} * tw;
+  const std::int64_t most = std::clamp<std::int64_t>(768 / (c_in + ld_m), kP, 96);
+  const std::int64_t per_image = (image_tiles + most - 1) / most;
+  const std::int64_t group = (image_tiles + per_image - 1) / per_image;
+  const std::int64_t v_plane = group * c_in + 16, m_plane = group * ld_m + 16;
+  std::array<std::int64_t, kP> in_offs, out_offs;
+  for (int k = 0; k < kP; ++k) in_offs[k] = k * c_in, out_offs[k] = k * ld_m;
+  // Each image is read from a copy with its padding and an even number of rows and columns, so
+  // that every tile's patch is inside it.
+  const int hp = 2 * th + 2, wp = 2 * tw + 2;
+  const std::int64_t pad_row = std::int64_t{wp} * c_in, y_row = std::int64_t{ow} * c_out;
+
+  ctx.parallel_for(s.n * per_image, 1, [&](std::int64_t g0, std::int64_t g1) {
+    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * v_plane));
+    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
+    float* img = scratch(Scratch::kAux, static_cast<std::size_t>(hp * pad_row));
+    std::int64_t padded = -1;
+    for (std::int64_t g = g0; g < g1; ++g) {
+      const std::int64_t n = g / per_image, k = g % per_image;
+      const std::int64_t t0 = image_tiles * k / per_image;
+      const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
+      if (padded != n) {
+        embed_image(x + n * s.h * s.w * c_in, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, img);
+        padded = n;
+      }
+      for (int t = 0; t < count; ++t) {
+        const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
+        winograd_input(img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in, pad_row, c_in,
+                       vbuf + t * c_in, v_plane);
+      }
+      // The products: mbuf[xi][t][ld_m] = vbuf[xi][t][c_in] x u[xi].
+      for (int xi = 0; xi < kXi; ++xi) {
+        const float* vx = vbuf + xi * v_plane;
+        float* mx = mbuf + xi * m_plane;
+        for_each_tile<kP>(count, static_cast<int>(ld_m), kBlock, [&](std::int64_t p0, int p, int cb, int) {
+          kConvTiles<L, V>[p - 1](vx + p0 * c_in, in_offs.data(), 0, 1, c_in,
+                                  u + xi * per_xi + std::int64_t{cb} * c_in * kBlock, nullptr,
+                                  mx + p0 * ld_m + cb * kBlock, out_offs.data(), kBlock,
+                                  Store::kOverwrite);
+        });
+      }
+      float* out = y + n * oh * y_row;
+      for (int t = 0; t < count; ++t) {
+        const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
+        winograd_output(mbuf + t * ld_m, m_plane, c_out, bias, store,
+                        out + 2 * ty * y_row + std::int64_t{2 * tx} * c_out, y_row,
+                        std::min(2, oh - 2 * ty), std::min(2, ow - 2 * tx));
+      }
+    }
+  });
+}
+
+// dM = A dY A^T of one tile, c_out channels: the adjoint of winograd_output, from the tile's 2x2
+// dy at y (rows x cols of them inside the image, the rest zero), dM[xi] written at m + xi * plane.
+inline void winograd_output_adjoint(const float* __restrict y, std::int64_t row, int c_out,
+                                    int rows, int cols, float* __restrict m, std::int64_t plane) {
+  for (int c0 = 0; c0 < c_out; c0 += 8) {
+    Vec8 d[2][2];
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b)
+        d[a][b] = a < rows && b < cols ? load8(y + a * row + b * c_out + c0) : splat8(0.0f);
+    const Vec8 z[4][2] = {{d[0][0], d[0][1]},  // A dY
+                          {d[0][0] + d[1][0], d[0][1] + d[1][1]},
+                          {d[0][0] - d[1][0], d[0][1] - d[1][1]},
+                          {-d[1][0], -d[1][1]}};
+    for (int r = 0; r < 4; ++r) {
+      store8(m + (4 * r + 0) * plane + c0, z[r][0]);
+      store8(m + (4 * r + 1) * plane + c0, z[r][0] + z[r][1]);
+      store8(m + (4 * r + 2) * plane + c0, z[r][0] - z[r][1]);
+      store8(m + (4 * r + 3) * plane + c0, -z[r][1]);
+    }
+  }
+}
+
+// dw = G^T dU G for one (output channel, input channel): dU[xi] = du(xi), dw[i][j] written by
+// set(i, j, value). The adjoint of winograd_weight.
+template <typename Get, typename Set>
+void winograd_weight_adjoint(Get du, Set set) {
+  float t[3][4];  // G^T dU
+  for (int c = 0; c < 4; ++c) {
+    const float d0 = du(c), d1 = du(4 + c), d2 = du(8 + c), d3 = du(12 + c);
+    t[0][c] = d0 + 0.5f * (d1 + d2);
+    t[1][c] = 0.5f * (d1 - d2);
+    t[2][c] = 0.5f * (d1 + d2) + d3;
+  }
+  for (int i = 0; i < 3; ++i) {
+    set(i, 0, t[i][0] + 0.5f * (t[i][1] + t[i][2]));
+    set(i, 1, 0.5f * (t[i][1] - t[i][2]));
+    set(i, 2, 0.5f * (t[i][1] + t[i][2]) + t[i][3]);
+  }
+}
+
+// dw = correlate(x, dy) for s with winograd_applies(s), by Note [Winograd convolution]: dU[xi] =
+// sum over tiles of V[xi]^T dM[xi] (V the input transforms, dM = A dY A^T), summed on the weight
+// gradient's register kernel with the tiles as its pixels, then dw = G^T dU G. The images are
+// summed in the fixed groups of Note [Weight gradient: image groups or tiles], whose tiles here
+// are (block, xi, input channels) tiles of dU.
+template <int L, int V>
+void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                          const float* dy, float* dw) {
+  constexpr int kBlock = L * V;
+  constexpr int kQ = kMaxInputs<V>;
+  constexpr int kXi = 16;
+  static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &weight_tile<L, Q, V>; });
+  const int c_in = s.c_in, c_out = s.c_out;
+  const int oh = s.out_h(), ow = s.out_w();
+  const int th = (oh + 1) / 2, tw = (ow + 1) / 2;
+  const int blocks = (c_out + kBlock - 1) / kBlock;
+  const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
+  const WeightTiles tiles(kXi, c_in, kQ, blocks);  // its kernel row i is xi here
+  const std::int64_t du_size = kXi * c_in * ld_m;
+  float* dup = zeroed_scratch(Scratch::kWeights, du_size);
+  // Groups of an image's tiles as in winograd_conv, larger (buffers of at most about 256 KiB, in
+  // L2): each register tile sums a group's tiles between loading and storing its accumulators.
+  // Groups of a quarter of that size measured slower, a quadruple no faster (2-core Zen 3 EPYC).
+  const std::int64_t image_tiles = std::int64_t{th} * tw;
+  const std::int64_t most = std::clamp<std::int64_t>(4096 / (c_in + ld_m), 6, 256);
+  const std::int64_t per_image = (image_tiles + most - 1) / most;
+  const std::int64_t group = (image_tiles + per_image - 1) / per_image;
+  const std::int64_t v_plane = group * c_in + 16, m_plane = group * ld_m + 16;
+  const int hp = 2 * th + 2, wp = 2 * tw + 2;
+  const std::int64_t pad_row = std::int64_t{wp} * c_in, y_row = std::int64_t{ow} * c_out;
+
+  auto accumulate = [&](int n0, int n1, std::int64_t u0, std::int64_t u1, float* dst) {
+    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * v_plane));
+    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
+    // Not kAux: sum_weight_grad keeps the image groups' partial sums there.
+    float* img = scratch(Scratch::kPacked, static_cast<std::size_t>(hp * pad_row));
+    for (int n = n0; n < n1; ++n) {
+      embed_image(x + std::int64_t{n} * s.h * s.w * c_in, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, img);
+      const float* dimg = dy + std::int64_t{n} * oh * y_row;
+      for (std::int64_t k = 0; k < per_image; ++k) {
+        const std::int64_t t0 = image_tiles * k / per_image;
+        const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
+        for (int t = 0; t < count; ++t) {
+          const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
+          winograd_input(img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in, pad_row, c_in,
+                         vbuf + t * c_in, v_plane);
+          winograd_output_adjoint(dimg + 2 * ty * y_row + std::int64_t{2 * tx} * c_out, y_row,
+                                  c_out, std::min(2, oh - 2 * ty), std::min(2, ow - 2 * tx),
+                                  mbuf + t * ld_m, m_plane);
+        }
+        for (std::int64_t u = u0; u < u1; ++u) {
+          const WeightTiles::Tile& w = tiles[u];
+          kTiles[w.q - 1](vbuf + w.i * v_plane + w.q0, c_in, 0, mbuf + w.i * m_plane + w.cb * kBlock,
+                          ld_m, 0, 1, count, dst + (std::int64_t{w.i} * c_in + w.q0) * ld_m + w.cb * kBlock,
+                          ld_m);
+        }
+      }
+    }
+  };
+  sum_weight_grad(ctx, s.n, tiles.count(), 1, du_size, dup, accumulate);
+
+  for (int co = 0; co < c_out; ++co)
+    for (int ci = 0; ci < c_in; ++ci)
+      winograd_weight_adjoint(
+          [&](int xi) { return dup[(std::int64_t{xi} * c_in + ci) * ld_m + co]; },
+          [&](int i, int j, float v) { dw[((std::int64_t{co} * c_in + ci) * 3 + i) * 3 + j] = v; });
+}
+
+// winograd_conv with the channel block with_block picks for c_out; false where it does not apply.
+template <typename Get>
+bool run_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* bias,
+                  Store store, float* y, Get get) {
+  if (!winograd_applies(s)) return false;
+  with_block(s.c_out, [&]<int L, int V>() { winograd_conv<L, V>(ctx, s, x, bias, store, y, get); });
+  return true;
+}
+
 }  // namespace
 
 // ---- public kernels ------------------------------------------------------------------------
@@ -673,6 +982,50 @@ void conv2d_backward_input(const CpuContext& ctx, const Conv2dShape& s, const fl
 void conv2d_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                const float* w, float* dx) {
   backward_input(ctx, s, dy, w, Store::kAdd, dx);
+}
+
+bool conv2d_forward_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                             const float* w, const float* bias, float* y) {
+  s.validate();
+  return run_winograd(ctx, s, x, bias, Store::kOverwrite, y, [&](int co, int ci, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + i) * s.kw + j];
+  });
+}
+
+namespace {
+
+// The stride-1 backward input as the forward convolution of dy with the flipped kernel, by
+// Note [Winograd convolution]; false where that does not apply.
+bool backward_input_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                             const float* w, Store store, float* dx) {
+  s.validate();
+  if (s.stride_h != 1 || s.stride_w != 1 || s.pad_h >= s.kh || s.pad_w >= s.kw) return false;
+  const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
+                      .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
+                      .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
+  return run_winograd(ctx, t, dy, nullptr, store, dx, [&](int ci, int co, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
+  });
+}
+
+}  // namespace
+
+bool conv2d_backward_weight_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                     const float* dy, float* dw) {
+  s.validate();
+  if (!winograd_applies(s)) return false;
+  with_block(s.c_out, [&]<int L, int V>() { winograd_weight_grad<L, V>(ctx, s, x, dy, dw); });
+  return true;
+}
+
+bool conv2d_backward_input_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                    const float* w, float* dx) {
+  return backward_input_winograd(ctx, s, dy, w, Store::kOverwrite, dx);
+}
+
+bool conv2d_backward_input_add_winograd(const CpuContext& ctx, const Conv2dShape& s,
+                                        const float* dy, const float* w, float* dx) {
+  return backward_input_winograd(ctx, s, dy, w, Store::kAdd, dx);
 }
 
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,

@@ -45,6 +45,22 @@ void conv2d_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, cons
 void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                             const float* dy, float* dw);
 
+// ---- Winograd F(2x2, 3x3) -------------------------------------------------------------------
+
+// The forward, backward input, backward input added and backward weight (as above) by
+// Winograd's F(2x2, 3x3) (Note [Winograd convolution] in conv.cc): 3x3 kernels at stride 1,
+// padding at most 2, channel counts multiples of 8. Each returns false, writing nothing, for any
+// other shape. The values are within fp32 rounding of the direct kernels' but not bitwise the
+// same; they do not depend on the thread count. bias may be null.
+bool conv2d_forward_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                             const float* w, const float* bias, float* y);
+bool conv2d_backward_input_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                    const float* w, float* dx);
+bool conv2d_backward_input_add_winograd(const CpuContext& ctx, const Conv2dShape& s,
+                                        const float* dy, const float* w, float* dx);
+bool conv2d_backward_weight_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                     const float* dy, float* dw);
+
 // ---- fused variants ------------------------------------------------------------------------
 
 // As conv2d_forward, then y[..., co] += bias[co] (bias may be null: then exactly conv2d_forward).

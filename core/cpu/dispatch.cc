@@ -20,6 +20,22 @@ void conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const f
   kernels().conv2d_backward_weight(ctx, s, x, dy, dw);
 }
 
+bool conv2d_forward_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w, const float* bias, float* y) {
+  return kernels().conv2d_forward_winograd(ctx, s, x, w, bias, y);
+}
+
+bool conv2d_backward_input_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  return kernels().conv2d_backward_input_winograd(ctx, s, dy, w, dx);
+}
+
+bool conv2d_backward_input_add_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w, float* dx) {
+  return kernels().conv2d_backward_input_add_winograd(ctx, s, dy, w, dx);
+}
+
+bool conv2d_backward_weight_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* dy, float* dw) {
+  return kernels().conv2d_backward_weight_winograd(ctx, s, x, dy, dw);
+}
+
 void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w, const float* bias, float* y) {
   kernels().conv2d_forward_bias(ctx, s, x, w, bias, y);
 }

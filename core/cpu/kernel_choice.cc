@@ -400,6 +400,7 @@ std::vector<std::string> candidate_names(bool bf16) {
     return out;
   }
   out.emplace_back("towerflow");
+  out.emplace_back("winograd");  // 3x3 stride-1 convolutions only
   if (onednn::built()) out.emplace_back("onednn");
   return out;
 }
@@ -450,6 +451,7 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
       });
+    if (name == "winograd") return conv2d_forward_winograd(ctx, s, x, w, bias_or_null, y);
     if (name == "onednn") return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y, onednn::Operands::kFp32);
     conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
     return true;
@@ -478,6 +480,7 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx);
       });
+    if (name == "winograd") return conv2d_backward_input_winograd(ctx, s, dy, w, dx);
     if (name == "onednn") return onednn::conv2d_backward_input(ctx, s, dy, w, dx, onednn::Operands::kFp32);
     conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
@@ -486,8 +489,11 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
 
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                       const float* w, float* dx) {
-  if (settled_choice(backward_input_problem(s, false, ctx.threads()), candidates(false)) != "towerflow")
-    return false;
+  const std::optional<std::string> settled =
+      settled_choice(backward_input_problem(s, false, ctx.threads()), candidates(false));
+  // A shape Winograd declines runs on the fixed choice, as run_chosen runs it.
+  if (settled == "winograd" && conv2d_backward_input_add_winograd(ctx, s, dy, w, dx)) return true;
+  if (settled != "towerflow" && settled != "winograd") return false;
   conv2d_backward_input_add(ctx, s, dy, w, dx);
   return true;
 }
@@ -507,6 +513,7 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
       });
+    if (name == "winograd") return conv2d_backward_weight_winograd(ctx, s, x, dy, dw);
     if (name == "onednn") return onednn::conv2d_backward_weight(ctx, s, x, dy, dw, onednn::Operands::kFp32);
     conv2d_backward_weight(ctx, s, x, dy, dw);
     return true;
@@ -565,6 +572,7 @@ void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n
       return bf16_or_emulated(name, name == cands.front(), [&](Bf16Kernels kk) {
         return gemm_bf16_with(kk, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
       });
+    if (name == "winograd") return false;
     if (name == "onednn")
       return onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, onednn::Operands::kFp32);
     gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);

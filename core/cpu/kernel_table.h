@@ -28,6 +28,10 @@ namespace towerflow::cpu {
   X(conv2d_backward_input) \
   X(conv2d_backward_input_add) \
   X(conv2d_backward_weight) \
+  X(conv2d_forward_winograd) \
+  X(conv2d_backward_input_winograd) \
+  X(conv2d_backward_input_add_winograd) \
+  X(conv2d_backward_weight_winograd) \
   X(conv2d_forward_bias) \
   X(conv2d_backward_bias) \
   X(max_pool_forward) \

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/cpu/conv.h"
@@ -359,4 +360,87 @@ TEST_CASE("conv2d rejects impossible shapes with the field named", "[cpu][conv]"
   fails_with(with([](auto& s) { s.kh = 5; }), "kernel height kh = 5");
   fails_with(with([](auto& s) { s.kw = 7; s.pad_w = 1; }), "kernel width kw = 7");
   fails_with(with([](auto& s) { s.n = 1 << 20; s.h = 64; s.w = 64; }), "2^31");
+}
+
+TEST_CASE("Winograd F(2x2, 3x3) kernels (all three passes) match the reference on 3x3 stride-1 shapes", "[cpu][conv]") {
+  // Odd output sizes (2x2 tiles cut by the edge), padding 0, 1 and 2 (the backward input's
+  // transposed padding 2, 1 and 0), tile groups that span images, 8 to 64 channels each way
+  // (8-lane and 16-lane blocks, partial last blocks of the products), with and without a bias,
+  // and 1 and 3 threads, which must agree bit for bit.
+  const std::vector<Conv2dShape> shapes = {
+      {.n = 2, .h = 5, .w = 7, .c_in = 8, .c_out = 8, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 3, .h = 9, .w = 6, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 1, .h = 8, .w = 9, .c_in = 24, .c_out = 40, .kh = 3, .kw = 3},
+      {.n = 2, .h = 6, .w = 5, .c_in = 32, .c_out = 48, .kh = 3, .kw = 3, .pad_h = 2, .pad_w = 2},
+      {.n = 2, .h = 7, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 0},
+      {.n = 9, .h = 8, .w = 8, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      // Batches large enough for the weight gradient's image groups.
+      {.n = 17, .h = 5, .w = 6, .c_in = 8, .c_out = 24, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 16, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+  };
+  CpuContext one(1), three(3);
+  std::uint32_t seed = 900;
+  for (const auto& s : shapes) {
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(x_size(s), seed++);
+    const auto w = random_vector(w_size(s), seed++);
+    const auto dy = random_vector(y_size(s), seed++);
+    const auto bias = random_vector(static_cast<std::size_t>(s.c_out), seed++);
+    std::vector<float> y(y_size(s), NAN), yb(y_size(s), NAN), dx(x_size(s), NAN), dw(w_size(s), NAN);
+    REQUIRE(conv2d_backward_weight_winograd(three, s, x.data(), dy.data(), dw.data()));
+    REQUIRE(conv2d_forward_winograd(three, s, x.data(), w.data(), nullptr, y.data()));
+    REQUIRE(conv2d_forward_winograd(three, s, x.data(), w.data(), bias.data(), yb.data()));
+    REQUIRE(conv2d_backward_input_winograd(three, s, dy.data(), w.data(), dx.data()));
+    std::vector<double> want_y = ref_forward(s, x, w), want_yb = want_y;
+    for (std::size_t i = 0; i < want_yb.size(); ++i) want_yb[i] += bias[i % s.c_out];
+    const auto fy = compare(y, want_y), fyb = compare(yb, want_yb);
+    const auto fdx = compare(dx, ref_backward_input(s, dy, w));
+    INFO("forward: " << fy.describe() << "; with bias: " << fyb.describe());
+    const auto fdw = compare(dw, ref_backward_weight(s, x, dy));
+    INFO("backward input: " << fdx.describe() << "; backward weight: " << fdw.describe());
+    CHECK(fy.max_error < 1e-5);
+    CHECK(fyb.max_error < 1e-5);
+    CHECK(fdx.max_error < 1e-5);
+    CHECK(fdw.max_error < 1e-5);
+
+    std::vector<float> y1(y_size(s), NAN), dx1(x_size(s), NAN), dw1(w_size(s), NAN);
+    REQUIRE(conv2d_forward_winograd(one, s, x.data(), w.data(), nullptr, y1.data()));
+    REQUIRE(conv2d_backward_input_winograd(one, s, dy.data(), w.data(), dx1.data()));
+    REQUIRE(conv2d_backward_weight_winograd(one, s, x.data(), dy.data(), dw1.data()));
+    CHECK(y1 == y);
+    CHECK(dx1 == dx);
+    CHECK(dw1 == dw);
+
+    // The add variant: the backward input added to dx, rounded once.
+    const auto base = random_vector(x_size(s), seed++);
+    std::vector<float> want(base.size()), sum = base;
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = base[i] + dx[i];
+    REQUIRE(conv2d_backward_input_add_winograd(three, s, dy.data(), w.data(), sum.data()));
+    CHECK(sum == want);
+  }
+}
+
+TEST_CASE("Winograd kernels decline the shapes they do not compute, writing nothing", "[cpu][conv]") {
+  CpuContext ctx(2);
+  const std::vector<Conv2dShape> shapes = {
+      // stride 2, a 5x5 kernel, a 3x1 kernel, 3 input channels, 12 output channels, padding 3
+      {.n = 1, .h = 9, .w = 9, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 1, .h = 8, .w = 8, .c_in = 16, .c_out = 16, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+      {.n = 1, .h = 8, .w = 8, .c_in = 16, .c_out = 16, .kh = 3, .kw = 1, .pad_h = 1},
+      {.n = 1, .h = 8, .w = 8, .c_in = 3, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 1, .h = 8, .w = 8, .c_in = 16, .c_out = 12, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      {.n = 1, .h = 4, .w = 4, .c_in = 8, .c_out = 8, .kh = 3, .kw = 3, .pad_h = 3, .pad_w = 3},
+  };
+  for (const auto& s : shapes) {
+    INFO("shape " << s.to_string());
+    const auto x = random_vector(x_size(s), 1), w = random_vector(w_size(s), 2), dy = random_vector(y_size(s), 3);
+    std::vector<float> y(y_size(s), 7.0f), dx(x_size(s), 7.0f), dw(w_size(s), 7.0f);
+    CHECK_FALSE(conv2d_backward_weight_winograd(ctx, s, x.data(), dy.data(), dw.data()));
+    CHECK(std::all_of(dw.begin(), dw.end(), [](float v) { return v == 7.0f; }));
+    CHECK_FALSE(conv2d_forward_winograd(ctx, s, x.data(), w.data(), nullptr, y.data()));
+    CHECK_FALSE(conv2d_backward_input_winograd(ctx, s, dy.data(), w.data(), dx.data()));
+    CHECK_FALSE(conv2d_backward_input_add_winograd(ctx, s, dy.data(), w.data(), dx.data()));
+    CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == 7.0f; }));
+    CHECK(std::all_of(dx.begin(), dx.end(), [](float v) { return v == 7.0f; }));
+  }
 }

@@ -234,7 +234,7 @@ TEST_CASE("kernel choice: a mode that is not one is refused with the choices", "
 namespace {
 
 std::vector<std::string> fp32_candidates() {
-  std::vector<std::string> c{"towerflow"};
+  std::vector<std::string> c{"towerflow", "winograd"};
   if (onednn::built()) c.emplace_back("onednn");
   return c;
 }
@@ -286,6 +286,18 @@ TEST_CASE("kernel choice: every fp32 candidate agrees with towerflow's kernels o
         CHECK(ey.max_error < 1e-5);
         CHECK(edx.max_error < 1e-5);
         CHECK(edw.max_error < 1e-5);
+        // Where the chosen kernel adds its backward input in place (towerflow's direct and
+        // Winograd kernels), it adds the values it gives, rounded once; oneDNN's leaves dx alone.
+        const auto base = random_vector(xn, seed + 100);
+        std::vector<float> sum = base;
+        if (conv2d_backward_input_add_chosen(ctx, s, dy.data(), w.data(), sum.data())) {
+          std::vector<float> want(xn);
+          for (std::size_t i = 0; i < xn; ++i) want[i] = base[i] + dx[i];
+          CHECK(sum == want);
+        } else {
+          CHECK(candidate == "onednn");
+          CHECK(sum == base);
+        }
         // The same call again gives the same bits.
         std::vector<float> dw2(wn);
         conv2d_backward_weight_chosen(ctx, s, x.data(), dy.data(), dw2.data(), false, "t");
