@@ -895,6 +895,9 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
     float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
     // Not kAux: sum_weight_grad keeps the image groups' partial sums there.
     float* img = scratch(Scratch::kPacked, static_cast<std::size_t>(hp * pad_row));
+    // The lanes of a partial last block past c_out, which the transforms do not write, are zero
+    // (their products land in columns of dU that nothing reads).
+    if (c_out != ld_m) std::fill(mbuf, mbuf + kXi * m_plane, 0.0f);
     for (int n = n0; n < n1; ++n) {
       embed_image(x + std::int64_t{n} * s.h * s.w * c_in, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, img);
       const float* dimg = dy + std::int64_t{n} * oh * y_row;

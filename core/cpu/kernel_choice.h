@@ -25,9 +25,9 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
                                   const float* w, float* dx, bool bf16, std::string_view layer);
 // dx += the fp32 backward input (conv.h's conv2d_backward_input_add, or its Winograd twin) where
 // towerflow's direct or Winograd kernels are the settled choice of that problem; false, dx
-// untouched, where oneDNN is, or where
-// the choice is still to be measured (measuring runs the candidates more than once): the caller
-// then computes the gradient with conv2d_backward_input_chosen and adds it.
+// untouched, where oneDNN is, or where the choice is still to be measured (measuring runs the
+// candidates more than once): the caller then computes the gradient with
+// conv2d_backward_input_chosen and adds it.
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                       const float* w, float* dx);
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
