@@ -31,8 +31,8 @@
 //                            (Note [Backward input by stride phases])
 //   backward weight          weight_grad: accumulators are a tile of Q inputs q x B channels,
 //                            summed over every output pixel, the same register shape as forward
-// A 3x3 stride-1 forward or backward input can also run as Winograd's F(2x2, 3x3), whose matrix
-// products run on the forward register kernel (Note [Winograd convolution]); the kernel choice
+// The three passes of a 3x3 stride-1 convolution can also run as Winograd's F(2x2, 3x3), whose
+// matrix products run on these register kernels (Note [Winograd convolution]); the kernel choice
 // takes it where it measures faster.
 //
 // Note [Register tiles for 8 and 16 lanes]
