@@ -737,6 +737,42 @@ inline void winograd_output(const float* __restrict m, std::int64_t plane, int c
   }
 }
 
+// The 2x2 output tiles of one image of s for Winograd, in balanced groups of at most `most`
+// tiles, and the buffers of a group: [16][group][c_in] transformed inputs and [16][group][ld_m]
+// products or transformed dy, whose 16 planes (one per xi) are 64 bytes more than a whole number
+// of 4 KiB apart, so that the transforms' 16 streams fall in different sets of L1 rather than in
+// one. The input is read from a copy with its padding and an even number of rows and columns
+// (pad_image), so that every tile's 4x4 patch is inside it.
+struct WinogradTiles {
+  int c_in, c_out, oh, ow, th, tw, hp, wp;
+  std::int64_t image_tiles, per_image, group, v_plane, m_plane, pad_row, y_row;
+  WinogradTiles(const Conv2dShape& s, std::int64_t ld_m, std::int64_t most)
+      : c_in(s.c_in), c_out(s.c_out), oh(s.out_h()), ow(s.out_w()), th((oh + 1) / 2),
+        tw((ow + 1) / 2), hp(2 * th + 2), wp(2 * tw + 2), image_tiles(std::int64_t{th} * tw),
+        per_image((image_tiles + most - 1) / most), group((image_tiles + per_image - 1) / per_image),
+        v_plane(group * c_in + 16), m_plane(group * ld_m + 16), pad_row(std::int64_t{wp} * c_in),
+        y_row(std::int64_t{ow} * c_out) {}
+  // Image `image` of s's input ([h][w][c_in]) into dst ([hp][wp][c_in]) at (pad_h, pad_w).
+  void pad_image(const Conv2dShape& s, const float* image, float* dst) const {
+    embed_image(image, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, dst);
+  }
+  // Calls tile(t, patch, out, rows, cols) for the tiles t = 0, 1, ... of group k of an image:
+  // patch its 4x4 input in the padded image img, out the offset of its first output pixel in the
+  // image's y (or dy), rows x cols of its 2x2 outputs inside the image. Returns the tile count.
+  template <typename Tile>
+  int for_each_tile(std::int64_t k, const float* img, Tile&& tile) const {
+    const std::int64_t t0 = image_tiles * k / per_image;
+    const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
+    for (int t = 0; t < count; ++t) {
+      const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
+      tile(t, img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in,
+           2 * ty * y_row + std::int64_t{2 * tx} * c_out, std::min(2, oh - 2 * ty),
+           std::min(2, ow - 2 * tx));
+    }
+    return count;
+  }
+};
+
 // y = conv(x, w) + bias (or y += it, Store::kAdd) for s with winograd_applies(s), by Note
 // [Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values.
 template <int L, int V, typename Get>
@@ -746,8 +782,6 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
   constexpr int kP = kMaxPixels<V>;
   constexpr int kXi = 16;
   const int c_in = s.c_in, c_out = s.c_out;
-  const int oh = s.out_h(), ow = s.out_w();
-  const int th = (oh + 1) / 2, tw = (ow + 1) / 2;
   const int blocks = (c_out + kBlock - 1) / kBlock;
   const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
   // Transformed weights [xi][block][c_in][kBlock], zero past c_out: the register kernel's packing
@@ -762,45 +796,31 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
       const std::int64_t at = (std::int64_t{co / kBlock} * c_in + ci) * kBlock + co % kBlock;
       for (int xi = 0; xi < kXi; ++xi) u[xi * per_xi + at] = t[xi];
     }
-  // An image's tiles go in balanced groups whose two buffers take at most about 48 KiB (24 tiles
-  // at 16 channels, 6 at 64; groups of 48 to 128 tiles measured no faster on a 2-core Zen 3
-  // EPYC), so that a group's products read and write L1 and L2 rather than memory. Their 16
-  // planes (one per xi) are 64 bytes more than a whole number of 4 KiB apart, so that the
-  // transforms' 16 streams fall in different sets of L1 rather than in one.
-  const std::int64_t image_tiles = std::int64_t{th} * tw;
-  const std::int64_t most = std::clamp<std::int64_t>(768 / (c_in + ld_m), kP, 96);
-  const std::int64_t per_image = (image_tiles + most - 1) / most;
-  const std::int64_t group = (image_tiles + per_image - 1) / per_image;
-  const std::int64_t v_plane = group * c_in + 16, m_plane = group * ld_m + 16;
+  // Groups whose two buffers take at most about 48 KiB (24 tiles at 16 channels, 6 at 64; groups
+  // of 48 to 128 tiles measured no faster on a 2-core Zen 3 EPYC), so that a group's products
+  // read and write L1 and L2 rather than memory.
+  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(768 / (c_in + ld_m), kP, 96));
   std::array<std::int64_t, kP> in_offs, out_offs;
   for (int k = 0; k < kP; ++k) in_offs[k] = k * c_in, out_offs[k] = k * ld_m;
-  // Each image is read from a copy with its padding and an even number of rows and columns, so
-  // that every tile's patch is inside it.
-  const int hp = 2 * th + 2, wp = 2 * tw + 2;
-  const std::int64_t pad_row = std::int64_t{wp} * c_in, y_row = std::int64_t{ow} * c_out;
 
-  ctx.parallel_for(s.n * per_image, 1, [&](std::int64_t g0, std::int64_t g1) {
-    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * v_plane));
-    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
-    float* img = scratch(Scratch::kAux, static_cast<std::size_t>(hp * pad_row));
+  ctx.parallel_for(s.n * g.per_image, 1, [&](std::int64_t g0, std::int64_t g1) {
+    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * g.v_plane));
+    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * g.m_plane));
+    float* img = scratch(Scratch::kAux, static_cast<std::size_t>(g.hp * g.pad_row));
     std::int64_t padded = -1;
-    for (std::int64_t g = g0; g < g1; ++g) {
-      const std::int64_t n = g / per_image, k = g % per_image;
-      const std::int64_t t0 = image_tiles * k / per_image;
-      const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
+    for (std::int64_t gi = g0; gi < g1; ++gi) {
+      const std::int64_t n = gi / g.per_image, k = gi % g.per_image;
       if (padded != n) {
-        embed_image(x + n * s.h * s.w * c_in, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, img);
+        g.pad_image(s, x + n * s.h * s.w * c_in, img);
         padded = n;
       }
-      for (int t = 0; t < count; ++t) {
-        const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
-        winograd_input(img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in, pad_row, c_in,
-                       vbuf + t * c_in, v_plane);
-      }
+      const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t, int, int) {
+        winograd_input(patch, g.pad_row, c_in, vbuf + t * c_in, g.v_plane);
+      });
       // The products: mbuf[xi][t][ld_m] = vbuf[xi][t][c_in] x u[xi].
       for (int xi = 0; xi < kXi; ++xi) {
-        const float* vx = vbuf + xi * v_plane;
-        float* mx = mbuf + xi * m_plane;
+        const float* vx = vbuf + xi * g.v_plane;
+        float* mx = mbuf + xi * g.m_plane;
         for_each_tile<kP>(count, static_cast<int>(ld_m), kBlock, [&](std::int64_t p0, int p, int cb, int) {
           kConvTiles<L, V>[p - 1](vx + p0 * c_in, in_offs.data(), 0, 1, c_in,
                                   u + xi * per_xi + std::int64_t{cb} * c_in * kBlock, nullptr,
@@ -808,13 +828,10 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
                                   Store::kOverwrite);
         });
       }
-      float* out = y + n * oh * y_row;
-      for (int t = 0; t < count; ++t) {
-        const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
-        winograd_output(mbuf + t * ld_m, m_plane, c_out, bias, store,
-                        out + 2 * ty * y_row + std::int64_t{2 * tx} * c_out, y_row,
-                        std::min(2, oh - 2 * ty), std::min(2, ow - 2 * tx));
-      }
+      float* out = y + n * g.oh * g.y_row;
+      g.for_each_tile(k, img, [&](int t, const float*, std::int64_t at, int rows, int cols) {
+        winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at, g.y_row, rows, cols);
+      });
     }
   });
 }
@@ -872,49 +889,35 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &weight_tile<L, Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const int oh = s.out_h(), ow = s.out_w();
-  const int th = (oh + 1) / 2, tw = (ow + 1) / 2;
   const int blocks = (c_out + kBlock - 1) / kBlock;
   const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
   const WeightTiles tiles(kXi, c_in, kQ, blocks);  // its kernel row i is xi here
   const std::int64_t du_size = kXi * c_in * ld_m;
   float* dup = zeroed_scratch(Scratch::kWeights, du_size);
-  // Groups of an image's tiles as in winograd_conv, larger (buffers of at most about 256 KiB, in
-  // L2): each register tile sums a group's tiles between loading and storing its accumulators.
-  // Groups of a quarter of that size measured slower, a quadruple no faster (2-core Zen 3 EPYC).
-  const std::int64_t image_tiles = std::int64_t{th} * tw;
-  const std::int64_t most = std::clamp<std::int64_t>(4096 / (c_in + ld_m), 6, 256);
-  const std::int64_t per_image = (image_tiles + most - 1) / most;
-  const std::int64_t group = (image_tiles + per_image - 1) / per_image;
-  const std::int64_t v_plane = group * c_in + 16, m_plane = group * ld_m + 16;
-  const int hp = 2 * th + 2, wp = 2 * tw + 2;
-  const std::int64_t pad_row = std::int64_t{wp} * c_in, y_row = std::int64_t{ow} * c_out;
+  // Larger groups than winograd_conv's (buffers of at most about 256 KiB, in L2): each register
+  // tile sums a group's tiles between loading and storing its accumulators. Groups of a quarter
+  // of that size measured slower, a quadruple no faster (2-core Zen 3 EPYC).
+  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(4096 / (c_in + ld_m), 6, 256));
 
   auto accumulate = [&](int n0, int n1, std::int64_t u0, std::int64_t u1, float* dst) {
-    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * v_plane));
-    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
+    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * g.v_plane));
+    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * g.m_plane));
     // Not kAux: sum_weight_grad keeps the image groups' partial sums there.
-    float* img = scratch(Scratch::kPacked, static_cast<std::size_t>(hp * pad_row));
+    float* img = scratch(Scratch::kPacked, static_cast<std::size_t>(g.hp * g.pad_row));
     // The lanes of a partial last block past c_out, which the transforms do not write, are zero
     // (their products land in columns of dU that nothing reads).
-    if (c_out != ld_m) std::fill(mbuf, mbuf + kXi * m_plane, 0.0f);
+    if (c_out != ld_m) std::fill(mbuf, mbuf + kXi * g.m_plane, 0.0f);
     for (int n = n0; n < n1; ++n) {
-      embed_image(x + std::int64_t{n} * s.h * s.w * c_in, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, img);
-      const float* dimg = dy + std::int64_t{n} * oh * y_row;
-      for (std::int64_t k = 0; k < per_image; ++k) {
-        const std::int64_t t0 = image_tiles * k / per_image;
-        const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
-        for (int t = 0; t < count; ++t) {
-          const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
-          winograd_input(img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in, pad_row, c_in,
-                         vbuf + t * c_in, v_plane);
-          winograd_output_adjoint(dimg + 2 * ty * y_row + std::int64_t{2 * tx} * c_out, y_row,
-                                  c_out, std::min(2, oh - 2 * ty), std::min(2, ow - 2 * tx),
-                                  mbuf + t * ld_m, m_plane);
-        }
+      g.pad_image(s, x + std::int64_t{n} * s.h * s.w * c_in, img);
+      const float* dimg = dy + std::int64_t{n} * g.oh * g.y_row;
+      for (std::int64_t k = 0; k < g.per_image; ++k) {
+        const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
+          winograd_input(patch, g.pad_row, c_in, vbuf + t * c_in, g.v_plane);
+          winograd_output_adjoint(dimg + at, g.y_row, c_out, rows, cols, mbuf + t * ld_m, g.m_plane);
+        });
         for (std::int64_t u = u0; u < u1; ++u) {
           const WeightTiles::Tile& w = tiles[u];
-          kTiles[w.q - 1](vbuf + w.i * v_plane + w.q0, c_in, 0, mbuf + w.i * m_plane + w.cb * kBlock,
+          kTiles[w.q - 1](vbuf + w.i * g.v_plane + w.q0, c_in, 0, mbuf + w.i * g.m_plane + w.cb * kBlock,
                           ld_m, 0, 1, count, dst + (std::int64_t{w.i} * c_in + w.q0) * ld_m + w.cb * kBlock,
                           ld_m);
         }
