@@ -49,8 +49,10 @@ inline void store16(float* p, Vec16 v) { *reinterpret_cast<Vec16Unaligned*>(p) =
 inline Vec16 splat16(float s) { return Vec16{s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s}; }
 
 // The widest vector the build's target executes natively: 16 with AVX-512F (32 zmm registers),
-// else 8.
-#if defined(__AVX512F__)
+// else 8. TW_WIDE_LANES=16 makes it 16 on a narrower target, where each Vec16 is split: the test
+// build of core/cpu/CMakeLists.txt (towerflow_cpu_kernels_wide_lanes) that runs the AVX-512
+// kernels' 16-lane code paths on an AVX2 CPU, so that their results are checked on every machine.
+#if defined(__AVX512F__) || (defined(TW_WIDE_LANES) && TW_WIDE_LANES == 16)
 constexpr int kWideLanes = 16;
 #else
 constexpr int kWideLanes = 8;
