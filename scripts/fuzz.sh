@@ -5,7 +5,8 @@
 # reach new code are kept in build-asan/fuzz-corpus/NAME/ (not in the repository); a crash, a
 # sanitizer report, a leak, a timeout or an exception other than a user-facing error stops the
 # script with the input saved as build-asan/fuzz-crashes/NAME/crash-* (reproduce:
-# build-asan/bin/fuzz_NAME FILE). Make each finding a Catch2 regression test.
+# build-asan/bin/fuzz_NAME FILE). Make each finding a Catch2 regression test. As many targets run
+# at once as there are cores.
 #
 #   scripts/fuzz.sh [SECONDS] [NAME...]      (default: every target in fuzz/CMakeLists.txt)
 set -euo pipefail
@@ -22,20 +23,32 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   for bin in "$build"/bin/fuzz_*; do targets+=("${bin##*/fuzz_}"); done
 fi
-status=0
-for name in "${targets[@]}"; do
+# One target at a time per core (libFuzzer runs on one thread): each still fuzzes for SECONDS.
+fuzz_one() {  # name: fuzzes it; its summary line in fuzz-logs/NAME.summary, exit 1 on a finding
+  local name=$1 log="$build/fuzz-logs/$1.log" runs cov
   mkdir -p "$build/fuzz-corpus/$name" "$build/fuzz-crashes/$name" "$build/fuzz-logs"
-  log="$build/fuzz-logs/$name.log"
   # -rss_limit_mb: an input that makes a parser take more than 2 GiB is a finding too.
   if "$build/bin/fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$build/fuzz-crashes/$name/" "$build/fuzz-corpus/$name" "fuzz/corpus/$name" >"$log" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
-    echo "fuzz: $name: $runs runs in ${seconds} s, $cov, no finding"
+    echo "fuzz: $name: $runs runs in ${seconds} s, $cov, no finding" > "$build/fuzz-logs/$name.summary"
   else
-    echo "fuzz: $name FOUND A PROBLEM; the end of $log:"
-    tail -40 "$log"
-    status=1
+    echo "fuzz: $name FOUND A PROBLEM; the end of $log:" > "$build/fuzz-logs/$name.summary"
+    tail -40 "$log" >> "$build/fuzz-logs/$name.summary"
+    return 1
   fi
+}
+mkdir -p "$build/fuzz-logs"
+rm -f "$build"/fuzz-logs/*.summary
+for name in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  fuzz_one "$name" &
+done
+wait || true
+status=0
+for name in "${targets[@]}"; do
+  if [ -f "$build/fuzz-logs/$name.summary" ]; then cat "$build/fuzz-logs/$name.summary"; else echo "fuzz: $name did not finish"; fi
+  grep -q ', no finding$' "$build/fuzz-logs/$name.summary" 2>/dev/null || status=1
 done
 exit $status

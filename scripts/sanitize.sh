@@ -2,11 +2,12 @@
 # Sanitizer builds, CPU only, with clang (scripts/sanitizer_env.sh), each in its own build folder:
 #   asan  build-asan/: everything under AddressSanitizer + UndefinedBehaviorSanitizer (LeakSanitizer
 #         included), then the whole ctest suite;
-#   tsan  build-tsan/: the tests of every threaded component under ThreadSanitizer: tower workers
+#   tsan  build-tsan/ (the kernels for the baseline instruction set alone, sanitizer_env.sh): the
+#         tests of every threaded component under ThreadSanitizer: tower workers
 #         and the trainer, sync batch norm, the local communicator, the NCCL communicator's logic
 #         (against a double of NCCL), the BFC allocator, the CPU
 #         thread pool, the data loader and image-folder decoding, checkpoints and the run loop.
-#   ci    build-asan/: only what parses outside input (files, INI, flags, checkpoints, event files,
+#   ci    build-asan/ (the kernels for the baseline alone): only what parses outside input (files, INI, flags, checkpoints, event files,
 #         images) and its tests under ASan + UBSan: the part of asan that fits CI's time (the
 #         fuzz targets, scripts/fuzz.sh, build in the same folder next).
 # The processes mpirun starts are not under TSan: Open MPI's own locking (uninstrumented) reports
@@ -37,7 +38,7 @@ fi
 
 if [ "$what" != tsan ]; then
   start=$(date +%s)
-  tw_configure_asan
+  tw_configure_asan ""
   cmake --build build-asan -j"$jobs"
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
   echo "sanitize: asan+ubsan build and whole suite in $(( $(date +%s) - start )) s"

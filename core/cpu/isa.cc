@@ -22,11 +22,18 @@
 #include <cpuid.h>
 #endif
 
-// The kernel tables of the instruction sets this build compiled (table.cc).
+// The kernel tables of the instruction sets this build compiled (table.cc): on x86-64 those
+// TOWERFLOW_CPU_ISAS names, all three by default (core/cpu/CMakeLists.txt).
 #if defined(TW_CPU_ISAS_X86)
+#if defined(TW_CPU_ISA_BUILT_BASELINE)
 extern "C" const towerflow::cpu::KernelTable towerflow_cpu_kernels_baseline;
+#endif
+#if defined(TW_CPU_ISA_BUILT_AVX2)
 extern "C" const towerflow::cpu::KernelTable towerflow_cpu_kernels_avx2;
+#endif
+#if defined(TW_CPU_ISA_BUILT_AVX512)
 extern "C" const towerflow::cpu::KernelTable towerflow_cpu_kernels_avx512;
+#endif
 #else
 extern "C" const towerflow::cpu::KernelTable towerflow_cpu_kernels_generic;
 #endif
@@ -166,11 +173,16 @@ std::string missing(Isa isa) {
 
 const KernelTable* table_of(Isa isa) {
   switch (isa) {
-#if defined(TW_CPU_ISAS_X86)
+#if defined(TW_CPU_ISA_BUILT_BASELINE)
     case Isa::Baseline: return &towerflow_cpu_kernels_baseline;
+#endif
+#if defined(TW_CPU_ISA_BUILT_AVX2)
     case Isa::Avx2: return &towerflow_cpu_kernels_avx2;
+#endif
+#if defined(TW_CPU_ISA_BUILT_AVX512)
     case Isa::Avx512: return &towerflow_cpu_kernels_avx512;
-#else
+#endif
+#if !defined(TW_CPU_ISAS_X86)
     case Isa::Generic: return &towerflow_cpu_kernels_generic;
 #endif
     default: return nullptr;
@@ -261,11 +273,20 @@ const char* isa_name(Isa isa) {
 }
 
 std::vector<Isa> built_isas() {
-#if defined(TW_CPU_ISAS_X86)
-  return {Isa::Baseline, Isa::Avx2, Isa::Avx512};
-#else
-  return {Isa::Generic};
+  std::vector<Isa> out;
+#if defined(TW_CPU_ISA_BUILT_BASELINE)
+  out.push_back(Isa::Baseline);
 #endif
+#if defined(TW_CPU_ISA_BUILT_AVX2)
+  out.push_back(Isa::Avx2);
+#endif
+#if defined(TW_CPU_ISA_BUILT_AVX512)
+  out.push_back(Isa::Avx512);
+#endif
+#if !defined(TW_CPU_ISAS_X86)
+  out.push_back(Isa::Generic);
+#endif
+  return out;
 }
 
 std::vector<Isa> supported_isas() {

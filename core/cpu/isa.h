@@ -8,9 +8,9 @@
 //   baseline  x86-64-v2: SSE4.2 and POPCNT (every x86-64 CPU since about 2009)
 //   avx2      x86-64-v3: AVX2, FMA, BMI1/2, F16C, MOVBE, LZCNT (Intel Haswell, AMD Zen and later)
 //   avx512    x86-64-v4: AVX-512 F, BW, CD, DQ and VL (Intel Skylake-SP, AMD Zen 4 and later)
-// and elsewhere once, as "generic". The best set that is built, that CPUID reports and whose
-// register state the OS saves (XGETBV) is used, unless TOWERFLOW_CPU_ISA=baseline|avx2|avx512
-// asks for a lower one. A CPU without even the baseline set gets DeviceError naming the missing
+// (those -DTOWERFLOW_CPU_ISAS lists, all three by default) and elsewhere once, as "generic".
+// The best set that is built, that CPUID reports and whose register state the OS saves
+// (XGETBV) is used, unless TOWERFLOW_CPU_ISA=baseline|avx2|avx512 asks for a lower one. A CPU without even the baseline set gets DeviceError naming the missing
 // instructions at the first kernel call, never an illegal instruction.
 //
 // TOWERFLOW_MAX_CPU_ISA=baseline|avx2|avx512|avx512_bf16|amx hides the instructions above that
