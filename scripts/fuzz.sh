@@ -48,7 +48,8 @@ done
 wait || true
 status=0
 for name in "${targets[@]}"; do
-  if [ -f "$build/fuzz-logs/$name.summary" ]; then cat "$build/fuzz-logs/$name.summary"; else echo "fuzz: $name did not finish"; fi
-  grep -q ', no finding$' "$build/fuzz-logs/$name.summary" 2>/dev/null || status=1
+  summary="$build/fuzz-logs/$name.summary"
+  if [ -f "$summary" ]; then cat "$summary"; else echo "fuzz: $name did not finish"; fi
+  grep -q ', no finding$' "$summary" 2>/dev/null || status=1
 done
 exit $status

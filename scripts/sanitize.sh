@@ -7,9 +7,10 @@
 #         and the trainer, sync batch norm, the local communicator, the NCCL communicator's logic
 #         (against a double of NCCL), the BFC allocator, the CPU
 #         thread pool, the data loader and image-folder decoding, checkpoints and the run loop.
-#   ci    build-asan/ (the kernels for the baseline alone): only what parses outside input (files, INI, flags, checkpoints, event files,
-#         images) and its tests under ASan + UBSan: the part of asan that fits CI's time (the
-#         fuzz targets, scripts/fuzz.sh, build in the same folder next).
+#   ci    build-asan/ (the kernels for the baseline alone): only what parses outside input
+#         (files, INI, flags, checkpoints, event files, images) and its tests under ASan + UBSan:
+#         the part of asan that fits CI's time (the fuzz targets, scripts/fuzz.sh, build in the
+#         same folder next).
 # The processes mpirun starts are not under TSan: Open MPI's own locking (uninstrumented) reports
 # races and lock inversions inside libmpi; under ASan they run without leak checking
 # (tests/tower/CMakeLists.txt says why).
