@@ -961,19 +961,28 @@ void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const floa
 
 namespace {
 
+// The backward input of s at stride 1, with padding below the kernel, is the forward
+// convolution of dy with the flipped kernel (Note [Channels-last on the CPU]): its shape, where
+// it applies, and its weights as get(co, ci, i, j) gives them (co, ci of the transposed shape).
+bool transposes_to_forward(const Conv2dShape& s) {
+  return s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw;
+}
+Conv2dShape transposed(const Conv2dShape& s) {
+  return {.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out, .c_out = s.c_in, .kh = s.kh,
+          .kw = s.kw, .stride_h = 1, .stride_w = 1, .pad_h = s.kh - 1 - s.pad_h,
+          .pad_w = s.kw - 1 - s.pad_w};
+}
+auto flipped_weights(const Conv2dShape& s, const float* w) {
+  return [&s, w](int ci, int co, int i, int j) {
+    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
+  };
+}
+
 void backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w,
                     Store store, float* dx) {
   s.validate();
-  if (s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw) {
-    // The transposed convolution as a forward one (Note [Channels-last on the CPU]).
-    const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
-                        .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
-                        .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
-    run_direct(ctx, t, dy, nullptr, store, dx, [&](int ci, int co, int i, int j) {
-      return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
-    });
-    return;
-  }
+  if (transposes_to_forward(s))
+    return run_direct(ctx, transposed(s), dy, nullptr, store, dx, flipped_weights(s, w));
   // Strides > 1, or padding as large as the kernel (Note [Backward input by stride phases]).
   with_block(s.c_in, [&]<int L, int V>() { backward_input_phases<L, V>(ctx, s, dy, w, store, dx); });
 }
@@ -1005,13 +1014,8 @@ namespace {
 bool backward_input_winograd(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                              const float* w, Store store, float* dx) {
   s.validate();
-  if (s.stride_h != 1 || s.stride_w != 1 || s.pad_h >= s.kh || s.pad_w >= s.kw) return false;
-  const Conv2dShape t{.n = s.n, .h = s.out_h(), .w = s.out_w(), .c_in = s.c_out,
-                      .c_out = s.c_in, .kh = s.kh, .kw = s.kw, .stride_h = 1, .stride_w = 1,
-                      .pad_h = s.kh - 1 - s.pad_h, .pad_w = s.kw - 1 - s.pad_w};
-  return run_winograd(ctx, t, dy, nullptr, store, dx, [&](int ci, int co, int i, int j) {
-    return w[((std::int64_t{co} * s.c_in + ci) * s.kh + (s.kh - 1 - i)) * s.kw + (s.kw - 1 - j)];
-  });
+  return transposes_to_forward(s) &&
+         run_winograd(ctx, transposed(s), dy, nullptr, store, dx, flipped_weights(s, w));
 }
 
 }  // namespace
