@@ -52,6 +52,11 @@ if [ "$what" != asan ]; then
   tw_configure_tsan
   cmake --build build-tsan -j"$jobs" --target "${tsan_tests[@]}"
   regex="^($(IFS='|'; echo "${tsan_tests[*]}")):"
-  ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$regex"
+  # Left to the ordinary suite: the crash-and-resume case trains tfcnn three times in each of
+  # fp32, bf16 and fp16 (about 110 s under TSan, a third of the step); its threads are those of
+  # the run loop, which "a hook stops the run early: ... resuming finishes it bit for bit" and the
+  # other fit cases run here.
+  ctest --test-dir build-tsan --output-on-failure -j"$jobs" -R "$regex" \
+    -E "^test_train:resuming after a crash reproduces the uninterrupted run bit for bit$"
   echo "sanitize: tsan build and threaded components' tests in $(( $(date +%s) - start )) s"
 fi
