@@ -23,12 +23,7 @@ function(tw_add_test name)
   set_property(GLOBAL APPEND PROPERTY TW_CATCH_TESTS ${name})  # tests/check_test_names.sh
   target_link_libraries(${name} PRIVATE tw_catch_main ${ARG_LIBS} tw_build_flags)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/tests)
-  # A Release build compiles the tests' own code at -O1: it sets up cases and checks results, and
-  # -O3 took half again as long to compile it (the library under test keeps its own flags).
-  target_compile_options(${name} PRIVATE $<$<CONFIG:Release>:-O1>)
-  if(TARGET tw_test_pch)  # tests/CMakeLists.txt, TOWERFLOW_PCH
-    target_precompile_headers(${name} REUSE_FROM tw_test_pch)
-  endif()
+  tw_test_code(${name})
   # A case that cannot run here says "TEST SKIPPED: <why>" (tests/test_skip.h): CTest lists it as
   # skipped, never as passed. --warn NoTests: a CTest entry whose name matches no test case fails
   # instead of passing with "No tests ran" (a ';' in a case's name splits it into two entries
@@ -36,6 +31,18 @@ function(tw_add_test name)
   catch_discover_tests(${name} TEST_PREFIX "${name}:" DISCOVERY_TIMEOUT 60 EXTRA_ARGS --warn NoTests
                        PROPERTIES ENVIRONMENT "TOWERFLOW_TEST_DATA=${PROJECT_SOURCE_DIR}/tests/fixtures"
                                   SKIP_REGULAR_EXPRESSION "TEST SKIPPED: " ${_lock})
+endfunction()
+
+# tw_test_code(TARGET [NO_PCH])
+#   What a test program's own code compiles with: tw_test_flags, and the tests' precompiled header
+#   (TOWERFLOW_PCH, tests/CMakeLists.txt) unless NO_PCH: a program whose source defines
+#   CATCH_CONFIG_RUNNER or CATCH_CONFIG_MAIN before it includes Catch2.
+function(tw_test_code target)
+  cmake_parse_arguments(ARG "NO_PCH" "" "" ${ARGN})
+  target_link_libraries(${target} PRIVATE tw_test_flags)
+  if(NOT ARG_NO_PCH AND TARGET tw_test_pch)
+    target_precompile_headers(${target} REUSE_FROM tw_test_pch)
+  endif()
 endfunction()
 
 # tw_add_python_test(NAME COMMAND ... [PROPERTIES ...])
@@ -59,6 +66,12 @@ function(tw_add_bench name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} tw_build_flags)
 endfunction()
+
+# The tests' own code (tw_add_test, and the test programs with a main of their own): a Release
+# build compiles it at -O1. It sets up cases and checks results, and -O3 took about twice as long
+# to compile it; the library under test keeps its own flags.
+add_library(tw_test_flags INTERFACE)
+target_compile_options(tw_test_flags INTERFACE $<$<CONFIG:Release>:-O1>)
 
 # Flags every towerflow target compiles with (not exported to users' code).
 add_library(tw_build_flags INTERFACE)
