@@ -39,7 +39,7 @@ fi
 
 if [ "$what" != tsan ]; then
   start=$(date +%s)
-  tw_configure_asan ""
+  tw_configure_asan "" -O1
   cmake --build build-asan -j"$jobs"
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
   echo "sanitize: asan+ubsan build and whole suite in $(( $(date +%s) - start )) s"

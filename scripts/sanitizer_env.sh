@@ -5,24 +5,29 @@
 # libstdc++'s <source_location>. One clang build, build-asan/ (ASan + UBSan, with libFuzzer's
 # coverage instrumentation), serves both the ASan test run and the fuzz targets, so CI compiles
 # the library once for the two; it costs the tests little. -O0 with line tables, whole stacks in
-# reports: the kernels keep their own -O3 (core/cpu/CMakeLists.txt), so the tests run about as
-# fast as at -O1 while the rest compiles in about two thirds of the time; the fuzz targets run
+# reports: the kernels keep their own -O3 (core/cpu/CMakeLists.txt), so CI's sanitizer tests run
+# about as fast as at -O1 while the rest compiles in about two thirds of the time; the fuzz targets run
 # about half as many inputs a second. No precompiled header (TOWERFLOW_PCH): a build without one
 # shows a test source that does not include what it uses.
 tw_cxx=clang++-16
-tw_configure() {  # build_dir sanitizers [cmake args...]
-  local dir=$1 sanitizers=$2
-  shift 2
+tw_configure() {  # build_dir sanitizers optimisation [cmake args...]
+  local dir=$1 sanitizers=$2 opt=$3
+  shift 3
   cmake -S . -B "$dir" -G Ninja -DCMAKE_CXX_COMPILER="$tw_cxx" -DTOWERFLOW_CUDA=OFF \
     -DTOWERFLOW_SANITIZE="$sanitizers" -DTOWERFLOW_PCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O0 -gline-tables-only" "$@" >/dev/null
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$opt -gline-tables-only" "$@" >/dev/null
 }
 # The kernels are built for the baseline instruction set alone (TOWERFLOW_CPU_ISAS) unless the
 # caller names others ("" for all three, as the whole ASan suite does, whose tests compare the
 # sets): the parsers, the fuzz targets and the threaded components run the same code at any
 # width, and three sets of kernels under the sanitizers took half of CI's ASan build.
-tw_configure_asan() { tw_configure build-asan address,undefined -DTOWERFLOW_FUZZ=ON "-DTOWERFLOW_CPU_ISAS=${1-baseline}"; }
-tw_configure_tsan() { tw_configure build-tsan thread "-DTOWERFLOW_CPU_ISAS=${1-baseline}"; }
+# The whole-suite ASan run (scripts/sanitize.sh asan) passes -O1 as the second argument: at -O0
+# its longest tests (mpirun jobs, the docs' commands, the benchmark suite) ran 6-7 minutes, or
+# past their time limits.
+tw_configure_asan() {
+  tw_configure build-asan address,undefined "${2:--O0}" -DTOWERFLOW_FUZZ=ON "-DTOWERFLOW_CPU_ISAS=${1-baseline}"
+}
+tw_configure_tsan() { tw_configure build-tsan thread -O0 "-DTOWERFLOW_CPU_ISAS=${1-baseline}"; }
 
 # Reports with function names and lines: clang-16's runtimes do not find Debian's
 # llvm-symbolizer by themselves.
