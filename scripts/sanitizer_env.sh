@@ -6,9 +6,9 @@
 # coverage instrumentation), serves both the ASan test run and the fuzz targets, so CI compiles
 # the library once for the two; it costs the tests little. -O0 with line tables, whole stacks in
 # reports: the kernels keep their own -O3 (core/cpu/CMakeLists.txt), so CI's sanitizer tests run
-# about as fast as at -O1 while the rest compiles in about two thirds of the time; the fuzz targets run
-# about half as many inputs a second. No precompiled header (TOWERFLOW_PCH): a build without one
-# shows a test source that does not include what it uses.
+# about as fast as at -O1 while the rest compiles in about two thirds of the time; the fuzz
+# targets run about half as many inputs a second. No precompiled header (TOWERFLOW_PCH): a build
+# without one shows a test source that does not include what it uses.
 tw_cxx=clang++-16
 tw_configure() {  # build_dir sanitizers optimisation [cmake args...]
   local dir=$1 sanitizers=$2 opt=$3
