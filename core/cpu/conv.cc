@@ -962,8 +962,9 @@ void conv2d_forward_bias(const CpuContext& ctx, const Conv2dShape& s, const floa
 namespace {
 
 // The backward input of s at stride 1, with padding below the kernel, is the forward
-// convolution of dy with the flipped kernel (Note [Channels-last on the CPU]): its shape, where
-// it applies, and its weights as get(co, ci, i, j) gives them (co, ci of the transposed shape).
+// convolution of dy with the flipped kernel (Note [Channels-last on the CPU]): where it applies,
+// its shape, and its weights as the kernels read them, get(ci, co, i, j) with ci and co of the
+// transposed shape.
 bool transposes_to_forward(const Conv2dShape& s) {
   return s.stride_h == 1 && s.stride_w == 1 && s.pad_h < s.kh && s.pad_w < s.kw;
 }

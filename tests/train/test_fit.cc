@@ -559,8 +559,7 @@ class SlowOnCpu1 : public tw::nn::Module {
  public:
   explicit SlowOnCpu1(const tw::Device& d) : Module(d) { inner_ = register_module("mlp", std::make_shared<Mlp>(d, 7)); }
   tw::Tensor forward(const tw::Tensor& x) override {
-    // 8 ms a row: several times the MLP's own time even in a sanitizer build on a busy machine
-    // (2 ms once measured only 3x there, and tower 1 kept 8 rows of 32).
+    // 8 ms a row: several times the MLP's own time even in a sanitizer build on a busy machine.
     if (device() == tw::Device::cpu(1)) std::this_thread::sleep_for(std::chrono::microseconds(8000 * x.shape()[0]));
     return inner_->forward(x);
   }
