@@ -7,7 +7,8 @@
 //          TOWERFLOW_BF16_KERNELS names). Results repeat bit for bit from run to run.
 //   auto   each problem (pass, shape, operand type, thread count) is run once on every candidate
 //          this build and CPU can run, then timed, and the fastest is kept for the rest of the
-//          process: in fp32 towerflow's kernels and oneDNN's; in bf16 the emulated path, oneDNN's,
+//          process: in fp32 towerflow's direct and Winograd kernels (on an AVX-512 CPU also
+//          their AVX2 build) and oneDNN's; in bf16 the emulated path, oneDNN's,
 //          towerflow's AVX512-BF16 and AMX kernels, where each runs at full speed. The first
 //          step is slower by the measuring. The candidates agree within the tolerances the tests
 //          hold them to (the same as between fp32 and bf16 paths), so a run's results do not
@@ -56,7 +57,7 @@ struct KernelChoiceRecord {
   std::string problem;  // e.g. "128x32x32x3 -> 64, 5x5, stride 1, pad 2" or "128x4096 * 4096x384"
   std::string operands;  // "fp32", "bf16"
   int threads = 1;
-  std::string chosen;   // "towerflow", "onednn", "emulated", "avx512bf16", "amx"
+  std::string chosen;   // "towerflow", "winograd", "onednn", "towerflow-avx2", "amx", ...
   bool from_cache = false;
   std::vector<std::pair<std::string, double>> ms;  // each candidate's best time; empty from cache
 };

@@ -384,4 +384,11 @@ const KernelTable& kernels() {
   return *t;
 }
 
+const KernelTable& kernels_of(Isa isa) {
+  const auto s = supported_isas();
+  if (std::find(s.begin(), s.end(), isa) == s.end())
+    raise<InvalidArgument>("instruction set ", isa_name(isa), " is not built or not supported on this CPU");
+  return *table_of(isa);
+}
+
 }  // namespace towerflow::cpu

@@ -20,6 +20,7 @@
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/isa.h"
+#include "core/cpu/kernel_table.h"
 #include "core/cpu/onednn_impl.h"
 #include "core/error.h"
 #include "core/kernel_choice.h"
@@ -390,6 +391,44 @@ void force_kernel_candidate_for_testing(std::optional<std::string> name) {
 
 namespace {
 
+// Note [Other instruction sets as candidates]
+// towerflow's kernels are built for each instruction set (isa.h), and the fixed rule runs the
+// best one the CPU has. Where that is AVX-512, the same direct and Winograd kernels built for
+// AVX2 are fp32 candidates too ("towerflow-avx2", "winograd-avx2"): 16-lane vectors are not
+// faster on every CPU and layer (a block of 16 output channels is bound by its broadcasts; AMD's
+// Zen 4 runs a 512-bit FMA as two 256-bit halves; Intel's cores clock lower while they run
+// 512-bit FMAs), so which width is faster is measured, layer by layer. The baseline build's SSE
+// pairs never compete with AVX2 and are no candidate. The candidates agree within the tests'
+// fp32 tolerance, as every other pair of candidates does.
+
+std::optional<std::vector<Isa>> g_isa_candidates_for_testing;
+std::atomic<int> g_isa_generation{0};  // bumped by isa_candidates_for_testing
+
+// The instruction sets whose kernels are candidates beside the active one's.
+std::vector<Isa> other_isas() {
+  if (g_isa_candidates_for_testing) return *g_isa_candidates_for_testing;
+  std::vector<Isa> out;
+  const Isa active = active_isa();
+  for (const Isa i : supported_isas())
+    if (i != active && i != Isa::Baseline && i != Isa::Generic && i < active) out.push_back(i);
+  return out;
+}
+
+// "towerflow-avx2" -> the AVX2 table; a name with no instruction set -> the active table.
+const KernelTable& table_of_candidate(const std::string& name) {
+  const std::size_t dash = name.find('-');
+  if (dash == std::string::npos) return kernels();
+  const std::string isa = name.substr(dash + 1);
+  for (const Isa i : built_isas())
+    if (isa == isa_name(i)) return kernels_of(i);
+  raise<InternalError>("kernel choice: no instruction set named '", isa, "' in candidate '", name, "'");
+}
+
+// "towerflow", "winograd" or "onednn": the kernels of a candidate, whatever their instructions.
+std::string_view family_of(const std::string& name) {
+  return std::string_view(name).substr(0, name.find('-'));
+}
+
 std::vector<std::string> candidate_names(bool bf16) {
   std::vector<std::string> out;
   if (bf16) {
@@ -402,13 +441,28 @@ std::vector<std::string> candidate_names(bool bf16) {
   out.emplace_back("towerflow");
   out.emplace_back("winograd");  // 3x3 stride-1 convolutions only
   if (onednn::built()) out.emplace_back("onednn");
+  for (const Isa i : other_isas()) {  // Note [Other instruction sets as candidates]
+    out.emplace_back(str("towerflow-", isa_name(i)));
+    out.emplace_back(str("winograd-", isa_name(i)));
+  }
   return out;
 }
 
 const std::vector<std::string>& candidates(bool bf16) {
-  // The bf16 list follows the active kernels, which a test may change: built per call there.
-  static const std::vector<std::string> fp32 = candidate_names(false);
-  if (!bf16) return fp32;
+  // The lists follow the active kernels, which a test may change: the fp32 list is made again
+  // when its table changes or a test names other instruction sets (generation), the bf16 list
+  // at every call.
+  thread_local std::vector<std::string> fp32;
+  thread_local const KernelTable* fp32_table = nullptr;
+  thread_local int fp32_generation = -1;
+  if (!bf16) {
+    if (fp32_table != &kernels() || fp32_generation != g_isa_generation.load()) {
+      fp32_table = &kernels();
+      fp32_generation = g_isa_generation.load();
+      fp32 = candidate_names(false);
+    }
+    return fp32;
+  }
   thread_local std::vector<std::string> b;
   b = candidate_names(true);
   return b;
@@ -432,6 +486,12 @@ bool bf16_or_emulated(const std::string& name, bool is_fixed, const std::functio
 
 std::vector<std::string> kernel_choice_candidates(bool bf16) { return cpu::candidate_names(bf16); }
 
+void cpu::isa_candidates_for_testing(std::optional<std::vector<Isa>> isas) {
+  for (const Isa i : isas.value_or(std::vector<Isa>{})) (void)kernels_of(i);  // built and supported
+  g_isa_candidates_for_testing = std::move(isas);
+  ++g_isa_generation;
+}
+
 namespace cpu {
 
 void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
@@ -451,9 +511,10 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
       });
-    if (name == "winograd") return conv2d_forward_winograd(ctx, s, x, w, bias_or_null, y);
     if (name == "onednn") return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y, onednn::Operands::kFp32);
-    conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
+    const KernelTable& k = table_of_candidate(name);
+    if (family_of(name) == "winograd") return k.conv2d_forward_winograd(ctx, s, x, w, bias_or_null, y);
+    k.conv2d_forward_bias(ctx, s, x, w, bias_or_null, y);
     return true;
   });
 }
@@ -480,9 +541,10 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx);
       });
-    if (name == "winograd") return conv2d_backward_input_winograd(ctx, s, dy, w, dx);
     if (name == "onednn") return onednn::conv2d_backward_input(ctx, s, dy, w, dx, onednn::Operands::kFp32);
-    conv2d_backward_input(ctx, s, dy, w, dx);
+    const KernelTable& k = table_of_candidate(name);
+    if (family_of(name) == "winograd") return k.conv2d_backward_input_winograd(ctx, s, dy, w, dx);
+    k.conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
   });
 }
@@ -491,10 +553,15 @@ bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& 
                                       const float* w, float* dx) {
   const std::optional<std::string> settled =
       settled_choice(backward_input_problem(s, false, ctx.threads()), candidates(false));
-  // A shape Winograd declines runs on the fixed choice, as run_chosen runs it.
-  if (settled == "winograd" && conv2d_backward_input_add_winograd(ctx, s, dy, w, dx)) return true;
-  if (settled != "towerflow" && settled != "winograd") return false;
-  conv2d_backward_input_add(ctx, s, dy, w, dx);
+  if (!settled || *settled == "onednn") return false;
+  const KernelTable& k = table_of_candidate(*settled);
+  if (family_of(*settled) == "winograd") {
+    if (k.conv2d_backward_input_add_winograd(ctx, s, dy, w, dx)) return true;
+    // A shape Winograd declines runs on the fixed choice, as run_chosen runs it.
+    conv2d_backward_input_add(ctx, s, dy, w, dx);
+    return true;
+  }
+  k.conv2d_backward_input_add(ctx, s, dy, w, dx);
   return true;
 }
 
@@ -513,9 +580,10 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
       return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
         return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
       });
-    if (name == "winograd") return conv2d_backward_weight_winograd(ctx, s, x, dy, dw);
     if (name == "onednn") return onednn::conv2d_backward_weight(ctx, s, x, dy, dw, onednn::Operands::kFp32);
-    conv2d_backward_weight(ctx, s, x, dy, dw);
+    const KernelTable& k = table_of_candidate(name);
+    if (family_of(name) == "winograd") return k.conv2d_backward_weight_winograd(ctx, s, x, dy, dw);
+    k.conv2d_backward_weight(ctx, s, x, dy, dw);
     return true;
   });
 }
@@ -572,10 +640,10 @@ void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n
       return bf16_or_emulated(name, name == cands.front(), [&](Bf16Kernels kk) {
         return gemm_bf16_with(kk, ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
       });
-    if (name == "winograd") return false;
+    if (family_of(name) == "winograd") return false;
     if (name == "onednn")
       return onednn::gemm(ctx, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, onednn::Operands::kFp32);
-    gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    table_of_candidate(name).gemm(ctx, trans_a, trans_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
     return true;
   });
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/cpu/context.h"
+#include "core/cpu/isa.h"
 #include "core/shapes.h"
 
 namespace towerflow::cpu {
@@ -72,6 +73,12 @@ void run_chosen(const ChoiceProblem& p, std::string_view layer,
 // run_chosen would still read the cache or measure.
 std::optional<std::string> settled_choice(const ChoiceProblem& p,
                                           const std::vector<std::string>& candidates);
+
+// Tests: make the fp32 candidates of these instruction sets' kernels ("towerflow-baseline",
+// "winograd-baseline", ...) candidates beside the active set's, in place of the rule of Note
+// [Other instruction sets as candidates] (kernel_choice.cc); nullopt for the rule. Each must be
+// built and supported here. Not thread-safe with running kernels.
+void isa_candidates_for_testing(std::optional<std::vector<Isa>> isas);
 
 // Tests: in auto mode, run every problem on the candidate `name` where it is one (and where it
 // declines, on the fixed choice) without measuring or recording; nullopt to measure again.

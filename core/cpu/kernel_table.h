@@ -13,6 +13,7 @@
 #include "core/cpu/conv.h"
 #include "core/cpu/elementwise.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/pool.h"
 
 #ifndef TW_ISA
@@ -71,5 +72,8 @@ struct KernelTable {
 
 // The table of the instruction set isa.h chose (isa.cc).
 const KernelTable& kernels();
+// The table of `isa`, which must be built and supported on this CPU (InvalidArgument otherwise):
+// the kernel choice's candidates of another instruction set (kernel_choice.cc).
+const KernelTable& kernels_of(Isa isa);
 
 }  // namespace towerflow::cpu

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "core/cpu/bf16.h"
 #include "core/cpu/conv.h"
 #include "core/cpu/gemm.h"
+#include "core/cpu/isa.h"
 #include "core/cpu/kernel_choice.h"
 #include "core/cpu/onednn_impl.h"
 #include "core/error.h"
@@ -34,12 +36,23 @@ using towerflow::cpu::testing::random_vector;
 
 namespace {
 
+// The instruction sets whose kernels the tests make candidates beside the active set's: every
+// other one this CPU runs, the baseline's SSE pairs included, so that a CPU without AVX-512 runs
+// the candidates of another set too (the rule itself offers AVX2's beside AVX-512's only).
+std::vector<Isa> other_isas_here() {
+  std::vector<Isa> out;
+  for (const Isa i : supported_isas())
+    if (i != active_isa()) out.push_back(i);
+  return out;
+}
+
 // Puts the choice in a known state for one test and restores the fixed default after it.
 struct ChoiceScope {
   std::filesystem::path cache;
   explicit ChoiceScope(KernelChoice mode, std::string cache_name = "") {
     reset_kernel_choices_for_testing();
     force_kernel_candidate_for_testing(std::nullopt);
+    isa_candidates_for_testing(other_isas_here());
     if (!cache_name.empty()) {
       cache = std::filesystem::temp_directory_path() /
               ("towerflow-test-" + std::to_string(::getpid()) + "-" + cache_name + ".json");
@@ -51,6 +64,7 @@ struct ChoiceScope {
   ~ChoiceScope() {
     set_kernel_choice(KernelChoice::kFixed);
     force_kernel_candidate_for_testing(std::nullopt);
+    isa_candidates_for_testing(std::nullopt);
     reset_kernel_choices_for_testing();
     set_kernel_choice_cache("");
     if (!cache.empty()) std::filesystem::remove(cache);
@@ -233,9 +247,15 @@ TEST_CASE("kernel choice: a mode that is not one is refused with the choices", "
 
 namespace {
 
+// The fp32 candidates under a ChoiceScope: the active set's kernels, oneDNN's, and those of the
+// other sets (other_isas_here).
 std::vector<std::string> fp32_candidates() {
   std::vector<std::string> c{"towerflow", "winograd"};
   if (onednn::built()) c.emplace_back("onednn");
+  for (const Isa i : other_isas_here()) {
+    c.emplace_back(std::string("towerflow-") + isa_name(i));
+    c.emplace_back(std::string("winograd-") + isa_name(i));
+  }
   return c;
 }
 
@@ -333,6 +353,34 @@ TEST_CASE("kernel choice: every fp32 candidate agrees with towerflow's kernels o
       CHECK(kernel_choices().empty());  // forced: nothing measured
     }
   }
+}
+
+TEST_CASE("kernel choice: the candidates are the kernels this CPU runs, the fixed rule's first",
+          "[kernel_choice]") {
+  const ChoiceScope scope(KernelChoice::kAuto);
+  CHECK(kernel_choice_candidates() == fp32_candidates());
+  // The rule (Note [Other instruction sets as candidates]): AVX2's kernels beside AVX-512's,
+  // nothing beside AVX2's (the baseline's SSE pairs never compete), so on each CPU as many
+  // candidates as it has instruction sets worth timing.
+  isa_candidates_for_testing(std::nullopt);
+  const auto supported = supported_isas();
+  const auto has = [&](Isa i) { return std::find(supported.begin(), supported.end(), i) != supported.end(); };
+  const auto listed = [](const std::string& name) {
+    const auto c = kernel_choice_candidates();
+    return std::find(c.begin(), c.end(), name) != c.end();
+  };
+  for (const Isa active : {Isa::Avx2, Isa::Avx512}) {
+    if (!has(active)) continue;
+    force_isa_for_testing(active);
+    INFO("kernels of " << isa_name(active));
+    CHECK(kernel_choice_candidates().front() == "towerflow");
+    CHECK(listed("towerflow-avx2") == (active == Isa::Avx512));
+    CHECK(listed("winograd-avx2") == (active == Isa::Avx512));
+    CHECK_FALSE(listed("towerflow-baseline"));
+    CHECK_FALSE(listed(std::string("towerflow-") + isa_name(active)));
+  }
+  force_isa_for_testing(std::nullopt);
+  CHECK_THROWS_AS(isa_candidates_for_testing(std::vector<Isa>{static_cast<Isa>(99)}), InvalidArgument);
 }
 
 TEST_CASE("kernel choice: auto on real kernels chooses per problem and matches the fixed results",
