@@ -410,7 +410,7 @@ std::vector<Isa> other_isas() {
   std::vector<Isa> out;
   const Isa active = active_isa();
   for (const Isa i : supported_isas())
-    if (i != active && i != Isa::Baseline && i != Isa::Generic && i < active) out.push_back(i);
+    if (i < active && i != Isa::Baseline && i != Isa::Generic) out.push_back(i);
   return out;
 }
 
