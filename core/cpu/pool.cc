@@ -26,6 +26,9 @@ namespace towerflow::cpu::TW_ISA {
 using detail::IVec;
 using detail::kLanes;
 using detail::kWideLanes;
+using detail::store_streaming;
+using detail::stream_fence;
+using detail::streaming_aligned;
 using detail::Vec;
 
 namespace {
@@ -236,6 +239,17 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
   max_window<Relu, L, K, 0, 0>(s, img, win, ch, best, idx);
 }
 
+// fn.template operator()<B>() with B = flag.
+template <typename Fn>
+void with_flag(bool flag, Fn&& fn) {
+  if (flag) return fn.template operator()<true>();
+  fn.template operator()<false>();
+}
+
+// Outputs of at least this many bytes are written with streaming stores (Note [Streaming
+// stores]): more than a 2-core slice of a server's last-level cache holds.
+constexpr std::int64_t kStreamingBytes = std::int64_t{16} << 20;
+
 // fn.template operator()<N>() with N = n where n is 1 or 2, else 0.
 template <typename Fn>
 void with_count(int n, Fn&& fn) {
@@ -248,7 +262,7 @@ void with_count(int n, Fn&& fn) {
 // maximum sat there, summed in output order. An argmax of -1 (max_pool_relu_forward's, where its
 // ReLU passes nothing) matches no pixel: skipping it gives the bits of adding the zero
 // relu_backward would have passed (a sum that starts at +0 is never -0).
-template <int L, int K, int NR, int NC>
+template <int L, int K, int NR, int NC, bool kStream>
 void gather_max(const float* g_img, const std::int32_t* idx_img, const Windows& w, int pos, int ch, float* d) {
   using V = Vec<L>;
   using I = IVec<L>;
@@ -262,12 +276,15 @@ void gather_max(const float* g_img, const std::int32_t* idx_img, const Windows& 
       for (int k = 0; k < K; ++k)
         sum[k] = I::load(idx_img + o + k * L) == here ? sum[k] + V::load(g_img + o + k * L) : sum[k];
     }
-  for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
+  for (int k = 0; k < K; ++k) {
+    if constexpr (kStream) store_streaming<L>(d + ch + k * L, sum[k]);
+    else V::store(d + ch + k * L, sum[k]);
+  }
 }
 
 // dx for channels [ch, ch + K * L) of one input pixel: the scaled gradients of the windows w,
 // summed in output order.
-template <int L, int K, int NR, int NC>
+template <int L, int K, int NR, int NC, bool kStream>
 void gather_avg(const float* g_img, const Windows& w, float scale, int ch, float* d) {
   using V = Vec<L>;
   typename V::type sum[K];
@@ -278,7 +295,10 @@ void gather_avg(const float* g_img, const Windows& w, float scale, int ch, float
       const float* g = g_img + w.rows[a] + w.cols[b] + ch;
       for (int k = 0; k < K; ++k) sum[k] += V::load(g + k * L) * scale;
     }
-  for (int k = 0; k < K; ++k) V::store(d + ch + k * L, sum[k]);
+  for (int k = 0; k < K; ++k) {
+    if constexpr (kStream) store_streaming<L>(d + ch + k * L, sum[k]);
+    else V::store(d + ch + k * L, sum[k]);
+  }
 }
 
 // out[ch, ch + K * L) = scale times the sum of the window's pixels for those channels, in the
@@ -370,41 +390,48 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const std::int64_t image_out = std::int64_t{oh} * ow * c;
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c * s.kh));
   const PoolWindows& windows = PoolWindows::for_shape(s);
+  // dx with streaming stores where it outgrows the caches (Note [Streaming stores]); every
+  // channel group's store is then aligned, as c is a multiple of the widest vector.
+  const bool stream = std::int64_t{s.n} * s.h * s.w * c * std::int64_t{sizeof(float)} >= kStreamingBytes &&
+                      streaming_aligned(dx) && c % kWideLanes == 0;
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const std::int64_t n = r / s.h;
-      const int ih = static_cast<int>(r % s.h);
-      const float* g_img = dy + n * image_out;
-      const std::int32_t* idx_img = argmax + n * image_out;
-      const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
-      with_count(windows.rows[ih], [&]<int NR>() {
-        for (int iw = 0; iw < s.w; ++iw) {
-          const int pos = ih * s.w + iw;
-          float* d = dx + (r * s.w + iw) * c;
-          // The next output row at the newest column (Note [Prefetching the next rows]).
-          const int col1 = windows.last_col[iw];
-          if (row1 + 1 < oh && (iw == 0 || col1 != windows.last_col[iw - 1])) {
-            const std::int64_t o = (std::int64_t{row1 + 1} * ow + col1) * c;
-            prefetch(g_img + o, std::int64_t{c} * std::int64_t{sizeof(float)});
-            prefetch(idx_img + o, std::int64_t{c} * std::int64_t{sizeof(std::int32_t)});
+    with_flag(stream, [&]<bool kStream>() {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::int64_t n = r / s.h;
+        const int ih = static_cast<int>(r % s.h);
+        const float* g_img = dy + n * image_out;
+        const std::int32_t* idx_img = argmax + n * image_out;
+        const int row1 = last_window(ih, s.pad_h, s.stride_h, oh);
+        with_count(windows.rows[ih], [&]<int NR>() {
+          for (int iw = 0; iw < s.w; ++iw) {
+            const int pos = ih * s.w + iw;
+            float* d = dx + (r * s.w + iw) * c;
+            // The next output row at the newest column (Note [Prefetching the next rows]).
+            const int col1 = windows.last_col[iw];
+            if (row1 + 1 < oh && (iw == 0 || col1 != windows.last_col[iw - 1])) {
+              const std::int64_t o = (std::int64_t{row1 + 1} * ow + col1) * c;
+              prefetch(g_img + o, std::int64_t{c} * std::int64_t{sizeof(float)});
+              prefetch(idx_img + o, std::int64_t{c} * std::int64_t{sizeof(std::int32_t)});
+            }
+            const Windows w = windows.at(ih, iw);
+            with_count(w.nc, [&]<int NC>() {
+              for_channel_groups(
+                  c, [&]<int L, int K>(int ch) { gather_max<L, K, NR, NC, kStream>(g_img, idx_img, w, pos, ch, d); },
+                  [&](int ch) {
+                    float sum = 0.0f;
+                    for (int a = 0; a < w.nr; ++a)
+                      for (int b = 0; b < w.nc; ++b) {
+                        const std::int64_t o = w.rows[a] + w.cols[b] + ch;
+                        if (idx_img[o] == pos) sum += g_img[o];
+                      }
+                    d[ch] = sum;
+                  });
+            });
           }
-          const Windows w = windows.at(ih, iw);
-          with_count(w.nc, [&]<int NC>() {
-            for_channel_groups(
-                c, [&]<int L, int K>(int ch) { gather_max<L, K, NR, NC>(g_img, idx_img, w, pos, ch, d); },
-                [&](int ch) {
-                  float sum = 0.0f;
-                  for (int a = 0; a < w.nr; ++a)
-                    for (int b = 0; b < w.nc; ++b) {
-                      const std::int64_t o = w.rows[a] + w.cols[b] + ch;
-                      if (idx_img[o] == pos) sum += g_img[o];
-                    }
-                  d[ch] = sum;
-                });
-          });
-        }
-      });
-    }
+        });
+      }
+      if constexpr (kStream) stream_fence();
+    });
   });
 }
 
@@ -446,28 +473,35 @@ void avg_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   const float scale = 1.0f / static_cast<float>(s.kh * s.kw);
   const std::int64_t min_rows = std::max<std::int64_t>(1, 20000 / (std::int64_t{s.w} * c));
   const PoolWindows& windows = PoolWindows::for_shape(s);
+  // dx with streaming stores where it outgrows the caches (Note [Streaming stores]); every
+  // channel group's store is then aligned, as c is a multiple of the widest vector.
+  const bool stream = std::int64_t{s.n} * s.h * s.w * c * std::int64_t{sizeof(float)} >= kStreamingBytes &&
+                      streaming_aligned(dx) && c % kWideLanes == 0;
   ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const std::int64_t n = r / s.h;
-      const int ih = static_cast<int>(r % s.h);
-      const float* g_img = dy + n * oh * ow * c;
-      with_count(windows.rows[ih], [&]<int NR>() {
-        for (int iw = 0; iw < s.w; ++iw) {
-          float* d = dx + (r * s.w + iw) * c;
-          const Windows w = windows.at(ih, iw);
-          with_count(w.nc, [&]<int NC>() {
-            for_channel_groups(
-                c, [&]<int L, int K>(int ch) { gather_avg<L, K, NR, NC>(g_img, w, scale, ch, d); },
-                [&](int ch) {
-                  float sum = 0.0f;
-                  for (int a = 0; a < w.nr; ++a)
-                    for (int b = 0; b < w.nc; ++b) sum += g_img[w.rows[a] + w.cols[b] + ch] * scale;
-                  d[ch] = sum;
-                });
-          });
-        }
-      });
-    }
+    with_flag(stream, [&]<bool kStream>() {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::int64_t n = r / s.h;
+        const int ih = static_cast<int>(r % s.h);
+        const float* g_img = dy + n * oh * ow * c;
+        with_count(windows.rows[ih], [&]<int NR>() {
+          for (int iw = 0; iw < s.w; ++iw) {
+            float* d = dx + (r * s.w + iw) * c;
+            const Windows w = windows.at(ih, iw);
+            with_count(w.nc, [&]<int NC>() {
+              for_channel_groups(
+                  c, [&]<int L, int K>(int ch) { gather_avg<L, K, NR, NC, kStream>(g_img, w, scale, ch, d); },
+                  [&](int ch) {
+                    float sum = 0.0f;
+                    for (int a = 0; a < w.nr; ++a)
+                      for (int b = 0; b < w.nc; ++b) sum += g_img[w.rows[a] + w.cols[b] + ch] * scale;
+                    d[ch] = sum;
+                  });
+            });
+          }
+        });
+      }
+      if constexpr (kStream) stream_fence();
+    });
   });
 }
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <new>
 
 #include "core/cpu/kernel_test_util.h"
 #include "core/cpu/pool.h"
@@ -62,6 +64,21 @@ std::vector<double> ref_avg_pool(const Pool2dShape& s, const std::vector<float>&
           y[o] = sum / (s.kh * s.kw);
         }
   return y;
+}
+
+// max pool's backward as a scatter: each output's gradient added to the input its argmax names,
+// in output order.
+std::vector<float> scatter_max_grad(const Pool2dShape& s, const std::vector<float>& dy,
+                                    const std::vector<std::int32_t>& arg) {
+  std::vector<float> scatter(in_size(s), 0.0f);
+  const std::size_t image_in = std::size_t(s.h) * s.w * s.c, image_out = out_size(s) / s.n;
+  for (int n = 0; n < s.n; ++n)
+    for (std::size_t p = 0; p < image_out; p += s.c)
+      for (int ch = 0; ch < s.c; ++ch) {
+        const std::size_t o = n * image_out + p + ch;
+        scatter[n * image_in + std::size_t(arg[o]) * s.c + ch] += dy[o];
+      }
+  return scatter;
 }
 
 const std::vector<Pool2dShape> kShapes = {
@@ -259,17 +276,45 @@ TEST_CASE("max pool backward equals the scatter over the outputs bit for bit", "
     std::vector<std::int32_t> arg(out_size(s));
     max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
     max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
-    std::vector<float> scatter(in_size(s), 0.0f);
-    const std::size_t image_in = std::size_t(s.h) * s.w * s.c, image_out = out_size(s) / s.n;
-    for (int n = 0; n < s.n; ++n)
-      for (std::size_t p = 0; p < image_out; p += s.c)
-        for (int ch = 0; ch < s.c; ++ch) {
-          const std::size_t o = n * image_out + p + ch;
-          scatter[n * image_in + std::size_t(arg[o]) * s.c + ch] += dy[o];
-        }
+    const std::vector<float> scatter = scatter_max_grad(s, dy, arg);
     REQUIRE(dx.size() == scatter.size());
     CHECK(std::memcmp(dx.data(), scatter.data(), dx.size() * sizeof(float)) == 0);
   }
+}
+
+// A gradient of 16 MiB or more, 64-byte aligned, is written with streaming stores (Note
+// [Streaming stores] in core/cpu/simd_impl.h); the same call on a buffer 16 bytes off that
+// alignment takes the plain stores. Both give the scatter's bits, for max and for average pooling.
+TEST_CASE("pool gradients written with streaming stores equal the plain stores' bit for bit", "[cpu][pool]") {
+  CpuContext ctx(2);
+  const Pool2dShape s{.n = 64, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  REQUIRE(in_size(s) * sizeof(float) >= std::size_t{16} << 20);
+  const auto x = random_vector(in_size(s), 43);
+  const auto dy = random_vector(out_size(s), 44);
+  std::vector<float> y(out_size(s));
+  std::vector<std::int32_t> arg(out_size(s));
+  max_pool_forward(ctx, s, x.data(), y.data(), arg.data());
+  const std::vector<float> scatter = scatter_max_grad(s, dy, arg);
+  // One buffer, 64-byte aligned, with room for the 16-byte offset.
+  const std::size_t bytes = (in_size(s) + 16) * sizeof(float);
+  std::unique_ptr<float[], void (*)(float*)> buffer(
+      static_cast<float*>(::operator new[](bytes, std::align_val_t{64})),
+      [](float* p) { ::operator delete[](p, std::align_val_t{64}); });
+  for (const std::size_t offset : {std::size_t{0}, std::size_t{4}}) {
+    INFO("dx " << offset * sizeof(float) << " bytes past a 64-byte boundary");
+    float* dx = buffer.get() + offset;
+    std::fill(dx, dx + in_size(s), 7.0f);
+    max_pool_backward(ctx, s, dy.data(), arg.data(), dx);
+    CHECK(std::memcmp(dx, scatter.data(), scatter.size() * sizeof(float)) == 0);
+  }
+  std::vector<float> avg_plain(in_size(s));
+  avg_pool_backward(ctx, s, dy.data(), buffer.get() + 4);
+  std::memcpy(avg_plain.data(), buffer.get() + 4, avg_plain.size() * sizeof(float));
+  float* avg_streamed = buffer.get();
+  avg_pool_backward(ctx, s, dy.data(), avg_streamed);
+  CHECK(std::memcmp(avg_streamed, avg_plain.data(), avg_plain.size() * sizeof(float)) == 0);
+  // And against the definition: the corner pixel lies in one window only, and gets its dy / 9.
+  CHECK(avg_streamed[0] == dy[0] * (1.0f / 9.0f));
 }
 
 // max_pool_relu_forward against the two passes it fuses, bit for bit: y = relu(max pool), argmax
