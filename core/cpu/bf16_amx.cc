@@ -357,7 +357,7 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::
   const int blocks = (s.c_out + kLanes - 1) / kLanes;
   const std::int64_t wblock = std::int64_t{s.kh} * s.kw * (l.c2 / 2) * kLanes;
   Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
-  pack_weight_pairs(s.c_out, s.c_in, l.c2, s.kh, s.kw, kLanes, wp, get);
+  pack_weight_pairs(ctx, s.c_out, s.c_in, l.c2, s.kh, s.kw, kLanes, wp, get);
   const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
   const std::int64_t row_step = std::int64_t{wpad} * l.c2, unit = std::int64_t{s.stride_w} * l.c2;
   const std::int64_t image = hp * row_step, extra = slack(unit, s.kw, l.c2);
@@ -399,7 +399,7 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
   const std::int64_t row_step = std::int64_t{g.wp} * l.c2;
   Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
   g.pack_phases(s, w, [&](std::int64_t offset, int ma, int mb, auto get) {
-    pack_weight_pairs(s.c_in, s.c_out, l.c2, ma, mb, kLanes, wp + offset, get);
+    pack_weight_pairs(ctx, s.c_in, s.c_out, l.c2, ma, mb, kLanes, wp + offset, get);
   });
   const std::int64_t image = g.hp * row_step, extra = slack(l.c2, s.kw, l.c2);
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;

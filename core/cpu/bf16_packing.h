@@ -135,7 +135,17 @@ struct StridedWeights {
 // packing of a 4096 x 384 matrix (tfcnn's fc1) took half of its product's time, every read a new
 // cache line. Strided weights are instead gathered 16 output channels at a time (vpgatherdd,
 // AVX-512F), each channel's weights read in order as the pairs advance, and rounded 16 at a time:
-// that product became 2x faster (docs/precision.md). Other weights go through get one at a time.
+// that product became 2x faster (docs/precision.md). Where the input channels are contiguous (a
+// transposed b, fc1's), the gather still reads 16 lines a whole row apart, which on a Zen 4 fall
+// in one set of its 8-way L1 and evict each other before the next pairs are read: the packing
+// took 40% of fc1's bf16 product there. Such weights are instead read 32 contiguous inputs of 16
+// output channels at a time (two vectors per channel, whole lines), rounded, made into pairs and
+// transposed in registers (16 x 16 dwords), on the context's threads. Consecutive output
+// channels (b as it is) are loaded rather than gathered, and the gathers of the others run on the
+// context's threads too. On a 2-core Zen 4 EPYC fc1's bf16 forward went from 3.51 to 1.18 ms and
+// its backward input from 2.16 to 1.15 (`TOWERFLOW_BF16_KERNELS=avx512bf16
+// towerflow_bench_kernels --benchmark_filter=kernel_bf16/tfcnn/gemm`). Other weights go through
+// get one at a time.
 
 // The input of a forward convolution as the kernels convert and read it. A 1x1 kernel without
 // padding at a stride above 1 reads only every stride-th pixel of every stride-th row (ResNet's
@@ -159,39 +169,119 @@ inline ConvInput conv_input(const Conv2dShape& s, std::int64_t ld_x) {
   return {t, ld_x * s.stride_w, std::int64_t{s.w} * ld_x * s.stride_h, ld_image};
 }
 
+// r[0..16) as the rows of a 16 x 16 matrix of dwords, transposed in place: r[j] becomes column j.
+// Pairs of rows are interleaved by dwords and then by quadwords, which leaves each 128-bit lane L
+// of the four vectors of a group of four rows holding columns 4L..4L+3 of those rows; the
+// 128-bit lanes are then transposed across the four groups.
+inline void transpose16x16_epi32(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  __m512i u[4][4];  // u[g][m], 128-bit lane L: column 4L + m of rows 4g..4g+3
+  for (int g = 0; g < 4; ++g) {
+    u[g][0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[g][2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[g][3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[0][m], u[1][m], 0x44), x1 = _mm512_shuffle_i32x4(u[0][m], u[1][m], 0xee);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[2][m], u[3][m], 0x44), y1 = _mm512_shuffle_i32x4(u[2][m], u[3][m], 0xee);
+    r[m] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[4 + m] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+    r[8 + m] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+  }
+}
+
+// pack_weight_pairs for weights whose input channels are contiguous (ci_step 1: a matrix
+// product's transposed b), as Note [Packing strided weights] says: the same pairs.
+inline void pack_contiguous_weight_pairs(const CpuContext& ctx, int c_out, int c_in, int pairs, int kh, int kw,
+                                         int block, Pair* dst, const StridedWeights& get) {
+  // The high halves of 32 floats' rounded bits, in order: words 1, 3, ..., 63 of (lo, hi).
+  alignas(64) static constexpr std::uint16_t kHighWords[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21,
+                                                                23, 25, 27, 29, 31, 33, 35, 37, 39, 41, 43,
+                                                                45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  const __m512i high_words = _mm512_load_si512(kHighWords);
+  const auto lanes = [](std::int64_t left) { return left <= 0 ? __mmask16(0) : first_lanes(left); };
+  // Units of work: a block's kernel position and a run of 16 pairs; threads take runs of units.
+  const int blocks = (c_out + block - 1) / block, runs = (pairs + 15) / 16;
+  ctx.parallel_for(std::int64_t{blocks} * kh * kw * runs, 16, [&](std::int64_t u0, std::int64_t u1) {
+    for (std::int64_t u = u0; u < u1; ++u) {
+      const std::int64_t cij = u / runs;  // (cb * kh + i) * kw + j
+      const int k0 = static_cast<int>(u % runs) * 16;
+      const int cb = static_cast<int>(cij / (std::int64_t{kh} * kw));
+      const int i = static_cast<int>(cij / kw % kh), j = static_cast<int>(cij % kw);
+      Pair* out = dst + cij * pairs * block;
+      for (int b0 = 0; b0 < block; b0 += 16) {
+        __m512i r[16];  // row t: pairs k0..k0+15 of output channel cb * block + b0 + t
+        for (int t = 0; t < 16; ++t) {
+          const int co = cb * block + b0 + t;
+          if (co >= c_out) {
+            r[t] = _mm512_setzero_si512();
+            continue;
+          }
+          const float* p = get.base + co * get.co_step + i * get.i_step + j * get.j_step + 2 * k0;
+          const std::int64_t left = c_in - 2 * std::int64_t{k0};
+          const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left), p));
+          const __m512i hi = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left - 16), p + 16));
+          r[t] = _mm512_permutex2var_epi16(lo, high_words, hi);
+        }
+        transpose16x16_epi32(r);
+        for (int k = 0; k < std::min(16, pairs - k0); ++k)
+          _mm512_storeu_si512(out + std::int64_t{k0 + k} * block + b0, r[k]);
+      }
+    }
+  });
+}
+
 // Packs weights as pairs of input channels: dst[cb][i][j][k][b] = the pair (get(co, 2k, i, j),
 // get(co, 2k + 1, i, j)) with co = cb * block + b and k < c2 / 2 (c2 >= c_in, even), zero where
 // co >= c_out or a channel >= c_in. block is a multiple of 16.
 template <typename Get>
-void pack_weight_pairs(int c_out, int c_in, int c2, int kh, int kw, int block, Pair* dst, Get get) {
+void pack_weight_pairs(const CpuContext& ctx, int c_out, int c_in, int c2, int kh, int kw, int block, Pair* dst,
+                       Get get) {
   const int blocks = (c_out + block - 1) / block, pairs = c2 / 2;
   std::int64_t o = 0;
   if constexpr (std::is_same_v<Get, StridedWeights>) {
+    if (get.ci_step == 1) return pack_contiguous_weight_pairs(ctx, c_out, c_in, pairs, kh, kw, block, dst, get);
     // 32-bit gather offsets: 15 output channels' steps must fit.
     if (std::abs(get.co_step) <= std::numeric_limits<std::int32_t>::max() / 16) {
       const __m512i offsets = _mm512_mullo_epi32(
           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
           _mm512_set1_epi32(static_cast<int>(get.co_step)));
+      // Consecutive output channels (a matrix product's b as it is) are loaded rather than gathered.
+      const bool contiguous = get.co_step == 1;
       auto gather = [&](__mmask16 m, const float* p) {
-        return _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, p, 4);
+        return contiguous ? _mm512_maskz_loadu_epi32(m, p)
+                          : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, p, 4);
       };
-      for (int cb = 0; cb < blocks; ++cb)
-        for (int i = 0; i < kh; ++i)
-          for (int j = 0; j < kw; ++j)
-            for (int k = 0; k < pairs; ++k)
-              for (int b0 = 0; b0 < block; b0 += 16, o += 16) {
-                const int co = cb * block + b0;
-                __m512i pair = _mm512_setzero_si512();
-                if (co < c_out && 2 * k < c_in) {
-                  const __mmask16 m = first_lanes(c_out - co);
-                  const float* p = get.base + co * get.co_step + 2 * k * get.ci_step + i * get.i_step +
-                                   j * get.j_step;
-                  pair = _mm512_srli_epi32(rounded_bits16(gather(m, p)), 16);
-                  if (2 * k + 1 < c_in)
-                    pair = _mm512_or_si512(pair, rounded_bits16(gather(m, p + get.ci_step)));
-                }
-                _mm512_storeu_si512(dst + o, pair);
+      // On the context's threads, in units of one block's kernel position and up to 16 pairs.
+      const int runs = (pairs + 15) / 16;
+      ctx.parallel_for(std::int64_t{blocks} * kh * kw * runs, 16, [&](std::int64_t u0, std::int64_t u1) {
+        for (std::int64_t u = u0; u < u1; ++u) {
+          const std::int64_t cij = u / runs;  // (cb * kh + i) * kw + j
+          const int cb = static_cast<int>(cij / (std::int64_t{kh} * kw));
+          const int i = static_cast<int>(cij / kw % kh), j = static_cast<int>(cij % kw);
+          const int k0 = static_cast<int>(u % runs) * 16;
+          for (int k = k0; k < std::min(pairs, k0 + 16); ++k)
+            for (int b0 = 0; b0 < block; b0 += 16) {
+              const int co = cb * block + b0;
+              __m512i pair = _mm512_setzero_si512();
+              if (co < c_out && 2 * k < c_in) {
+                const __mmask16 m = first_lanes(c_out - co);
+                const float* p = get.base + co * get.co_step + 2 * k * get.ci_step + i * get.i_step +
+                                 j * get.j_step;
+                pair = _mm512_srli_epi32(rounded_bits16(gather(m, p)), 16);
+                if (2 * k + 1 < c_in)
+                  pair = _mm512_or_si512(pair, rounded_bits16(gather(m, p + get.ci_step)));
               }
+              _mm512_storeu_si512(dst + (cij * pairs + k) * block + b0, pair);
+            }
+        }
+      });
       return;
     }
   }

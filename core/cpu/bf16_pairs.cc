@@ -313,7 +313,7 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std:
     const int q_len = s.kw * half;
     const std::int64_t wblock = std::int64_t{s.kh} * q_len * kBlock;
     Pair* wp = scratch_pairs(Scratch::kWeights, blocks * wblock);
-    pack_weight_pairs(s.c_out, s.c_in, c2, s.kh, s.kw, kBlock, wp, get);
+    pack_weight_pairs(ctx, s.c_out, s.c_in, c2, s.kh, s.kw, kBlock, wp, get);
     const float* bias_padded = padded_bias(bias, s.c_out, blocks * kBlock);
     const int hp = s.h + 2 * s.pad_h, wpad = s.w + 2 * s.pad_w;
     const std::int64_t row_step = std::int64_t{wpad} * half;
@@ -356,7 +356,7 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   const std::int64_t row_step = std::int64_t{g.wp} * half;
   Pair* wp = scratch_pairs(Scratch::kWeights, g.phase_offset.back());
   g.pack_phases(s, w, [&](std::int64_t offset, int ma, int mb, auto get) {
-    pack_weight_pairs(s.c_in, s.c_out, c2, ma, mb, kBlock, wp + offset, get);
+    pack_weight_pairs(ctx, s.c_in, s.c_out, c2, ma, mb, kBlock, wp + offset, get);
   });
 
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;

@@ -277,7 +277,7 @@ void gather_max(const float* g_img, const std::int32_t* idx_img, const Windows& 
         sum[k] = I::load(idx_img + o + k * L) == here ? sum[k] + V::load(g_img + o + k * L) : sum[k];
     }
   for (int k = 0; k < K; ++k) {
-    if constexpr (kStream) store_streaming<L>(d + ch + k * L, sum[k]);
+    if constexpr (kStream) store_streaming(d + ch + k * L, sum[k]);
     else V::store(d + ch + k * L, sum[k]);
   }
 }
@@ -296,7 +296,7 @@ void gather_avg(const float* g_img, const Windows& w, float scale, int ch, float
       for (int k = 0; k < K; ++k) sum[k] += V::load(g + k * L) * scale;
     }
   for (int k = 0; k < K; ++k) {
-    if constexpr (kStream) store_streaming<L>(d + ch + k * L, sum[k]);
+    if constexpr (kStream) store_streaming(d + ch + k * L, sum[k]);
     else V::store(d + ch + k * L, sum[k]);
   }
 }

@@ -107,7 +107,7 @@ struct IVec<16> {
 // it is written (write-allocate), and the output then pushes its own input out of the caches.
 // Non-temporal stores write whole lines to memory without reading them. The consumer reads the
 // output from memory either way, since it no longer fits in the caches by the time it is read.
-// Pool backward passes write this way (pool.cc). On a 2-core Zen 4 EPYC, tfcnn's two max-pool
+// Pool gradients are written this way (pool.cc). On a 2-core Zen 4 EPYC, tfcnn's two max-pool
 // gradients took 1.73-1.96 ms per training step against 2.14-2.36 with plain stores
 // (`towerflow_bench_train --model tfcnn --trace`, three alternating runs of 10 steps each).
 // store_streaming needs p aligned to the build's native vector (64 bytes covers all); a thread
@@ -118,22 +118,22 @@ inline bool streaming_aligned(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % kStreamingAlignment == 0;
 }
 
-template <int L>
-inline void store_streaming(float* p, typename Vec<L>::type v) {
+// The bits of v (a 32- or 64-byte vector: Vec8, Vec16 or their int32 twins) stored at p, which
+// holds the same element type.
+template <typename T, typename V>
+inline void store_streaming(T* p, V v) {
+  static_assert(sizeof(V) == 32 || sizeof(V) == 64);
 #if defined(__AVX512F__)
-  if constexpr (L == 16) return _mm512_stream_ps(p, reinterpret_cast<__m512&>(v));
+  if constexpr (sizeof(V) == 64) return _mm512_stream_si512(reinterpret_cast<__m512i*>(p), reinterpret_cast<const __m512i&>(v));
 #endif
 #if defined(__AVX__)
-  if constexpr (L == 8) return _mm256_stream_ps(p, reinterpret_cast<__m256&>(v));
-  if constexpr (L == 16) {
-    _mm256_stream_ps(p, reinterpret_cast<const __m256*>(&v)[0]);
-    return _mm256_stream_ps(p + 8, reinterpret_cast<const __m256*>(&v)[1]);
-  }
-#endif
-#if defined(__SSE2__)
-  for (int i = 0; i < L / 4; ++i) _mm_stream_ps(p + 4 * i, reinterpret_cast<const __m128*>(&v)[i]);
+  for (std::size_t i = 0; i < sizeof(V) / 32; ++i)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p) + i, reinterpret_cast<const __m256i*>(&v)[i]);
+#elif defined(__SSE2__)
+  for (std::size_t i = 0; i < sizeof(V) / 16; ++i)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p) + i, reinterpret_cast<const __m128i*>(&v)[i]);
 #else
-  Vec<L>::store(p, v);
+  std::memcpy(p, &v, sizeof(V));
 #endif
 }
 

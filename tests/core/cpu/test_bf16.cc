@@ -170,6 +170,7 @@ TEST_CASE("bf16 GEMM equals fp32 on bf16-rounded operands, transposed and stride
       {"tfcnn fc2 forward 384->192", false, true, 64, 192, 384, 0},
       {"odd, both transposed, strided rows", true, true, 13, 11, 17, 3},
       {"odd, strided rows", false, false, 7, 5, 9, 2},
+      {"odd, b transposed, pairs past 16 and channels past a block", false, true, 9, 77, 71, 5},
   };
   for (const Bf16Kernels kernels : towerflow::testing::bf16_paths()) {
     const ForceKernels force(kernels);
