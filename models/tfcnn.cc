@@ -31,7 +31,10 @@ Tensor TfCnn::forward(const Tensor& x) {
   Tensor y;
   {
     OpScope scope("pool1");
-    y = max_pool2d_relu(conv1_->forward(x), pool);  // max_pool2d(relu(...)), one pass
+    // max_pool2d(relu(...)), one pass; only conv2 reads it (bf16 under bf16 precision).
+    Pool2dOptions pool1 = pool;
+    pool1.readers = OutputReaders::kConvolutions;
+    y = max_pool2d_relu(conv1_->forward(x), pool1);
   }
   {
     OpScope scope("pool2");

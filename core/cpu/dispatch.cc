@@ -56,6 +56,10 @@ void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const fl
   kernels().max_pool_relu_forward(ctx, s, x, y, argmax);
 }
 
+void max_pool_relu_forward_bf16(const CpuContext& ctx, const Pool2dShape& s, const float* x, std::uint16_t* y, std::int32_t* argmax) {
+  kernels().max_pool_relu_forward_bf16(ctx, s, x, y, argmax);
+}
+
 void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y) {
   kernels().avg_pool_forward(ctx, s, x, y);
 }

@@ -38,6 +38,7 @@ namespace towerflow::cpu {
   X(max_pool_forward) \
   X(max_pool_backward) \
   X(max_pool_relu_forward) \
+  X(max_pool_relu_forward_bf16) \
   X(avg_pool_forward) \
   X(avg_pool_backward) \
   X(batch_norm_forward_training) \

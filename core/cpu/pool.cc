@@ -5,11 +5,14 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "core/cpu/bf16_bits.h"
 #include "core/cpu/simd_impl.h"
 #include "core/error.h"
 
@@ -156,6 +159,37 @@ inline bool any_not_finite(T v) {
 // unrolled). With Relu the maximum is stored through relu_forward's
 // rule (v < 0 ? 0 : v, NaN stays), and the position as -1 where that output is not > 0.
 //
+// Output values: floats as they are, or bf16 bits rounded as bf16_bits.h rounds (to nearest,
+// ties to even; NaN stays NaN, which max pool passes on): L at a time, or one.
+template <int L>
+inline void store_out(float* p, typename Vec<L>::type v) {
+  Vec<L>::store(p, v);
+}
+// The bf16 bits of N floats' bits b (N lanes of uint32), as bf16_bits.h rounds them.
+template <typename U>
+inline U bf16_bits_of(U b) {
+  const U nearest = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  const U quiet_nan = (b >> 16) | 0x40u;
+  const U nan = (U)((b & 0x7fffffffu) > 0x7f800000u);  // all ones where NaN
+  return (quiet_nan & nan) | (nearest & ~nan);
+}
+template <int L>
+inline void store_out(std::uint16_t* p, typename Vec<L>::type v) {
+  typedef std::uint32_t U8 __attribute__((vector_size(32)));
+  typedef std::uint16_t H8 __attribute__((vector_size(16), aligned(2), may_alias));
+  if constexpr (L == 8) {
+    *reinterpret_cast<H8*>(p) = __builtin_convertvector(bf16_bits_of(std::bit_cast<U8>(v)), H8);
+  } else {
+    typedef std::uint32_t U16 __attribute__((vector_size(64)));
+    typedef std::uint16_t H16 __attribute__((vector_size(32), aligned(2), may_alias));
+    *reinterpret_cast<H16*>(p) = __builtin_convertvector(bf16_bits_of(std::bit_cast<U16>(v)), H16);
+  }
+}
+inline void store_out(float* p, float v) { *p = v; }
+inline void store_out(std::uint16_t* p, float v) {
+  *p = static_cast<std::uint16_t>(towerflow::cpu::detail::bf16_bits(std::bit_cast<std::uint32_t>(v)) >> 16);
+}
+
 // Note [Max pool without the NaN test]
 // Taking NaN as well as greater values costs a second compare and an or per element, and GCC
 // adds a third instruction inverting the mask for the selects: 7 instructions per vector of an
@@ -207,8 +241,8 @@ template <int L, int K, int KH, int KW>
   scan_window<true, L, K, KH, KW>(s, img, win, ch, b, at, nullptr);
 }
 
-template <bool Relu, int L, int K, int KH, int KW>
-void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
+template <bool Relu, int L, int K, int KH, int KW, typename Out>
+void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, Out* best,
                 std::int32_t* idx) {
   using V = Vec<L>;
   using I = IVec<L>;
@@ -224,14 +258,14 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
       at[k] = b[k] > V::splat(0.0f) ? at[k] : I::splat(-1);
       b[k] = b[k] < V::splat(0.0f) ? V::splat(0.0f) : b[k];
     }
-    V::store(best + ch + k * L, b[k]);
+    store_out<L>(best + ch + k * L, b[k]);
     if (idx) I::store(idx + ch + k * L, at[k]);
   }
 }
 
 // max_window for the window's size: unrolled for a whole 2x2 or 3x3 window.
-template <bool Relu, int L, int K>
-void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, float* best,
+template <bool Relu, int L, int K, typename Out>
+void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, Out* best,
                 std::int32_t* idx) {
   const int rows = win.h1 - win.h0, cols = win.w1 - win.w0;
   if (rows == 3 && cols == 3) return max_window<Relu, L, K, 3, 3>(s, img, win, ch, best, idx);
@@ -327,8 +361,8 @@ void for_channel_groups(int c, Group group, Rest rest) {
   for (; ch < c; ++ch) rest(ch);
 }
 
-template <bool Relu>
-void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
+template <bool Relu, typename Out>
+void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const float* x, Out* y,
                            std::int32_t* argmax) {
   s.validate();
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
@@ -340,7 +374,7 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
       for (int col = 0; col < ow; ++col) {
         const Window win = clip(s, row, col);
         const std::int64_t o = (r * ow + col) * c;
-        float* best = y + o;
+        Out* best = y + o;
         std::int32_t* idx = argmax ? argmax + o : nullptr;
         const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
         const std::int32_t first_pos = win.h0 * s.w + win.w0;
@@ -361,7 +395,7 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
               }
             }
           if (Relu && !(b > 0.0f)) at = -1;
-          best[ch] = Relu && b < 0.0f ? 0.0f : b;
+          store_out(best + ch, Relu && b < 0.0f ? 0.0f : b);
           if (idx) idx[ch] = at;
         });
       }
@@ -379,6 +413,12 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
 void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                            std::int32_t* argmax) {
   TW_CHECK(argmax != nullptr, "max_pool_relu_forward needs an argmax buffer");
+  max_pool_forward_impl<true>(ctx, s, x, y, argmax);
+}
+
+void max_pool_relu_forward_bf16(const CpuContext& ctx, const Pool2dShape& s, const float* x,
+                                std::uint16_t* y, std::int32_t* argmax) {
+  TW_CHECK(argmax != nullptr, "max_pool_relu_forward_bf16 needs an argmax buffer");
   max_pool_forward_impl<true>(ctx, s, x, y, argmax);
 }
 

@@ -38,6 +38,10 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
 // by max_pool_backward, in one pass.
 void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y,
                            std::int32_t* argmax);
+// max_pool_relu_forward with y stored as bf16 bits (bf16.h's bf16 inputs): each value the float
+// one rounded to nearest even (NaN stays NaN), argmax the same.
+void max_pool_relu_forward_bf16(const CpuContext& ctx, const Pool2dShape& s, const float* x,
+                                std::uint16_t* y, std::int32_t* argmax);
 
 // Average pool, count_include_pad = true.
 void avg_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y);

@@ -125,9 +125,9 @@ class Backend {
   }
 
   // ---- bf16 activations (kBf16Activations) ---------------------------------------------------
-  // Note [bf16 activations] in ops.cc: batch norm + ReLU storing its output as bf16 for the
-  // convolution after it, which reads it as it is. A backend that supports(kBf16Activations)
-  // has all four; the base class has none (DeviceError).
+  // Note [bf16 activations] in ops.cc: batch norm + ReLU, or max pool + ReLU, storing its output
+  // as bf16 for the convolution after it, which reads it as it is. A backend that
+  // supports(kBf16Activations) has all five; the base class has none (DeviceError).
   // batch_norm_forward_training with relu and no residual, y stored as bf16: each value the fp32
   // kernel's y rounded to nearest even; the statistics, saved and running, as there.
   virtual void batch_norm_relu_forward_training_bf16(std::int64_t rows, int c, const float* x,
@@ -137,6 +137,12 @@ class Backend {
                                                      bfloat16* y, float* save_mean,
                                                      float* save_invstd) {
     no_bf16_activations("batch_norm_relu_forward_training_bf16");
+  }
+  // max_pool_forward with relu, y stored as bf16: each value the float32 y rounded to nearest
+  // even, argmax the same.
+  virtual void max_pool_relu_forward_bf16(const Pool2dShape& s, const float* x, bfloat16* y,
+                                          std::int32_t* argmax) {
+    no_bf16_activations("max_pool_relu_forward_bf16");
   }
   // y[i] = x[i] as float32 (exact).
   virtual void widen_bf16(std::int64_t n, const bfloat16* x, float* y) {

@@ -323,6 +323,11 @@ class CpuBackend final : public Backend {
     else
       cpu::max_pool_forward(ctx_, s, x, y, argmax);
   }
+  void max_pool_relu_forward_bf16(const Pool2dShape& s, const float* x, bfloat16* y,
+                                  std::int32_t* argmax) override {
+    const auto span = kernel_span("max_pool_relu_forward_bf16", pool_in(s) + 1.5 * pool_out(s));  // x; y, argmax
+    cpu::max_pool_relu_forward_bf16(ctx_, s, x, reinterpret_cast<std::uint16_t*>(y), argmax);
+  }
   void max_pool_backward(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
                          float* dx) override {
     const auto span = kernel_span("max_pool_backward", 2.0 * pool_out(s) + pool_in(s));  // dy, argmax; dx

@@ -95,8 +95,9 @@ const Device& common_device(std::string_view op, std::initializer_list<const Ten
 void check_float(std::string_view op, const char* what, const Tensor& t) {
   if (t.defined() && t.dtype() == DType::kBFloat16)
     raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32: only Conv2D "
-                           "reads bfloat16 (a batch norm's output stored for convolutions alone, "
-                           "BatchNormOptions::readers); give this op's input OutputReaders::kAny");
+                           "reads bfloat16 (a batch norm's or max pool's output stored for convolutions "
+                           "alone, BatchNormOptions::readers or Pool2dOptions::readers); give this "
+                           "op's input OutputReaders::kAny");
   if (t.defined() && t.dtype() != DType::kFloat32)
     raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32");
 }
@@ -159,7 +160,8 @@ Tensor operand(const Tensor& t, Products p) {
 // that only convolutions read loses nothing when it is stored in bf16 in the first place.
 // batch_norm_relu in training does that where its caller says only convolutions read its output
 // (BatchNormOptions::readers: ResNet's blocks for bn1, which feeds conv2 alone) and the device
-// supports(kBf16Activations). The pass then writes 2 bytes per value instead of 4, the
+// supports(kBf16Activations), and so does max_pool2d_relu (Pool2dOptions::readers: tfcnn's
+// pool1, which feeds conv2 alone; its backward reads argmax only). The pass then writes 2 bytes per value instead of 4, the
 // convolution reads 2 instead of 4 (forward and weight gradient), and the graph keeps that bf16
 // tensor where it kept the float32 one (the batch norm's backward no longer holds it: the ReLU's
 // mask comes from x, Backend::batch_norm_backward). Every result is the same, bit for bit: the
@@ -567,10 +569,17 @@ Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, b
   const Device d = common_device(op, {&x});
   const Pool2dShape s = pool_shape(op, x, opts);
   if (run_on_cpu_instead(op, OpKind::kMaxPool, d)) return max_pool_impl(op, to_cpu(x), opts, relu).to(d);
-  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d);
-  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
   Backend& be = backend_for(d);
-  be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>(), relu);
+  // Stored as bf16 where only convolutions read it (Note [bf16 activations]); the backward reads
+  // argmax alone.
+  const bool bf16_out = relu && opts.readers == OutputReaders::kConvolutions &&
+                        current_precision() == Precision::Bf16 && be.supports(OpKind::kBf16Activations);
+  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
+  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
+  if (bf16_out)
+    be.max_pool_relu_forward_bf16(s, x.data<float>(), y.data<bfloat16>(), argmax.data<std::int32_t>());
+  else
+    be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>(), relu);
   if (needs_grad({&x})) {
     record(y, std::string(op), {x}, [s, argmax, xs = x.shape()](const Tensor& g) {
       Tensor dx = Tensor::empty(xs, g.device());

@@ -65,10 +65,16 @@ Tensor mul(const Tensor& a, const Tensor& b);  // same shapes, elementwise
 Tensor scale(const Tensor& x, float alpha);    // alpha * x
 Tensor sum(const Tensor& x);                   // a one-element tensor [1]
 
+// Which ops read an op's output: any (kAny), or only convolutions (kConvolutions).
+enum class OutputReaders { kAny, kConvolutions };
+
 struct Pool2dOptions {
   int kernel = 2;
   int stride = 2;
   int padding = 0;
+  // With kConvolutions, max_pool2d_relu stores its output as bfloat16 under bf16 precision, where
+  // the device supports(kBf16Activations), as batch_norm_relu does (BatchNormOptions::readers).
+  OutputReaders readers = OutputReaders::kAny;
 };
 // Floor mode; max pool pads with -inf, average pool counts padding (PyTorch's defaults).
 Tensor max_pool2d(const Tensor& x, Pool2dOptions opts);
@@ -82,9 +88,6 @@ Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts);
 Tensor global_avg_pool(const Tensor& x);
 
 class BatchNormSync;  // core/tensor/batch_norm_sync.h
-
-// Which ops read a batch norm's output: any (kAny), or only convolutions (kConvolutions).
-enum class OutputReaders { kAny, kConvolutions };
 
 struct BatchNormOptions {
   bool training = true;   // batch statistics (and running-average update) vs running statistics

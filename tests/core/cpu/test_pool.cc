@@ -360,6 +360,25 @@ TEST_CASE("max pool with its ReLU in one pass equals the pool and the ReLU one a
     max_pool_backward(ctx, s, masked.data(), arg.data(), dx.data());
     max_pool_backward(ctx, s, dy.data(), fused_arg.data(), fused_dx.data());
     CHECK(std::memcmp(fused_dx.data(), dx.data(), dx.size() * sizeof(float)) == 0);
+
+    // With y stored as bf16 bits: the float y rounded to nearest even, NaN kept (as a quiet NaN
+    // of the same sign), the same argmax.
+    std::vector<std::uint16_t> y16(out_size(s), 0x1234);
+    std::vector<std::int32_t> arg16(out_size(s), -7);
+    max_pool_relu_forward_bf16(ctx, s, x.data(), y16.data(), arg16.data());
+    CHECK(arg16 == fused_arg);
+    std::size_t nans = 0, mismatches = 0;
+    for (std::size_t o = 0; o < y.size(); ++o) {
+      std::uint32_t b;
+      std::memcpy(&b, &y[o], sizeof b);
+      const bool nan = std::isnan(y[o]);
+      nans += nan;
+      const std::uint16_t want = nan ? static_cast<std::uint16_t>((b >> 16) | 0x40u)
+                                     : static_cast<std::uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+      if (y16[o] != want && mismatches++ < 5) FAIL_CHECK("output " << o << ": " << y16[o] << ", want " << want << " from " << y[o]);
+    }
+    CHECK(mismatches == 0);
+    CHECK(nans > 0);
   }
 }
 

@@ -284,6 +284,67 @@ TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it
   }
 }
 
+// The same for max_pool2d_relu (tfcnn's pool1): its backward reads argmax only, so the stored bf16
+// output changes nothing but the bytes; its values are the float32 output rounded.
+TEST_CASE("bf16 activations: max pool + ReLU stores bf16 for the convolution after it, bit for bit the same training",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  struct Step {
+    DType stored;
+    std::vector<float> pooled;  // the pool's output as float32 (widened where stored as bf16)
+    std::vector<std::vector<float>> values;  // loss, gradients
+  };
+  auto step = [&](OutputReaders readers) {
+    const PrecisionScope bf16(Precision::Bf16);
+    const Tensor none;
+    Tensor x = Tensor::from_host(randn(2 * 11 * 9 * 3, 31), {2, 11, 9, 3}, cpu);
+    Tensor w1 = Tensor::from_host(randn(32 * 3 * 5 * 5, 32), {32, 3, 5, 5}, cpu);
+    Tensor b1 = Tensor::from_host(randn(32, 33), {32}, cpu);
+    Tensor w2 = Tensor::from_host(randn(24 * 32 * 5 * 5, 34), {24, 32, 5, 5}, cpu);
+    for (Tensor* t : {&x, &w1, &b1, &w2}) t->set_requires_grad(true);
+    const Tensor h = conv2d(x, w1, b1, {.stride = 1, .padding = 2});
+    const Tensor a = max_pool2d_relu(h, {.kernel = 3, .stride = 2, .padding = 1, .readers = readers});
+    const Tensor out = conv2d(a, w2, none, {.stride = 1, .padding = 2});
+    const Tensor loss = sum(mul(out, Tensor::from_host(randn(out.numel(), 35), out.shape(), cpu)));
+    loss.backward();
+    std::vector<float> pooled(static_cast<std::size_t>(a.numel()));
+    if (a.dtype() == DType::kBFloat16)
+      for (std::size_t i = 0; i < pooled.size(); ++i) pooled[i] = from_bits(std::uint32_t(a.data<bfloat16>()[i]) << 16);
+    else
+      pooled = a.to_host();
+    return Step{a.dtype(), pooled,
+                {loss.to_host(), x.grad().to_host(), w1.grad().to_host(), b1.grad().to_host(), w2.grad().to_host()}};
+  };
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    INFO("bf16 kernels: " << cpu::bf16_kernels_name(path));
+    REQUIRE(has_kernel(cpu, OpKind::kBf16Activations));
+    const Step any = step(OutputReaders::kAny), convs = step(OutputReaders::kConvolutions);
+    CHECK(any.stored == DType::kFloat32);
+    CHECK(convs.stored == DType::kBFloat16);
+    for (std::size_t i = 0; i < any.pooled.size(); ++i)
+      if (convs.pooled[i] != round_to_bf16(any.pooled[i])) {
+        FAIL_CHECK("pooled value " << i << ": " << convs.pooled[i] << ", want " << round_to_bf16(any.pooled[i]));
+        break;
+      }
+    const char* names[] = {"loss", "dx", "dw1", "db1", "dw2"};
+    for (std::size_t i = 0; i < any.values.size(); ++i) {
+      INFO(names[i]);
+      CHECK(convs.values[i] == any.values[i]);
+    }
+  }
+  // Outside bf16 precision the option changes nothing; inside, other ops refuse the output, naming
+  // the option.
+  const Tensor x = Tensor::from_host(randn(2 * 6 * 6 * 16, 36), {2, 6, 6, 16}, cpu);
+  const Pool2dOptions convs{.kernel = 3, .stride = 2, .padding = 1, .readers = OutputReaders::kConvolutions};
+  CHECK(max_pool2d_relu(x, convs).dtype() == DType::kFloat32);
+  const PrecisionScope bf16(Precision::Bf16);
+  const Tensor stored = max_pool2d_relu(x, convs);
+  REQUIRE(stored.dtype() == DType::kBFloat16);
+  CHECK_THROWS_WITH(relu(stored), Catch::Contains("Pool2dOptions::readers") && Catch::Contains("OutputReaders::kAny"));
+}
+
 TEST_CASE("bf16 activations: float32 outside bf16 training, and other ops reject bfloat16 by name",
           "[precision][bf16]") {
   const Device cpu = Device::cpu(0);
