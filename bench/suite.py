@@ -204,6 +204,25 @@ def cpu_slug(info):
 # ---------------------------------------------------------------------------------------------
 # Kernels, peaks and bandwidth (Google Benchmark)
 # ---------------------------------------------------------------------------------------------
+def kernel_context(rec, a, limits):
+    """Without the kernels part: the instruction sets of towerflow's kernels and of its bf16
+    kernels, from Google Benchmark's context of the shortest run it has (a baseline FMA loop for
+    10 ms; a run of no benchmark prints no context)."""
+    exe = os.path.join(a.bin, "towerflow_bench_kernels")
+    if not os.path.exists(exe):
+        return
+    rc, out = rec.run([exe, "--benchmark_filter=^peak/fp32_fma/baseline/real_time/threads:1$",
+                       "--benchmark_min_time=0.01",
+                       "--benchmark_format=json"], echo=False)
+    try:
+        ctx = json.JSONDecoder().raw_decode(out[out.index("{"):])[0].get("context", {}) if rc == 0 else {}
+    except ValueError:
+        ctx = {}
+    limits["isa"] = ctx.get("towerflow_isa", "unknown").split()[0]
+    limits["isa_description"] = ctx.get("towerflow_isa", "unknown")
+    limits["bf16_kernels"] = ctx.get("towerflow_bf16_kernels", "unknown")
+
+
 def run_kernels(rec, a, limits, when="start"):
     """Google Benchmark's run: the limits and the kernels (when="start"), or the limits alone
     again (when="end"; Note [Limits measured twice])."""
@@ -957,6 +976,8 @@ def main():
     if "kernels" in parts:
         run_kernels(rec, a, limits)
         run_kernels_second(rec, a, limits)
+    else:
+        kernel_context(rec, a, limits)
     if "train" in parts:
         sweep(rec, a, limits)
     if "peers" in parts:
