@@ -149,16 +149,6 @@ inline bool any_not_finite(T v) {
   return any;
 }
 
-// One window's maximum and its position for channels [ch, ch + K * L): start from the window's
-// first element, then take strictly greater values (the first maximum wins) or NaN (NaN
-// propagates), as PyTorch does. The channels sit in K registers of L lanes, the window runs
-// innermost; the K vectors are independent chains of compare and select. KH x KW > 0 is the
-// window's size known at compile time (a whole 2x2 or 3x3 window inside the image), unrolled:
-// the loop over a window of runtime size costs more than its compares (tfcnn's pool1 forward in
-// `towerflow_bench_kernels --benchmark_filter=maxpool` on a Zen 5: 2.68 ms with the loop, 1.64
-// unrolled). With Relu the maximum is stored through relu_forward's
-// rule (v < 0 ? 0 : v, NaN stays), and the position as -1 where that output is not > 0.
-//
 // Output values: floats as they are, or bf16 bits rounded as bf16_bits.h rounds (to nearest,
 // ties to even; NaN stays NaN, which max pool passes on): L at a time, or one.
 template <int L>
@@ -190,6 +180,17 @@ inline void store_out(std::uint16_t* p, float v) {
   *p = static_cast<std::uint16_t>(towerflow::cpu::detail::bf16_bits(std::bit_cast<std::uint32_t>(v)) >> 16);
 }
 
+// One window's maximum and its position for channels [ch, ch + K * L): start from the window's
+// first element, then take strictly greater values (the first maximum wins) or NaN (NaN
+// propagates), as PyTorch does. The channels sit in K registers of L lanes, the window runs
+// innermost; the K vectors are independent chains of compare and select. KH x KW > 0 is the
+// window's size known at compile time (a whole 2x2 or 3x3 window inside the image), unrolled:
+// the loop over a window of runtime size costs more than its compares (tfcnn's pool1 forward in
+// `towerflow_bench_kernels --benchmark_filter=maxpool` on a Zen 5: 2.68 ms with the loop, 1.64
+// unrolled). With Relu the maximum is stored through relu_forward's
+// rule (v < 0 ? 0 : v, NaN stays), and the position as -1 where that output is not > 0. The
+// maximum goes out as the output's type (store_out: float, or bf16 bits).
+//
 // Note [Max pool without the NaN test]
 // Taking NaN as well as greater values costs a second compare and an or per element, and GCC
 // adds a third instruction inverting the mask for the selects: 7 instructions per vector of an
