@@ -568,7 +568,11 @@ Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, b
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x});
   const Pool2dShape s = pool_shape(op, x, opts);
-  if (run_on_cpu_instead(op, OpKind::kMaxPool, d)) return max_pool_impl(op, to_cpu(x), opts, relu).to(d);
+  if (run_on_cpu_instead(op, OpKind::kMaxPool, d)) {
+    Pool2dOptions on_cpu = opts;  // float32 for d, which may not read bf16 (Note [bf16 activations])
+    on_cpu.readers = OutputReaders::kAny;
+    return max_pool_impl(op, to_cpu(x), on_cpu, relu).to(d);
+  }
   Backend& be = backend_for(d);
   // Stored as bf16 where only convolutions read it (Note [bf16 activations]); the backward reads
   // argmax alone.
@@ -793,8 +797,10 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
 
   if (run_on_cpu_instead(op, synced ? OpKind::kBatchNormSync : OpKind::kBatchNorm, d)) {
     Tensor rm = to_cpu(running_mean), rv = to_cpu(running_var);
+    BatchNormOptions on_cpu = opts;  // float32 for d, which may not read bf16 (Note [bf16 activations])
+    on_cpu.readers = OutputReaders::kAny;
     Tensor y = batch_norm_impl(op, to_cpu(x), to_cpu(residual), relu_on, to_cpu(gamma),
-                               to_cpu(beta), rm, rv, opts)
+                               to_cpu(beta), rm, rv, on_cpu)
                    .to(d);
     if (running_mean.defined() && opts.training) {  // the running statistics changed on the CPU
       NoGradGuard no_grad;

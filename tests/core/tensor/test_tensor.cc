@@ -19,6 +19,7 @@
 #include "core/tensor/device_ops.h"
 #include "core/tensor/mac_counter.h"
 #include "core/tensor/ops.h"
+#include "core/tensor/precision.h"
 #include "core/trace.h"
 
 namespace towerflow {
@@ -414,6 +415,41 @@ TEST_CASE("placement: a missing kernel is an error without soft placement, a log
     }
     CHECK(fallbacks == 1);
     CHECK(conv_lines == 1);
+  }
+  set_backend_for_testing(gpu, nullptr);
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+  set_log_sink(previous_sink);
+}
+
+// Note [bf16 activations]: an op run on /cpu:0 for a device that lacks its kernel hands that
+// device float32, whatever OutputReaders says: the device may not read bfloat16.
+TEST_CASE("placement: a CPU fallback of a pool or batch norm gives float32 to a device without bf16 activations",
+          "[placement][bf16]") {
+  const Device gpu = Device::gpu(0);
+  auto fake_allocator = make_bfc_allocator(make_host_sub_allocator(),
+                                           {.device_name = "/gpu:0 (test)", .limit_bytes = 64 << 20});
+  auto previous_sink = set_log_sink([](LogLevel, std::string_view) {});
+  reset_backends_for_testing();
+  reset_devices_for_testing();
+  initialise_devices(ProcessOptions{.allow_soft_placement = true, .log_device_placement = false});
+  set_backend_for_testing(gpu, make_cpu_backend(gpu, *fake_allocator, 1,
+                                                {OpKind::kMaxPool, OpKind::kBatchNorm, OpKind::kBf16Activations}));
+  {
+    const PrecisionScope bf16(Precision::Bf16);
+    Tensor x = ramp({2, 6, 6, 16}).to(gpu);
+    const Tensor pooled = max_pool2d_relu(x, {.kernel = 3, .stride = 2, .padding = 1,
+                                              .readers = OutputReaders::kConvolutions});
+    CHECK(pooled.device() == gpu);
+    CHECK(pooled.dtype() == DType::kFloat32);
+    // On the CPU itself the same call stores bf16.
+    CHECK(max_pool2d_relu(x.to(kCpu), {.kernel = 3, .stride = 2, .padding = 1,
+                                       .readers = OutputReaders::kConvolutions}).dtype() == DType::kBFloat16);
+    const Tensor gamma = Tensor::full({16}, 1.0f, gpu), beta = Tensor::zeros({16}, gpu);
+    Tensor rm = Tensor::zeros({16}, gpu), rv = Tensor::full({16}, 1.0f, gpu);
+    const Tensor normed = batch_norm_relu(x, gamma, beta, rm, rv, {.readers = OutputReaders::kConvolutions});
+    CHECK(normed.device() == gpu);
+    CHECK(normed.dtype() == DType::kFloat32);
   }
   set_backend_for_testing(gpu, nullptr);
   reset_backends_for_testing();
