@@ -422,8 +422,8 @@ TEST_CASE("placement: a missing kernel is an error without soft placement, a log
   set_log_sink(previous_sink);
 }
 
-// Note [bf16 activations]: an op run on /cpu:0 for a device that lacks its kernel hands that
-// device float32, whatever OutputReaders says: the device may not read bfloat16.
+// An op run on /cpu:0 for a device that lacks its kernel hands that device float32, whatever
+// OutputReaders says: the device may not read bfloat16 (Note [bf16 activations] in ops.cc).
 TEST_CASE("placement: a CPU fallback of a pool or batch norm gives float32 to a device without bf16 activations",
           "[placement][bf16]") {
   const Device gpu = Device::gpu(0);
