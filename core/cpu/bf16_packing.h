@@ -196,6 +196,20 @@ inline void transpose16x16_epi32(__m512i r[16]) {
   }
 }
 
+// fn(cij, cb, i, j, k0) on the context's threads for every block cb, kernel position (i, j) and
+// run of up to 16 pairs from k0: the packers' units of work; cij = (cb * kh + i) * kw + j.
+template <typename Fn>
+void for_pack_units(const CpuContext& ctx, int blocks, int kh, int kw, int pairs, Fn&& fn) {
+  const int runs = (pairs + 15) / 16;
+  ctx.parallel_for(std::int64_t{blocks} * kh * kw * runs, 16, [&](std::int64_t u0, std::int64_t u1) {
+    for (std::int64_t u = u0; u < u1; ++u) {
+      const std::int64_t cij = u / runs;
+      fn(cij, static_cast<int>(cij / (std::int64_t{kh} * kw)), static_cast<int>(cij / kw % kh),
+         static_cast<int>(cij % kw), static_cast<int>(u % runs) * 16);
+    }
+  });
+}
+
 // pack_weight_pairs for weights whose input channels are contiguous (ci_step 1: a matrix
 // product's transposed b), as Note [Packing strided weights] says: the same pairs.
 inline void pack_contiguous_weight_pairs(const CpuContext& ctx, int c_out, int c_in, int pairs, int kh, int kw,
@@ -206,33 +220,26 @@ inline void pack_contiguous_weight_pairs(const CpuContext& ctx, int c_out, int c
                                                                 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
   const __m512i high_words = _mm512_load_si512(kHighWords);
   const auto lanes = [](std::int64_t left) { return left <= 0 ? __mmask16(0) : first_lanes(left); };
-  // Units of work: a block's kernel position and a run of 16 pairs; threads take runs of units.
-  const int blocks = (c_out + block - 1) / block, runs = (pairs + 15) / 16;
-  ctx.parallel_for(std::int64_t{blocks} * kh * kw * runs, 16, [&](std::int64_t u0, std::int64_t u1) {
-    for (std::int64_t u = u0; u < u1; ++u) {
-      const std::int64_t cij = u / runs;  // (cb * kh + i) * kw + j
-      const int k0 = static_cast<int>(u % runs) * 16;
-      const int cb = static_cast<int>(cij / (std::int64_t{kh} * kw));
-      const int i = static_cast<int>(cij / kw % kh), j = static_cast<int>(cij % kw);
-      Pair* out = dst + cij * pairs * block;
-      for (int b0 = 0; b0 < block; b0 += 16) {
-        __m512i r[16];  // row t: pairs k0..k0+15 of output channel cb * block + b0 + t
-        for (int t = 0; t < 16; ++t) {
-          const int co = cb * block + b0 + t;
-          if (co >= c_out) {
-            r[t] = _mm512_setzero_si512();
-            continue;
-          }
-          const float* p = get.base + co * get.co_step + i * get.i_step + j * get.j_step + 2 * k0;
-          const std::int64_t left = c_in - 2 * std::int64_t{k0};
-          const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left), p));
-          const __m512i hi = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left - 16), p + 16));
-          r[t] = _mm512_permutex2var_epi16(lo, high_words, hi);
+  const int blocks = (c_out + block - 1) / block;
+  for_pack_units(ctx, blocks, kh, kw, pairs, [&](std::int64_t cij, int cb, int i, int j, int k0) {
+    Pair* out = dst + cij * pairs * block;
+    for (int b0 = 0; b0 < block; b0 += 16) {
+      __m512i r[16];  // row t: pairs k0..k0+15 of output channel cb * block + b0 + t
+      for (int t = 0; t < 16; ++t) {
+        const int co = cb * block + b0 + t;
+        if (co >= c_out) {
+          r[t] = _mm512_setzero_si512();
+          continue;
         }
-        transpose16x16_epi32(r);
-        for (int k = 0; k < std::min(16, pairs - k0); ++k)
-          _mm512_storeu_si512(out + std::int64_t{k0 + k} * block + b0, r[k]);
+        const float* p = get.base + co * get.co_step + i * get.i_step + j * get.j_step + 2 * k0;
+        const std::int64_t left = c_in - 2 * std::int64_t{k0};
+        const __m512i lo = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left), p));
+        const __m512i hi = rounded_bits16(_mm512_maskz_loadu_epi32(lanes(left - 16), p + 16));
+        r[t] = _mm512_permutex2var_epi16(lo, high_words, hi);
       }
+      transpose16x16_epi32(r);
+      for (int k = 0; k < std::min(16, pairs - k0); ++k)
+        _mm512_storeu_si512(out + std::int64_t{k0 + k} * block + b0, r[k]);
     }
   });
 }
@@ -258,29 +265,21 @@ void pack_weight_pairs(const CpuContext& ctx, int c_out, int c_in, int c2, int k
         return contiguous ? _mm512_maskz_loadu_epi32(m, p)
                           : _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, offsets, p, 4);
       };
-      // On the context's threads, in units of one block's kernel position and up to 16 pairs.
-      const int runs = (pairs + 15) / 16;
-      ctx.parallel_for(std::int64_t{blocks} * kh * kw * runs, 16, [&](std::int64_t u0, std::int64_t u1) {
-        for (std::int64_t u = u0; u < u1; ++u) {
-          const std::int64_t cij = u / runs;  // (cb * kh + i) * kw + j
-          const int cb = static_cast<int>(cij / (std::int64_t{kh} * kw));
-          const int i = static_cast<int>(cij / kw % kh), j = static_cast<int>(cij % kw);
-          const int k0 = static_cast<int>(u % runs) * 16;
-          for (int k = k0; k < std::min(pairs, k0 + 16); ++k)
-            for (int b0 = 0; b0 < block; b0 += 16) {
-              const int co = cb * block + b0;
-              __m512i pair = _mm512_setzero_si512();
-              if (co < c_out && 2 * k < c_in) {
-                const __mmask16 m = first_lanes(c_out - co);
-                const float* p = get.base + co * get.co_step + 2 * k * get.ci_step + i * get.i_step +
-                                 j * get.j_step;
-                pair = _mm512_srli_epi32(rounded_bits16(gather(m, p)), 16);
-                if (2 * k + 1 < c_in)
-                  pair = _mm512_or_si512(pair, rounded_bits16(gather(m, p + get.ci_step)));
-              }
-              _mm512_storeu_si512(dst + (cij * pairs + k) * block + b0, pair);
+      for_pack_units(ctx, blocks, kh, kw, pairs, [&](std::int64_t cij, int cb, int i, int j, int k0) {
+        for (int k = k0; k < std::min(pairs, k0 + 16); ++k)
+          for (int b0 = 0; b0 < block; b0 += 16) {
+            const int co = cb * block + b0;
+            __m512i pair = _mm512_setzero_si512();
+            if (co < c_out && 2 * k < c_in) {
+              const __mmask16 m = first_lanes(c_out - co);
+              const float* p = get.base + co * get.co_step + 2 * k * get.ci_step + i * get.i_step +
+                               j * get.j_step;
+              pair = _mm512_srli_epi32(rounded_bits16(gather(m, p)), 16);
+              if (2 * k + 1 < c_in)
+                pair = _mm512_or_si512(pair, rounded_bits16(gather(m, p + get.ci_step)));
             }
-        }
+            _mm512_storeu_si512(dst + (cij * pairs + k) * block + b0, pair);
+          }
       });
       return;
     }
