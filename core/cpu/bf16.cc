@@ -390,6 +390,22 @@ bool gemm_bf16_with(Bf16Kernels kernels, const CpuContext& ctx, bool trans_a, bo
   return true;
 }
 
+bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                               const Conv2dShape& s, const float* x,
+                                               const float* dy, float* dw) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && p->winograd_backward_weight(ctx, s, x, dy, dw);
+}
+
+bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                               const Conv2dShape& s, const std::uint16_t* x,
+                                               const float* dy, float* dw) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && p->winograd_backward_weight_bf16_input(ctx, s, x, dy, dw);
+}
+
 bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                     const std::uint16_t* x, const float* w,
                                     const float* bias_or_null, float* y) {

@@ -101,6 +101,20 @@ bool conv2d_backward_weight_bf16_with(Bf16Kernels k, const CpuContext& ctx, cons
 bool gemm_bf16_with(Bf16Kernels k, const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n,
                     int k_dim, const float* a, int lda, const float* b, int ldb, float* c, int ldc);
 
+// The weight gradient by Winograd's F(2x2, 3x3) on towerflow's kernels k (avx512bf16 or its
+// emulated twin; Note [bf16 Winograd weight gradient] in bf16_pairs.cc), x as floats or as bf16
+// bits (below): the operands rounded as above, and their transforms rounded to bf16 once more,
+// so within the bf16 tolerance of the other kernels rather than their bits. False, having written
+// nothing, where k has none (other kernels) or the problem is not a 3x3 stride-1 convolution with
+// padding up to 2 and channels in multiples of 8. A candidate of the kernel choice
+// ("winograd-avx512bf16"), never the fixed choice.
+bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                               const Conv2dShape& s, const float* x,
+                                               const float* dy, float* dw);
+bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                               const Conv2dShape& s, const std::uint16_t* x,
+                                               const float* dy, float* dw);
+
 // ---- bf16 inputs ----------------------------------------------------------------------------
 // x stored as bf16 bits (the top half of a float32's; batch_norm_relu_forward_training_bf16 of
 // batch_norm.h writes them), for the forward and the weight gradient: the same results, bit for

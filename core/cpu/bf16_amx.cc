@@ -720,6 +720,11 @@ struct AmxDrivers {
     if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
     amx_weight_grad(ctx, s, x, dy, dw);
   }
+  // No Winograd kernels on AMX tiles.
+  template <typename In>
+  static bool winograd_backward_weight(const CpuContext&, const Conv2dShape&, const In*, const float*, float*) {
+    return false;
+  }
 };
 
 }  // namespace

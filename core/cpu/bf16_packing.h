@@ -428,6 +428,8 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
 //                                                 stride-1 backward input and the GEMM run through
 //   D::backward_input_phases(ctx, s, dy, w, dx)   the other backward inputs
 //   D::backward_weight(ctx, s, x, dy, dw)
+//   D::winograd_backward_weight(ctx, s, x, dy, dw)  the Winograd weight gradient, false where
+//                                                  there is none for s
 template <typename D>
 struct Bf16Table {
   static auto conv(const CpuContext& ctx) {
@@ -465,6 +467,8 @@ struct Bf16Table {
       .gemm = &gemm,
       .forward_bf16_input = &conv2d_forward_bf16_input,
       .backward_weight_bf16_input = &conv2d_backward_weight_bf16_input,
+      .winograd_backward_weight = &D::template winograd_backward_weight<float>,
+      .winograd_backward_weight_bf16_input = &D::template winograd_backward_weight<std::uint16_t>,
   };
 };
 

@@ -22,6 +22,13 @@ struct Bf16KernelTable {
   // bf16.h's bf16 inputs, read as they are.
   decltype(&conv2d_forward_bf16_input) forward_bf16_input;
   decltype(&conv2d_backward_weight_bf16_input) backward_weight_bf16_input;
+  // The weight gradient by Winograd's F(2x2, 3x3) (Note [bf16 Winograd weight gradient] in
+  // bf16_pairs.cc), x as floats or bf16 bits: false, with nothing written, where the object has
+  // none for the problem (3x3 stride-1 kernels with channels in multiples of 8 only; none on AMX).
+  bool (*winograd_backward_weight)(const CpuContext&, const Conv2dShape&, const float* x,
+                                   const float* dy, float* dw);
+  bool (*winograd_backward_weight_bf16_input)(const CpuContext&, const Conv2dShape&,
+                                              const std::uint16_t* x, const float* dy, float* dw);
 };
 
 }  // namespace towerflow::cpu

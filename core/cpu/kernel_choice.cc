@@ -434,8 +434,11 @@ std::vector<std::string> candidate_names(bool bf16) {
   if (bf16) {
     out.emplace_back(bf16_kernels_name(active_bf16_kernels()));
     if (bf16_kernels_fixed()) return out;
-    for (const Bf16Kernels k : runnable_bf16_kernels())
+    for (const Bf16Kernels k : runnable_bf16_kernels()) {
       if (out.front() != bf16_kernels_name(k)) out.emplace_back(bf16_kernels_name(k));
+      // Weight gradients only (Note [bf16 Winograd weight gradient] in bf16_pairs.cc).
+      if (k == Bf16Kernels::Avx512Bf16) out.emplace_back(str("winograd-", bf16_kernels_name(k)));
+    }
     return out;
   }
   out.emplace_back("towerflow");
@@ -475,9 +478,26 @@ Bf16Kernels bf16_by_name(const std::string& name) {
 }
 
 // The fixed choice of a bf16 problem must not decline: oneDNN's reference problems run emulated.
+// A Winograd candidate ("winograd-avx512bf16") declines: it computes weight gradients only
+// (bf16_weight_grad).
 bool bf16_or_emulated(const std::string& name, bool is_fixed, const std::function<bool(Bf16Kernels)>& f) {
+  if (family_of(name) == "winograd") return false;
   if (f(bf16_by_name(name))) return true;
   return is_fixed ? f(Bf16Kernels::Emulated) : false;
+}
+
+// A bf16 weight gradient on candidate `name`: its Winograd kernels (false where they decline),
+// or bf16_or_emulated's. x: floats or bf16 bits.
+template <typename In>
+bool bf16_weight_grad(const std::string& name, bool is_fixed, const CpuContext& ctx,
+                      const Conv2dShape& s, const In* x, const float* dy, float* dw) {
+  if (family_of(name) == "winograd")
+    return conv2d_backward_weight_bf16_winograd_with(bf16_by_name(name.substr(name.find('-') + 1)), ctx, s,
+                                                     x, dy, dw);
+  return bf16_or_emulated(name, is_fixed, [&](Bf16Kernels k) {
+    if constexpr (std::is_same_v<In, float>) return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
+    else return conv2d_backward_weight_bf16_input_with(k, ctx, s, x, dy, dw);
+  });
 }
 
 }  // namespace
@@ -576,10 +596,7 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
   const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
                         .problem = problem, .bf16 = bf16, .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
-    if (bf16)
-      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
-        return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
-      });
+    if (bf16) return bf16_weight_grad(name, name == c.front(), ctx, s, x, dy, dw);
     if (name == "onednn") return onednn::conv2d_backward_weight(ctx, s, x, dy, dw, onednn::Operands::kFp32);
     const KernelTable& k = table_of_candidate(name);
     if (family_of(name) == "winograd") return k.conv2d_backward_weight_winograd(ctx, s, x, dy, dw);
@@ -615,9 +632,7 @@ void conv2d_backward_weight_bf16_input_chosen(const CpuContext& ctx, const Conv2
   const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
                         .problem = problem, .bf16 = true, .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
-    return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
-      return conv2d_backward_weight_bf16_input_with(k, ctx, s, x, dy, dw);
-    });
+    return bf16_weight_grad(name, name == c.front(), ctx, s, x, dy, dw);
   });
 }
 

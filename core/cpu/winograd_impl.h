@@ -1,0 +1,210 @@
+#pragma once
+// The transforms of Winograd's F(2x2, 3x3) (Note [Winograd convolution] in conv.cc), shared by
+// conv.cc's fp32 Winograd kernels and bf16_pairs.cc's bf16 weight gradient. Compiled into each
+// instruction set's namespace, as conv_impl.h is.
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+
+#include "core/cpu/conv.h"
+#include "core/cpu/conv_impl.h"
+#include "core/cpu/simd_impl.h"
+
+namespace towerflow::cpu::TW_ISA::detail {
+
+// Copies img [h][w][c] into dst [hp][wp][c] at (top, left), zeroing the rest.
+inline void embed_image(const float* img, int h, int w, int c, int top, int left, int hp, int wp,
+                 float* dst) {
+  const std::int64_t row = std::int64_t{wp} * c;
+  for (int r = 0; r < hp; ++r) {
+    float* d = dst + r * row;
+    const int src = r - top;
+    if (src < 0 || src >= h) {
+      std::fill(d, d + row, 0.0f);
+      continue;
+    }
+    std::fill(d, d + std::int64_t{left} * c, 0.0f);
+    std::copy(img + std::int64_t{src} * w * c, img + std::int64_t{src + 1} * w * c,
+              d + std::int64_t{left} * c);
+    std::fill(d + std::int64_t{left + w} * c, d + row, 0.0f);
+  }
+}
+
+// Whether winograd_conv computes the convolution s.
+inline bool winograd_applies(const Conv2dShape& s) {
+  return s.kh == 3 && s.kw == 3 && s.stride_h == 1 && s.stride_w == 1 && s.pad_h <= 2 &&
+         s.pad_w <= 2 && s.c_in % 8 == 0 && s.c_out % 8 == 0;
+}
+
+// u = G g G^T for one (output channel, input channel): g[i][j] = get(i, j), u[xi], xi = 4 r + c.
+template <typename Get>
+void winograd_weight(Get get, float* u) {
+  float gg[4][3];  // G g
+  for (int j = 0; j < 3; ++j) {
+    const float a = get(0, j), b = get(1, j), c = get(2, j);
+    gg[0][j] = a;
+    gg[1][j] = 0.5f * (a + b + c);
+    gg[2][j] = 0.5f * (a - b + c);
+    gg[3][j] = c;
+  }
+  for (int r = 0; r < 4; ++r) {
+    const float a = gg[r][0], b = gg[r][1], c = gg[r][2];
+    u[4 * r + 0] = a;
+    u[4 * r + 1] = 0.5f * (a + b + c);
+    u[4 * r + 2] = 0.5f * (a - b + c);
+    u[4 * r + 3] = c;
+  }
+}
+
+// The input transforms V = B^T d B of one tile, c_in channels: d the 4x4 patch at p (rows
+// `row` floats apart, pixels c_in), V[xi] written at v + xi * plane.
+inline void winograd_input(const float* __restrict p, std::int64_t row, int c_in,
+                           float* __restrict v, std::int64_t plane) {
+  for (int c0 = 0; c0 < c_in; c0 += 8) {
+    Vec8 e[4][4];  // d B
+    for (int r = 0; r < 4; ++r) {
+      const float* q = p + r * row + c0;
+      const Vec8 d0 = load8(q), d1 = load8(q + c_in), d2 = load8(q + 2 * c_in), d3 = load8(q + 3 * c_in);
+      e[r][0] = d0 - d2;
+      e[r][1] = d1 + d2;
+      e[r][2] = d2 - d1;
+      e[r][3] = d1 - d3;
+    }
+    for (int j = 0; j < 4; ++j) {
+      store8(v + (0 + j) * plane + c0, e[0][j] - e[2][j]);
+      store8(v + (4 + j) * plane + c0, e[1][j] + e[2][j]);
+      store8(v + (8 + j) * plane + c0, e[2][j] - e[1][j]);
+      store8(v + (12 + j) * plane + c0, e[1][j] - e[3][j]);
+    }
+  }
+}
+
+// The output transform Y = A^T m A of one tile, c_out channels: m[xi] at m + xi * plane, the
+// 2x2 outputs (rows x cols of them inside the image) at y (rows `row` floats apart, pixels c_out
+// apart), plus bias (nullable), written or added (store).
+inline void winograd_output(const float* __restrict m, std::int64_t plane, int c_out,
+                            const float* bias, Store store, float* __restrict y, std::int64_t row,
+                            int rows, int cols) {
+  for (int c0 = 0; c0 < c_out; c0 += 8) {
+    Vec8 s0[4], s1[4];  // A^T m
+    for (int j = 0; j < 4; ++j) {
+      const Vec8 m0 = load8(m + (0 + j) * plane + c0), m1 = load8(m + (4 + j) * plane + c0),
+                 m2 = load8(m + (8 + j) * plane + c0), m3 = load8(m + (12 + j) * plane + c0);
+      s0[j] = m0 + m1 + m2;
+      s1[j] = m1 - m2 - m3;
+    }
+    Vec8 out[2][2] = {{s0[0] + s0[1] + s0[2], s0[1] - s0[2] - s0[3]},
+                      {s1[0] + s1[1] + s1[2], s1[1] - s1[2] - s1[3]}};
+    if (bias) {
+      const Vec8 b = load8(bias + c0);
+      for (auto& r : out)
+        for (Vec8& o : r) o += b;
+    }
+    for (int a = 0; a < rows; ++a)
+      for (int b = 0; b < cols; ++b) {
+        float* o = y + a * row + b * c_out + c0;
+        store8(o, store == Store::kAdd ? load8(o) + out[a][b] : out[a][b]);
+      }
+  }
+}
+
+// The 2x2 output tiles of one image of s for Winograd, in balanced groups of at most `most`
+// tiles, and the buffers of a group: [16][group][c_in] transformed inputs and [16][group][ld_m]
+// products or transformed dy, whose 16 planes (one per xi) are 64 bytes more than a whole number
+// of 4 KiB apart, so that the transforms' 16 streams fall in different sets of L1 rather than in
+// one. The input is read from a copy with its padding and an even number of rows and columns
+// (pad_image), so that every tile's 4x4 patch is inside it.
+struct WinogradTiles {
+  int c_in, c_out, oh, ow, th, tw, hp, wp;
+  std::int64_t image_tiles, per_image, group, v_plane, m_plane, pad_row, y_row;
+  WinogradTiles(const Conv2dShape& s, std::int64_t ld_m, std::int64_t most)
+      : c_in(s.c_in), c_out(s.c_out), oh(s.out_h()), ow(s.out_w()), th((oh + 1) / 2),
+        tw((ow + 1) / 2), hp(2 * th + 2), wp(2 * tw + 2), image_tiles(std::int64_t{th} * tw),
+        per_image((image_tiles + most - 1) / most), group((image_tiles + per_image - 1) / per_image),
+        v_plane(group * c_in + 16), m_plane(group * ld_m + 16), pad_row(std::int64_t{wp} * c_in),
+        y_row(std::int64_t{ow} * c_out) {}
+  // Image `image` of s's input ([h][w][c_in]) into dst ([hp][wp][c_in]) at (pad_h, pad_w).
+  void pad_image(const Conv2dShape& s, const float* image, float* dst) const {
+    embed_image(image, s.h, s.w, c_in, s.pad_h, s.pad_w, hp, wp, dst);
+  }
+  // Calls tile(t, patch, out, rows, cols) for the tiles t = 0, 1, ... of group k of an image:
+  // patch its 4x4 input in the padded image img, out the offset of its first output pixel in the
+  // image's y (or dy), rows x cols of its 2x2 outputs inside the image. Returns the tile count.
+  template <typename Tile>
+  int for_each_tile(std::int64_t k, const float* img, Tile&& tile) const {
+    const std::int64_t t0 = image_tiles * k / per_image;
+    const int count = static_cast<int>(image_tiles * (k + 1) / per_image - t0);
+    for (int t = 0; t < count; ++t) {
+      const int ty = static_cast<int>((t0 + t) / tw), tx = static_cast<int>((t0 + t) % tw);
+      tile(t, img + 2 * ty * pad_row + std::int64_t{2 * tx} * c_in,
+           2 * ty * y_row + std::int64_t{2 * tx} * c_out, std::min(2, oh - 2 * ty),
+           std::min(2, ow - 2 * tx));
+    }
+    return count;
+  }
+};
+
+// v rounded to bf16 in each lane, as bf16_bits.h rounds (to nearest, ties to even; NaN stays NaN).
+inline Vec8 round8_to_bf16(Vec8 v) {
+  typedef std::uint32_t U8 __attribute__((vector_size(32)));
+  const U8 b = std::bit_cast<U8>(v);
+  const U8 nearest = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
+  const U8 quiet_nan = (b & 0xffff0000u) | 0x00400000u;
+  return std::bit_cast<Vec8>((b & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest);
+}
+
+// dM = A dY A^T of one tile, c_out channels: the adjoint of winograd_output, from the tile's 2x2
+// dy at y (rows x cols of them inside the image, the rest zero; each rounded to bf16 first with
+// kBf16), dM[xi] written at m + xi * plane.
+template <bool kBf16 = false>
+inline void winograd_output_adjoint(const float* __restrict y, std::int64_t row, int c_out,
+                                    int rows, int cols, float* __restrict m, std::int64_t plane) {
+  for (int c0 = 0; c0 < c_out; c0 += 8) {
+    Vec8 d[2][2];
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b) {
+        d[a][b] = a < rows && b < cols ? load8(y + a * row + b * c_out + c0) : splat8(0.0f);
+        if constexpr (kBf16) d[a][b] = round8_to_bf16(d[a][b]);
+      }
+    const Vec8 z[4][2] = {{d[0][0], d[0][1]},  // A dY
+                          {d[0][0] + d[1][0], d[0][1] + d[1][1]},
+                          {d[0][0] - d[1][0], d[0][1] - d[1][1]},
+                          {-d[1][0], -d[1][1]}};
+    for (int r = 0; r < 4; ++r) {
+      store8(m + (4 * r + 0) * plane + c0, z[r][0]);
+      store8(m + (4 * r + 1) * plane + c0, z[r][0] + z[r][1]);
+      store8(m + (4 * r + 2) * plane + c0, z[r][0] - z[r][1]);
+      store8(m + (4 * r + 3) * plane + c0, -z[r][1]);
+    }
+  }
+}
+
+// dw = G^T dU G for one (output channel, input channel): dU[xi] = du(xi), dw[i][j] written by
+// set(i, j, value). The adjoint of winograd_weight.
+template <typename Get, typename Set>
+void winograd_weight_adjoint(Get du, Set set) {
+  float t[3][4];  // G^T dU
+  for (int c = 0; c < 4; ++c) {
+    const float d0 = du(c), d1 = du(4 + c), d2 = du(8 + c), d3 = du(12 + c);
+    t[0][c] = d0 + 0.5f * (d1 + d2);
+    t[1][c] = 0.5f * (d1 - d2);
+    t[2][c] = 0.5f * (d1 + d2) + d3;
+  }
+  for (int i = 0; i < 3; ++i) {
+    set(i, 0, t[i][0] + 0.5f * (t[i][1] + t[i][2]));
+    set(i, 1, 0.5f * (t[i][1] - t[i][2]));
+    set(i, 2, 0.5f * (t[i][1] + t[i][2]) + t[i][3]);
+  }
+}
+
+// dw (OIHW, 3x3) = G^T dU G for every (output channel, input channel) of s, dU [16][c_in][ld_m].
+inline void winograd_weight_grad_out(const Conv2dShape& s, const float* du, std::int64_t ld_m, float* dw) {
+  for (int co = 0; co < s.c_out; ++co)
+    for (int ci = 0; ci < s.c_in; ++ci)
+      winograd_weight_adjoint(
+          [&](int xi) { return du[(std::int64_t{xi} * s.c_in + ci) * ld_m + co]; },
+          [&](int i, int j, float v) { dw[((std::int64_t{co} * s.c_in + ci) * 3 + i) * 3 + j] = v; });
+}
+
+}  // namespace towerflow::cpu::TW_ISA::detail
