@@ -406,6 +406,30 @@ bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& 
   return p && p->winograd_backward_weight_bf16_input(ctx, s, x, dy, dw);
 }
 
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const float* x, const float* w, const float* bias_or_null,
+                                       float* y) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && p->winograd_forward(ctx, s, x, w, bias_or_null, y);
+}
+
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, float* y) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && p->winograd_forward_bf16_input(ctx, s, x, w, bias_or_null, y);
+}
+
+bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                              const Conv2dShape& s, const float* dy,
+                                              const float* w, float* dx) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && p->winograd_backward_input(ctx, s, dy, w, dx);
+}
+
 bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                     const std::uint16_t* x, const float* w,
                                     const float* bias_or_null, float* y) {

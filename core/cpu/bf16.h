@@ -20,7 +20,8 @@
 // FMAs, amx-emulated the AMX kernels with the tiles emulated (any AVX-512 CPU; for testing,
 // slower than emulated); emulated runs emulated anywhere.
 // oneDNN's own ONEDNN_MAX_CPU_ISA (e.g. AVX512_CORE_BF16 on an AMX CPU) lowers the instructions
-// it uses.
+// it uses. The kernel choice (kernel_choice.h) also measures towerflow's Winograd F(2x2, 3x3)
+// kernels on AVX512-BF16 for 3x3 stride-1 layers (the *_bf16_winograd_with calls below).
 //
 // Contract:
 // - The arguments, layouts and overwrite rules of conv.h and gemm.h (alpha = 1, beta = 0).
@@ -106,7 +107,7 @@ bool gemm_bf16_with(Bf16Kernels k, const CpuContext& ctx, bool trans_a, bool tra
 // bits (below): the operands rounded as above, and their transforms rounded to bf16 once more,
 // so within the bf16 tolerance of the other kernels rather than their bits. False, having written
 // nothing, where k has none (other kernels) or the problem is not a 3x3 stride-1 convolution with
-// padding up to 2 and channels in multiples of 8. A candidate of the kernel choice
+// padding up to 2 and channels in multiples of 8. Candidates of the kernel choice
 // ("winograd-avx512bf16"), never the fixed choice.
 bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                                const Conv2dShape& s, const float* x,
@@ -114,6 +115,18 @@ bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& 
 bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                                const Conv2dShape& s, const std::uint16_t* x,
                                                const float* dy, float* dw);
+// The forward and the backward input by the same, the same way (Note [bf16 Winograd
+// convolution] in bf16_pairs.cc); the backward input at stride 1 only, as the forward of dy with
+// the flipped kernel (a padding of 1 or 2 in the forward is then one of 1 or 0).
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const float* x, const float* w, const float* bias_or_null,
+                                       float* y);
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, float* y);
+bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
+                                              const Conv2dShape& s, const float* dy,
+                                              const float* w, float* dx);
 
 // ---- bf16 inputs ----------------------------------------------------------------------------
 // x stored as bf16 bits (the top half of a float32's; batch_norm_relu_forward_training_bf16 of

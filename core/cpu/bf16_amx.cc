@@ -725,6 +725,10 @@ struct AmxDrivers {
   static bool winograd_backward_weight(const CpuContext&, const Conv2dShape&, const In*, const float*, float*) {
     return false;
   }
+  template <typename In, typename Get>
+  static bool winograd_conv(const CpuContext&, const Conv2dShape&, const In*, const float*, float*, Get) {
+    return false;
+  }
 };
 
 }  // namespace

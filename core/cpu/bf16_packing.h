@@ -430,6 +430,7 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
 //   D::backward_weight(ctx, s, x, dy, dw)
 //   D::winograd_backward_weight(ctx, s, x, dy, dw)  the Winograd weight gradient, false where
 //                                                  there is none for s
+//   D::winograd_conv(ctx, s, x, bias, y, get)       the Winograd convolution, the same
 template <typename D>
 struct Bf16Table {
   static auto conv(const CpuContext& ctx) {
@@ -456,6 +457,22 @@ struct Bf16Table {
                                      const float* dy, float* dw) {
     D::backward_weight(ctx, s, x, dy, dw);
   }
+  template <typename In>
+  static bool winograd_forward(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* w,
+                               const float* bias_or_null, float* y) {
+    return D::winograd_conv(ctx, s, x, bias_or_null, y,
+                            StridedWeights{.base = w, .co_step = std::int64_t{s.c_in} * s.kh * s.kw,
+                                           .ci_step = std::int64_t{s.kh} * s.kw, .i_step = s.kw, .j_step = 1});
+  }
+  static bool winograd_backward_input(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                      const float* w, float* dx) {
+    bool ran = false;
+    backward_input_as_forward(s, dy, w, dx, [&](const Conv2dShape& t, const float* in, std::int64_t, const float*,
+                                               float* out, std::int64_t, StridedWeights get) {
+      ran = D::winograd_conv(ctx, t, in, nullptr, out, get);
+    });
+    return ran;
+  }
   static void gemm(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                    int lda, const float* b, int ldb, float* c, int ldc) {
     gemm_as_conv(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, conv(ctx));
@@ -469,6 +486,9 @@ struct Bf16Table {
       .backward_weight_bf16_input = &conv2d_backward_weight_bf16_input,
       .winograd_backward_weight = &D::template winograd_backward_weight<float>,
       .winograd_backward_weight_bf16_input = &D::template winograd_backward_weight<std::uint16_t>,
+      .winograd_forward = &winograd_forward<float>,
+      .winograd_forward_bf16_input = &winograd_forward<std::uint16_t>,
+      .winograd_backward_input = &winograd_backward_input,
   };
 };
 

@@ -29,6 +29,13 @@ struct Bf16KernelTable {
                                    const float* dy, float* dw);
   bool (*winograd_backward_weight_bf16_input)(const CpuContext&, const Conv2dShape&,
                                               const std::uint16_t* x, const float* dy, float* dw);
+  // The forward and the stride-1 backward input by the same (Note [bf16 Winograd convolution]).
+  bool (*winograd_forward)(const CpuContext&, const Conv2dShape&, const float* x, const float* w,
+                           const float* bias_or_null, float* y);
+  bool (*winograd_forward_bf16_input)(const CpuContext&, const Conv2dShape&, const std::uint16_t* x,
+                                      const float* w, const float* bias_or_null, float* y);
+  bool (*winograd_backward_input)(const CpuContext&, const Conv2dShape&, const float* dy,
+                                  const float* w, float* dx);
 };
 
 }  // namespace towerflow::cpu

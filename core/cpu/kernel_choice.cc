@@ -436,7 +436,7 @@ std::vector<std::string> candidate_names(bool bf16) {
     if (bf16_kernels_fixed()) return out;
     for (const Bf16Kernels k : runnable_bf16_kernels()) {
       if (out.front() != bf16_kernels_name(k)) out.emplace_back(bf16_kernels_name(k));
-      // Weight gradients only (Note [bf16 Winograd weight gradient] in bf16_pairs.cc).
+      // 3x3 stride-1 convolutions only (Note [bf16 Winograd convolution] in bf16_pairs.cc).
       if (k == Bf16Kernels::Avx512Bf16) out.emplace_back(str("winograd-", bf16_kernels_name(k)));
     }
     return out;
@@ -478,26 +478,46 @@ Bf16Kernels bf16_by_name(const std::string& name) {
 }
 
 // The fixed choice of a bf16 problem must not decline: oneDNN's reference problems run emulated.
-// A Winograd candidate ("winograd-avx512bf16") declines: it computes weight gradients only
-// (bf16_weight_grad).
+// A Winograd candidate ("winograd-avx512bf16") declines: the convolutions run it through
+// bf16_conv, and matrix products have none.
 bool bf16_or_emulated(const std::string& name, bool is_fixed, const std::function<bool(Bf16Kernels)>& f) {
   if (family_of(name) == "winograd") return false;
   if (f(bf16_by_name(name))) return true;
   return is_fixed ? f(Bf16Kernels::Emulated) : false;
 }
 
-// A bf16 weight gradient on candidate `name`: its Winograd kernels (false where they decline),
-// or bf16_or_emulated's. x: floats or bf16 bits.
+// A bf16 convolution pass on candidate `name`: winograd(k) on the Winograd kernels of the
+// candidate's family k (false where they decline), else direct(k) as bf16_or_emulated runs it.
+template <typename Winograd, typename Direct>
+bool bf16_conv(const std::string& name, bool is_fixed, Winograd&& winograd, Direct&& direct) {
+  if (family_of(name) == "winograd") return winograd(bf16_by_name(name.substr(name.find('-') + 1)));
+  return bf16_or_emulated(name, is_fixed, direct);
+}
+
+// The bf16 weight gradient on candidate `name`. x: floats or bf16 bits.
 template <typename In>
 bool bf16_weight_grad(const std::string& name, bool is_fixed, const CpuContext& ctx,
                       const Conv2dShape& s, const In* x, const float* dy, float* dw) {
-  if (family_of(name) == "winograd")
-    return conv2d_backward_weight_bf16_winograd_with(bf16_by_name(name.substr(name.find('-') + 1)), ctx, s,
-                                                     x, dy, dw);
-  return bf16_or_emulated(name, is_fixed, [&](Bf16Kernels k) {
-    if constexpr (std::is_same_v<In, float>) return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
-    else return conv2d_backward_weight_bf16_input_with(k, ctx, s, x, dy, dw);
-  });
+  return bf16_conv(
+      name, is_fixed,
+      [&](Bf16Kernels k) { return conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x, dy, dw); },
+      [&](Bf16Kernels k) {
+        if constexpr (std::is_same_v<In, float>) return conv2d_backward_weight_bf16_with(k, ctx, s, x, dy, dw);
+        else return conv2d_backward_weight_bf16_input_with(k, ctx, s, x, dy, dw);
+      });
+}
+
+// The bf16 forward on candidate `name`. x: floats or bf16 bits.
+template <typename In>
+bool bf16_forward(const std::string& name, bool is_fixed, const CpuContext& ctx, const Conv2dShape& s,
+                  const In* x, const float* w, const float* bias_or_null, float* y) {
+  return bf16_conv(
+      name, is_fixed,
+      [&](Bf16Kernels k) { return conv2d_forward_bf16_winograd_with(k, ctx, s, x, w, bias_or_null, y); },
+      [&](Bf16Kernels k) {
+        if constexpr (std::is_same_v<In, float>) return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
+        else return conv2d_forward_bf16_input_with(k, ctx, s, x, w, bias_or_null, y);
+      });
 }
 
 }  // namespace
@@ -527,10 +547,7 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
                         .pass = "forward", .problem = problem, .bf16 = bf16,
                         .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
-    if (bf16)
-      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
-        return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
-      });
+    if (bf16) return bf16_forward(name, name == c.front(), ctx, s, x, w, bias_or_null, y);
     if (name == "onednn") return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y, onednn::Operands::kFp32);
     const KernelTable& k = table_of_candidate(name);
     if (family_of(name) == "winograd") return k.conv2d_forward_winograd(ctx, s, x, w, bias_or_null, y);
@@ -558,9 +575,10 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
   const ChoiceProblem p = backward_input_problem(s, bf16, ctx.threads());
   run_chosen(p, layer, c, [&](const std::string& name) {
     if (bf16)
-      return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
-        return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx);
-      });
+      return bf16_conv(
+          name, name == c.front(),
+          [&](Bf16Kernels k) { return conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy, w, dx); },
+          [&](Bf16Kernels k) { return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, dx); });
     if (name == "onednn") return onednn::conv2d_backward_input(ctx, s, dy, w, dx, onednn::Operands::kFp32);
     const KernelTable& k = table_of_candidate(name);
     if (family_of(name) == "winograd") return k.conv2d_backward_input_winograd(ctx, s, dy, w, dx);
@@ -616,9 +634,7 @@ void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& 
                         .pass = "forward", .problem = problem, .bf16 = true,
                         .threads = ctx.threads()};
   run_chosen(p, layer, c, [&](const std::string& name) {
-    return bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
-      return conv2d_forward_bf16_input_with(k, ctx, s, x, w, bias_or_null, y);
-    });
+    return bf16_forward(name, name == c.front(), ctx, s, x, w, bias_or_null, y);
   });
 }
 

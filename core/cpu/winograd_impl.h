@@ -4,7 +4,6 @@
 // instruction set's namespace, as conv_impl.h is.
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 
 #include "core/cpu/conv.h"
@@ -145,28 +144,15 @@ struct WinogradTiles {
   }
 };
 
-// v rounded to bf16 in each lane, as bf16_bits.h rounds (to nearest, ties to even; NaN stays NaN).
-inline Vec8 round8_to_bf16(Vec8 v) {
-  typedef std::uint32_t U8 __attribute__((vector_size(32)));
-  const U8 b = std::bit_cast<U8>(v);
-  const U8 nearest = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;
-  const U8 quiet_nan = (b & 0xffff0000u) | 0x00400000u;
-  return std::bit_cast<Vec8>((b & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest);
-}
-
 // dM = A dY A^T of one tile, c_out channels: the adjoint of winograd_output, from the tile's 2x2
-// dy at y (rows x cols of them inside the image, the rest zero; each rounded to bf16 first with
-// kBf16), dM[xi] written at m + xi * plane.
-template <bool kBf16 = false>
+// dy at y (rows x cols of them inside the image, the rest zero), dM[xi] written at m + xi * plane.
 inline void winograd_output_adjoint(const float* __restrict y, std::int64_t row, int c_out,
                                     int rows, int cols, float* __restrict m, std::int64_t plane) {
   for (int c0 = 0; c0 < c_out; c0 += 8) {
     Vec8 d[2][2];
     for (int a = 0; a < 2; ++a)
-      for (int b = 0; b < 2; ++b) {
+      for (int b = 0; b < 2; ++b)
         d[a][b] = a < rows && b < cols ? load8(y + a * row + b * c_out + c0) : splat8(0.0f);
-        if constexpr (kBf16) d[a][b] = round8_to_bf16(d[a][b]);
-      }
     const Vec8 z[4][2] = {{d[0][0], d[0][1]},  // A dY
                           {d[0][0] + d[1][0], d[0][1] + d[1][1]},
                           {d[0][0] - d[1][0], d[0][1] - d[1][1]},

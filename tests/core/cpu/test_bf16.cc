@@ -139,12 +139,12 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
   }
 }
 
-TEST_CASE("bf16 Winograd weight gradient: near fp32 on the rounded operands, the same bits for a bf16 x, "
+TEST_CASE("bf16 Winograd convolutions: near fp32 on the rounded operands, the same bits for a bf16 x, "
           "any thread count and the emulated instruction",
           "[bf16]") {
-  // Note [bf16 Winograd weight gradient] (bf16_pairs.cc): the transforms are rounded to bf16 once
-  // more, so the result is not the direct kernels' bits but within the bf16 tolerance of the fp32
-  // gradient of the rounded operands.
+  // Note [bf16 Winograd convolution] and Note [bf16 Winograd weight gradient] (bf16_pairs.cc):
+  // the transforms are rounded to bf16 once more, so the results are not the direct kernels' bits
+  // but within the bf16 tolerance of fp32 on the rounded operands.
   struct Case {
     const char* name;
     Conv2dShape s;
@@ -154,13 +154,13 @@ TEST_CASE("bf16 Winograd weight gradient: near fp32 on the rounded operands, the
       {"resnet20 32->32", {.n = 3, .h = 16, .w = 16, .c_in = 32, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
       {"resnet20 64->64", {.n = 5, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
       // Odd outputs: the last row and column of tiles half outside the image, an odd tile count
-      // (a tile pair with one tile), 8 input lanes of 16, a partial block of output channels.
+      // (a tile pair with one tile), 8 lanes of 16, a partial block of output channels.
       {"odd 8->40 on 7x9", {.n = 3, .h = 7, .w = 9, .c_in = 8, .c_out = 40, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}},
       {"24->8 on 6x10, no padding", {.n = 2, .h = 6, .w = 10, .c_in = 24, .c_out = 8, .kh = 3, .kw = 3}},
       {"16->24 on 5x5, padding 2", {.n = 2, .h = 5, .w = 5, .c_in = 16, .c_out = 24, .kh = 3, .kw = 3, .pad_h = 2, .pad_w = 2}},
   };
   const towerflow::testing::AutomaticBf16Kernels automatic;
-  std::vector<std::vector<float>> first;  // the first path's results, case by case
+  std::vector<std::vector<float>> first;  // the first path's results, case by case and pass by pass
   bool any = false;
   for (const Bf16Kernels k : {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated}) {
     if (!towerflow::testing::bf16_path_runs(k)) continue;  // the WARN says why
@@ -168,53 +168,77 @@ TEST_CASE("bf16 Winograd weight gradient: near fp32 on the rounded operands, the
       const Conv2dShape& s = cases[i].s;
       const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * 9,
                         yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
-      const auto x = random_vector(xn, 31), dy = random_vector(yn, 32);
-      const auto xr = rounded(x), dyr = rounded(dy);
-      std::vector<float> ref(wn), direct(wn), dw[2] = {std::vector<float>(wn, NAN), std::vector<float>(wn, NAN)};
+      const auto x = random_vector(xn, 31), w = random_vector(wn, 35), dy = random_vector(yn, 32),
+                 bias = random_vector(std::size_t(s.c_out), 36);
+      const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+      // out[t][pass]: forward, backward input, weight gradient, on 1 (t = 0) and 3 threads.
+      std::vector<float> out[2][3];
       for (int t = 0; t < 2; ++t) {
         const CpuContext ctx(t == 0 ? 1 : 3);
-        REQUIRE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw[t].data()));
+        out[t][0].assign(yn, NAN), out[t][1].assign(xn, NAN), out[t][2].assign(wn, NAN);
+        REQUIRE(conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), bias.data(), out[t][0].data()));
+        REQUIRE(conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), out[t][1].data()));
+        REQUIRE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), out[t][2].data()));
       }
       const CpuContext ctx(2);
-      conv2d_backward_weight(ctx, s, xr.data(), dyr.data(), ref.data());
-      REQUIRE(conv2d_backward_weight_bf16_with(k, ctx, s, x.data(), dy.data(), direct.data()));
-      INFO(bf16_kernels_name(k) << ": " << cases[i].name << " (" << s.to_string() << ")");
-      const auto e = compare(dw[0], ref), ed = compare(direct, ref);
-      INFO("Winograd against fp32 on rounded operands: " << e.describe() << "; the direct kernels: " << ed.describe());
-      CHECK(e.max_error < kBf16Tolerance);
-      CHECK(e.max_error > ed.max_error);  // the transforms were rounded
-      CHECK(dw[1] == dw[0]);              // 3 threads: the same bits as 1
+      std::vector<float> ref[3] = {std::vector<float>(yn), std::vector<float>(xn), std::vector<float>(wn)};
+      std::vector<float> direct[3] = {std::vector<float>(yn), std::vector<float>(xn), std::vector<float>(wn)};
+      conv2d_forward_bias(ctx, s, xr.data(), wr.data(), bias.data(), ref[0].data());
+      conv2d_backward_input(ctx, s, dyr.data(), wr.data(), ref[1].data());
+      conv2d_backward_weight(ctx, s, xr.data(), dyr.data(), ref[2].data());
+      REQUIRE(conv2d_forward_bf16_with(k, ctx, s, x.data(), w.data(), bias.data(), direct[0].data()));
+      REQUIRE(conv2d_backward_input_bf16_with(k, ctx, s, dy.data(), w.data(), direct[1].data()));
+      REQUIRE(conv2d_backward_weight_bf16_with(k, ctx, s, x.data(), dy.data(), direct[2].data()));
+      for (int pass = 0; pass < 3; ++pass) {
+        INFO(bf16_kernels_name(k) << ": " << cases[i].name << " (" << s.to_string() << "), pass " << pass
+                                  << " (forward, backward input, weight gradient)");
+        const auto e = compare(out[0][pass], ref[pass]), ed = compare(direct[pass], ref[pass]);
+        INFO("Winograd against fp32 on rounded operands: " << e.describe() << "; the direct kernels: " << ed.describe());
+        CHECK(e.max_error < kBf16Tolerance);
+        CHECK(e.max_error > ed.max_error);   // the transforms were rounded
+        CHECK(out[1][pass] == out[0][pass]);  // 3 threads: the same bits as 1
+        // The instruction and its emulation: the same bits (no denormals here).
+        if (first.size() < 3 * cases.size()) first.push_back(out[0][pass]);
+        else CHECK(first[3 * i + pass] == out[0][pass]);
+      }
       // x stored as bf16: the same bits.
       std::vector<std::uint16_t> xb(xn);
       for (std::size_t j = 0; j < xn; ++j) xb[j] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(xr[j]) >> 16);
-      std::vector<float> dwb(wn, NAN);
+      std::vector<float> yb(yn, NAN), dwb(wn, NAN);
+      REQUIRE(conv2d_forward_bf16_winograd_with(k, ctx, s, xb.data(), w.data(), bias.data(), yb.data()));
       REQUIRE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, xb.data(), dy.data(), dwb.data()));
-      CHECK(dwb == dw[0]);
-      // The instruction and its emulation: the same bits (no denormals here).
-      if (first.size() <= i) first.push_back(dw[0]);
-      else CHECK(first[i] == dw[0]);
+      CHECK(yb == out[0][0]);
+      CHECK(dwb == out[0][2]);
     }
-    // What it declines, writing nothing: strides, other kernels, channels not in multiples of 8.
+    // What they decline, writing nothing: strides, other kernels, channels not in multiples of 8.
     const CpuContext ctx(2);
     for (const Conv2dShape& s : {Conv2dShape{.n = 2, .h = 8, .w = 8, .c_in = 16, .c_out = 16, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
                                  Conv2dShape{.n = 2, .h = 8, .w = 8, .c_in = 16, .c_out = 16, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
-                                 Conv2dShape{.n = 2, .h = 8, .w = 8, .c_in = 12, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}}) {
+                                 Conv2dShape{.n = 2, .h = 8, .w = 8, .c_in = 12, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+                                 Conv2dShape{.n = 2, .h = 8, .w = 8, .c_in = 16, .c_out = 12, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}}) {
       INFO(s.to_string());
-      const auto x = random_vector(std::size_t(s.n) * s.h * s.w * s.c_in, 33),
-                 dy = random_vector(std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out, 34);
-      std::vector<float> dw(std::size_t(s.c_out) * s.c_in * s.kh * s.kw, NAN);
+      const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
+                        yn = std::size_t(s.n) * s.out_h() * s.out_w() * s.c_out;
+      const auto x = random_vector(xn, 33), w = random_vector(wn, 37), dy = random_vector(yn, 34);
+      std::vector<float> y(yn, NAN), dx(xn, NAN), dw(wn, NAN);
+      CHECK_FALSE(conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()));
+      CHECK_FALSE(conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()));
       CHECK_FALSE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()));
-      CHECK(std::all_of(dw.begin(), dw.end(), [](float v) { return std::isnan(v); }));
+      for (const auto* v : {&y, &dx, &dw})
+        CHECK(std::all_of(v->begin(), v->end(), [](float f) { return std::isnan(f); }));
     }
     any = true;
   }
   // Other kernels have none.
   const Conv2dShape s{.n = 1, .h = 4, .w = 4, .c_in = 8, .c_out = 8, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
-  const std::vector<float> x(128, 1.0f), dy(128, 1.0f);
-  std::vector<float> dw(576, NAN);
-  for (const Bf16Kernels k : {Bf16Kernels::Emulated, Bf16Kernels::OneDnn})
+  const std::vector<float> x(128, 1.0f), w(576, 1.0f), dy(128, 1.0f);
+  std::vector<float> y(128, NAN), dw(576, NAN);
+  for (const Bf16Kernels k : {Bf16Kernels::Emulated, Bf16Kernels::OneDnn}) {
+    CHECK_FALSE(conv2d_forward_bf16_winograd_with(k, CpuContext(1), s, x.data(), w.data(), nullptr, y.data()));
+    CHECK_FALSE(conv2d_backward_input_bf16_winograd_with(k, CpuContext(1), s, dy.data(), w.data(), y.data()));
     CHECK_FALSE(conv2d_backward_weight_bf16_winograd_with(k, CpuContext(1), s, x.data(), dy.data(), dw.data()));
-  if (!any) WARN("SKIPPED: the bf16 Winograd weight gradient needs an AVX-512 CPU (this one: " << cpu_features() << ")");
+  }
+  if (!any) WARN("SKIPPED: the bf16 Winograd kernels need an AVX-512 CPU (this one: " << cpu_features() << ")");
 }
 
 TEST_CASE("bf16 widened to float: exact for every bit pattern", "[bf16]") {
