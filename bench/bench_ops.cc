@@ -18,7 +18,8 @@
 // kernels where it was measured, the fp32 peak for fp32 rows and for emulated bf16 (which runs
 // the fp32 kernels). The winograd_* rows (Winograd F(2x2, 3x3), 3x3 stride-1 layers) count the
 // direct convolution's multiply-adds, as the training benchmarks do, so that their GFLOP/s compare
-// with the conv_* rows; having 16/36 of those to do, they may pass 100% of the peak.
+// with the conv_* rows; having 16/36 of those to do, they may pass 100% of the peak. With bf16 they
+// are towerflow's bf16 Winograd kernels, where the CPU has AVX512-BF16.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -82,6 +83,9 @@ struct Row {
   double ms = 0.0, gflops = 0.0, gbytes = 0.0;
   double peak_gflops = 0.0;  // the peak this row is measured against (0: none; memory-bound)
   double max_error = 0.0;
+  // The check's bound: 1e-4 against the double reference on the same (rounded) operands; 2e-2, the
+  // bf16 tolerance, for the bf16 Winograd kernels, which round their transforms too.
+  double tol = 1e-4;
   bool ok = true;
 };
 
@@ -175,7 +179,6 @@ int main(int argc, char** argv) {
 
   tw::CpuContext ctx(threads);
   std::mt19937 pick(12345);
-  const double tol = 1e-4;
   std::vector<Row> rows;
   std::vector<std::string> precisions;
   if (precision != "bf16") precisions.push_back("fp32");
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
   };
 
   auto emit = [&](Row r) {
-    r.ok = r.max_error < tol;
+    r.ok = r.max_error < r.tol;
     const std::string op = r.precision == "fp32" ? r.op : r.op + "_" + r.precision;
     if (r.gflops > 0) r.peak_gflops = peak_for(r.precision);
     char share[16] = "";
@@ -234,6 +237,9 @@ int main(int argc, char** argv) {
               "% peak", "GB/s", "check (max rel err)");
 
   // ---- convolutions (fp32 and/or bf16: the reference then uses the bf16-rounded operands) ----
+  const auto runnable = tw::runnable_bf16_kernels();
+  const bool winograd_bf16 =
+      std::find(runnable.begin(), runnable.end(), tw::Bf16Kernels::Avx512Bf16) != runnable.end();
   for (const auto& cc : conv_cases(batch)) {
     const auto& s = cc.s;
     const std::size_t nx = std::size_t(s.n) * s.h * s.w * s.c_in;
@@ -250,8 +256,9 @@ int main(int argc, char** argv) {
                                dyr = bf16 ? rounded(dy) : dy;
       // A row of op timing run() and checking its output against the reference (the three
       // passes' checks: y, dx, or dw), where wanted.
-      auto fwd_row = [&](const std::string& op, auto run) {
+      auto fwd_row = [&](const std::string& op, auto run, double row_tol = 1e-4) {
         Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.tol = row_tol;
         r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 300; ++t) {
@@ -264,8 +271,9 @@ int main(int argc, char** argv) {
         r.max_error = smp.error();
         emit(r);
       };
-      auto bwd_input_row = [&](const std::string& op, auto run) {
+      auto bwd_input_row = [&](const std::string& op, auto run, double row_tol = 1e-4) {
         Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.tol = row_tol;
         r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 300; ++t) {
@@ -278,8 +286,9 @@ int main(int argc, char** argv) {
         r.max_error = smp.error();
         emit(r);
       };
-      auto bwd_weight_row = [&](const std::string& op, auto run) {
+      auto bwd_weight_row = [&](const std::string& op, auto run, double row_tol = 1e-4) {
         Row r{cc.model, cc.layer, op, s.to_string(), p};
+        r.tol = row_tol;
         r.ms = median_ms(run, min_time);
         Sampler smp;
         for (int t = 0; t < 12; ++t) {
@@ -326,6 +335,30 @@ int main(int argc, char** argv) {
           tw::conv2d_backward_weight_winograd(ctx, s, x.data(), dy.data(), dw.data()))
         bwd_weight_row("winograd_bwd_weight",
                        [&] { tw::conv2d_backward_weight_winograd(ctx, s, x.data(), dy.data(), dw.data()); });
+      // The bf16 Winograd kernels, a candidate where the CPU has AVX512-BF16 (Note [bf16 Winograd
+      // convolution] in core/cpu/bf16_pairs.cc), checked to the bf16 tolerance.
+      if (bf16 && winograd_bf16) {
+        constexpr auto k = tw::Bf16Kernels::Avx512Bf16;
+        constexpr double kBf16Tol = 2e-2;
+        if (wanted(cc.model, cc.layer, "winograd_fwd") &&
+            tw::conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()))
+          fwd_row(
+              "winograd_fwd",
+              [&] { tw::conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()); },
+              kBf16Tol);
+        if (wanted(cc.model, cc.layer, "winograd_bwd_input") &&
+            tw::conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()))
+          bwd_input_row(
+              "winograd_bwd_input",
+              [&] { tw::conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()); },
+              kBf16Tol);
+        if (wanted(cc.model, cc.layer, "winograd_bwd_weight") &&
+            tw::conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()))
+          bwd_weight_row(
+              "winograd_bwd_weight",
+              [&] { tw::conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()); },
+              kBf16Tol);
+      }
     }
   }
 

@@ -222,6 +222,15 @@ const Bf16KernelTable* own_kernels(Bf16Kernels k) {
   }
 }
 
+// f(the table of k) where k is one of towerflow's own kernel objects (pairs or AMX), s checked
+// first; false elsewhere.
+template <typename F>
+bool on_own_kernels(Bf16Kernels k, const Conv2dShape& s, F&& f) {
+  s.validate();
+  const Bf16KernelTable* p = own_kernels(k);
+  return p && f(*p);
+}
+
 }  // namespace
 
 float round_to_bf16(float x) {
@@ -393,41 +402,35 @@ bool gemm_bf16_with(Bf16Kernels kernels, const CpuContext& ctx, bool trans_a, bo
 bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                                const Conv2dShape& s, const float* x,
                                                const float* dy, float* dw) {
-  s.validate();
-  const Bf16KernelTable* p = own_kernels(k);
-  return p && p->winograd_backward_weight(ctx, s, x, dy, dw);
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_backward_weight(ctx, s, x, dy, dw); });
 }
 
 bool conv2d_backward_weight_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                                const Conv2dShape& s, const std::uint16_t* x,
                                                const float* dy, float* dw) {
-  s.validate();
-  const Bf16KernelTable* p = own_kernels(k);
-  return p && p->winograd_backward_weight_bf16_input(ctx, s, x, dy, dw);
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) {
+    return t.winograd_backward_weight_bf16_input(ctx, s, x, dy, dw);
+  });
 }
 
 bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                        const float* x, const float* w, const float* bias_or_null,
                                        float* y) {
-  s.validate();
-  const Bf16KernelTable* p = own_kernels(k);
-  return p && p->winograd_forward(ctx, s, x, w, bias_or_null, y);
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_forward(ctx, s, x, w, bias_or_null, y); });
 }
 
 bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                        const std::uint16_t* x, const float* w,
                                        const float* bias_or_null, float* y) {
-  s.validate();
-  const Bf16KernelTable* p = own_kernels(k);
-  return p && p->winograd_forward_bf16_input(ctx, s, x, w, bias_or_null, y);
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) {
+    return t.winograd_forward_bf16_input(ctx, s, x, w, bias_or_null, y);
+  });
 }
 
 bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                               const Conv2dShape& s, const float* dy,
                                               const float* w, float* dx) {
-  s.validate();
-  const Bf16KernelTable* p = own_kernels(k);
-  return p && p->winograd_backward_input(ctx, s, dy, w, dx);
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_backward_input(ctx, s, dy, w, dx); });
 }
 
 bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,

@@ -90,6 +90,7 @@ using detail::WeightTiles;
 using detail::winograd_applies;
 using detail::winograd_weight_grad_out;
 using detail::WinogradTiles;
+using detail::WinogradWeightGradPlan;
 using detail::zeroed_scratch;
 
 namespace {
@@ -620,8 +621,10 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const In
 // and gradients, a 2-core Zen 4 EPYC), within the bf16 tolerance of the tests. Each dU element
 // is summed by one thread in a fixed order (sum_weight_grad), whatever the thread count. It is a
 // candidate of the kernel choice ("winograd-avx512bf16"), taken where it measures faster than
-// oneDNN's and the direct pair kernels: there, 1.08 ms against oneDNN's 1.64 for 32->32 16x16,
-// 1.20 against 1.74 for 64->64 8x8 and 1.54 against 2.07 for 16->16 32x32.
+// oneDNN's and the direct pair kernels. On a 2-core Zen 4 EPYC (`towerflow_bench_ops --threads 2
+// --precision bf16 --filter resnet20`, its winograd_bwd_weight_bf16 rows against oneDNN's
+// conv_bwd_weight_bf16, two runs) it took 1.15-1.17 ms against 1.67-1.74 for 32->32 16x16,
+// 1.35 against 1.77-1.78 for 64->64 8x8 and 1.57-1.65 against 2.12-2.20 for 16->16 32x32.
 
 // Image `image` ([h][w][c_in] floats or bf16 bits) rounded to bf16 into dst ([hp][wp][c_in]
 // floats) at (pad_h, pad_w), zeros elsewhere.
@@ -752,13 +755,11 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const int blocks = (c_out + kBlock - 1) / kBlock;
-  const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
-  const WeightTiles tiles(kXi, c_in, kQ, blocks);  // its kernel row i is xi here
-  const std::int64_t du_size = kXi * c_in * ld_m;
-  float* dup = zeroed_scratch(Scratch::kWeights, du_size);
-  // Groups as conv.cc's fp32 weight gradient's, their transforms stored in tile pairs.
-  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(4096 / (c_in + ld_m), 6, 256));
+  const WinogradWeightGradPlan plan(s, kBlock, kQ);  // conv.cc's, the transforms stored in tile pairs
+  const std::int64_t ld_m = plan.ld_m;
+  const WeightTiles& tiles = plan.tiles;
+  const WinogradTiles& g = plan.g;
+  float* dup = zeroed_scratch(Scratch::kWeights, plan.du_size);
   const std::int64_t group_pairs = (g.group + 1) / 2;
   const std::int64_t vp_plane = group_pairs * c_in + 16, mp_plane = group_pairs * ld_m + 16;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * c_in;
@@ -803,7 +804,7 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
       }
     }
   };
-  sum_weight_grad(ctx, s.n, tiles.count(), 1, du_size, dup, accumulate);
+  sum_weight_grad(ctx, s.n, tiles.count(), 1, plan.du_size, dup, accumulate);
 
   winograd_weight_grad_out(s, dup, ld_m, dw);
 }
@@ -820,11 +821,13 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
 // runs through it as the forward of dy with the flipped kernel. As in the weight gradient (Note
 // [bf16 Winograd weight gradient]), the second rounding puts the result within the bf16
 // tolerance of the other kernels rather than at their bits. Candidates of the kernel choice
-// ("winograd-avx512bf16"). On a 2-core Zen 4 EPYC at batch 128 the forward took 1.23 ms against
-// oneDNN's 1.38 on ResNet-20's 32->32 16x16 layer and 1.06 against 1.22 on its 64->64 8x8 one,
-// the backward input 1.23 against 1.35 and 1.06 against 1.17; its 16->16 32x32 layer ran slower
-// than oneDNN's (2.3 ms against 1.7), and the choice keeps oneDNN there. Short reductions (16 or
-// 32 channel pairs per product) leave the pair tile less of the time than in the direct kernels.
+// ("winograd-avx512bf16"). On a 2-core Zen 4 EPYC (the same command's winograd_fwd_bf16 and
+// winograd_bwd_input_bf16 rows) the forward took 1.23-1.24 ms against oneDNN's 1.35-1.37 on
+// ResNet-20's 32->32 16x16 layer and 1.07 against 1.23-1.31 on its 64->64 8x8 one, the backward
+// input 1.24-1.25 against 1.36-1.37 and 1.07 against 1.18-1.19; its 16->16 32x32 layer ran
+// slower than oneDNN's (2.1-2.4 ms against 1.6-1.7), and the choice keeps oneDNN there. Short
+// reductions (16 or 32 channel pairs per product) leave the pair tile less of the time than in
+// the direct kernels.
 
 // v rounded to bf16, its first lanes of 16 stored at p.
 inline void store_bf16(std::uint16_t* p, __mmask16 lanes, __m512 v) {
@@ -861,12 +864,12 @@ inline void winograd_input_bf16(const float* __restrict p, std::int64_t row, int
   }
 }
 
-// y = conv(x, w) + bias (or y += it, Store::kAdd) for s with winograd_applies(s), by Note [bf16
-// Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V
-// vectors of output channels per block.
+// y = conv(x, w) + bias for s with winograd_applies(s), by Note [bf16 Winograd convolution];
+// get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V vectors of output channels
+// per block.
 template <int V, typename In, typename Get>
 void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
-                        detail::Store store, float* y, Get get) {
+                        float* y, Get get) {
   constexpr int kBlock = kLanes * V;
   constexpr int kP = kMaxPixels<V>;
   constexpr int kXi = 16;
@@ -886,8 +889,7 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
   for (int xi = 0; xi < kXi; ++xi)
     pack_weight_pairs(ctx, c_out, c_in, c_in, 1, 1, kBlock, wp + xi * per_xi,
                       detail::StridedWeights{.base = u + xi * plane_u, .co_step = c_in, .ci_step = 1, .i_step = 0, .j_step = 0});
-  // Groups as conv.cc's Winograd forward's.
-  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(768 / (c_in + ld_m), kP, 96));
+  const WinogradTiles g(s, ld_m, detail::winograd_forward_group(c_in, ld_m, kP));
   const std::int64_t v_plane = g.group * c_in + 32;  // bf16 values
   const std::int64_t image_in = std::int64_t{s.h} * s.w * c_in;
   std::array<std::int64_t, kP> in_offs, out_offs;
@@ -918,7 +920,8 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
       }
       float* out = y + n * g.oh * g.y_row;
       g.for_each_tile(k, img, [&](int t, const float*, std::int64_t at, int rows, int cols) {
-        detail::winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at, g.y_row, rows, cols);
+        detail::winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, detail::Store::kOverwrite, out + at,
+                                g.y_row, rows, cols);
       });
     }
   });
@@ -959,9 +962,7 @@ struct PairDrivers {
   static bool winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
                             float* y, Get get) {
     if (!winograd_applies(s)) return false;
-    with_block(s.c_out, [&]<int V>() {
-      pair_winograd_conv<V>(ctx, s, x, bias, detail::Store::kOverwrite, y, get);
-    });
+    with_block(s.c_out, [&]<int V>() { pair_winograd_conv<V>(ctx, s, x, bias, y, get); });
     return true;
   }
 };

@@ -94,12 +94,14 @@ using detail::scratch;
 using detail::unpack_weight_grad;
 using detail::WeightTiles;
 using detail::winograd_applies;
+using detail::winograd_forward_group;
 using detail::winograd_input;
 using detail::winograd_output;
 using detail::winograd_output_adjoint;
 using detail::winograd_weight;
 using detail::winograd_weight_grad_out;
 using detail::WinogradTiles;
+using detail::WinogradWeightGradPlan;
 using detail::zeroed_scratch;
 using detail::StridePhases;
 using detail::Store;
@@ -673,10 +675,7 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
       const std::int64_t at = (std::int64_t{co / kBlock} * c_in + ci) * kBlock + co % kBlock;
       for (int xi = 0; xi < kXi; ++xi) u[xi * per_xi + at] = t[xi];
     }
-  // Groups whose two buffers take at most about 48 KiB (24 tiles at 16 channels, 6 at 64; groups
-  // of 48 to 128 tiles measured no faster on a 2-core Zen 3 EPYC), so that a group's products
-  // read and write L1 and L2 rather than memory.
-  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(768 / (c_in + ld_m), kP, 96));
+  const WinogradTiles g(s, ld_m, winograd_forward_group(c_in, ld_m, kP));
   std::array<std::int64_t, kP> in_offs, out_offs;
   for (int k = 0; k < kP; ++k) in_offs[k] = k * c_in, out_offs[k] = k * ld_m;
 
@@ -726,15 +725,11 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &weight_tile<L, Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const int blocks = (c_out + kBlock - 1) / kBlock;
-  const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
-  const WeightTiles tiles(kXi, c_in, kQ, blocks);  // its kernel row i is xi here
-  const std::int64_t du_size = kXi * c_in * ld_m;
-  float* dup = zeroed_scratch(Scratch::kWeights, du_size);
-  // Larger groups than winograd_conv's (buffers of at most about 256 KiB, in L2): each register
-  // tile sums a group's tiles between loading and storing its accumulators. Groups of a quarter
-  // of that size measured slower, a quadruple no faster (2-core Zen 3 EPYC).
-  const WinogradTiles g(s, ld_m, std::clamp<std::int64_t>(4096 / (c_in + ld_m), 6, 256));
+  const WinogradWeightGradPlan plan(s, kBlock, kQ);
+  const std::int64_t ld_m = plan.ld_m;
+  const WeightTiles& tiles = plan.tiles;
+  const WinogradTiles& g = plan.g;
+  float* dup = zeroed_scratch(Scratch::kWeights, plan.du_size);
 
   auto accumulate = [&](int n0, int n1, std::int64_t u0, std::int64_t u1, float* dst) {
     float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * g.v_plane));
@@ -761,7 +756,7 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
       }
     }
   };
-  sum_weight_grad(ctx, s.n, tiles.count(), 1, du_size, dup, accumulate);
+  sum_weight_grad(ctx, s.n, tiles.count(), 1, plan.du_size, dup, accumulate);
 
   winograd_weight_grad_out(s, dup, ld_m, dw);
 }

@@ -193,4 +193,29 @@ inline void winograd_weight_grad_out(const Conv2dShape& s, const float* du, std:
           [&](int i, int j, float v) { dw[((std::int64_t{co} * s.c_in + ci) * 3 + i) * 3 + j] = v; });
 }
 
+// The tiles per group of a Winograd forward: groups whose two buffers ([16][group][c_in] inputs,
+// [16][group][ld_m] products) take at most about 48 KiB (24 tiles at 16 channels, 6 at 64;
+// groups of 48 to 128 tiles measured no faster on a 2-core Zen 3 EPYC), so that a group's
+// products read and write L1 and L2 rather than memory; at least `min_tiles`, the register
+// kernel's pixels.
+inline std::int64_t winograd_forward_group(int c_in, std::int64_t ld_m, int min_tiles) {
+  return std::clamp<std::int64_t>(768 / (c_in + ld_m), min_tiles, 96);
+}
+
+// The plan of a Winograd weight gradient on blocks of `block` output channels and register tiles
+// of up to `max_q` input channels: dU [16][c_in][ld_m], its tiles (WeightTiles with xi as the
+// kernel row), and the image's groups of Winograd tiles. Larger groups than the forward's
+// (buffers of at most about 256 KiB, in L2): each register tile sums a group's tiles between
+// loading and storing its accumulators. Groups of a quarter of that size measured slower, a
+// quadruple no faster (2-core Zen 3 EPYC).
+struct WinogradWeightGradPlan {
+  std::int64_t ld_m, du_size;
+  WeightTiles tiles;
+  WinogradTiles g;
+  WinogradWeightGradPlan(const Conv2dShape& s, int block, int max_q)
+      : ld_m(std::int64_t{(s.c_out + block - 1) / block} * block), du_size(16 * s.c_in * ld_m),
+        tiles(16, s.c_in, max_q, static_cast<int>(ld_m / block)),
+        g(s, ld_m, std::clamp<std::int64_t>(4096 / (s.c_in + ld_m), 6, 256)) {}
+};
+
 }  // namespace towerflow::cpu::TW_ISA::detail
