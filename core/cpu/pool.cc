@@ -198,10 +198,16 @@ inline void store_out(std::uint16_t* p, float v) {
 // its values up in another register, an add instead of a compare and an or; the sum is finite
 // exactly when no value was NaN or infinite (or the sum overflowed). Only then does the scan
 // stand; otherwise the window is scanned again with the NaN test. The results are the same bits.
+//
+// The scan and its lambdas are inlined by force: GCC otherwise kept a 3x3 window's element step
+// out of line where max_window writes bf16 (b, at and sum went through memory at every element),
+// and tfcnn's pool1 forward with bf16 output took 1.52-1.82 ms per call against 1.49-1.68 inlined
+// (a 2-core Zen 4 EPYC, `towerflow_bench_train --model tfcnn --precision bf16 --trace`, three
+// alternating runs).
 template <bool kNanTest, int L, int K, int KH, int KW>
-inline void scan_window(const Pool2dShape& s, const float* img, const Window& win, int ch,
-                        typename Vec<L>::type* b, typename IVec<L>::type* at,
-                        typename Vec<L>::type* sum) {
+[[gnu::always_inline]] inline void scan_window(const Pool2dShape& s, const float* img, const Window& win,
+                                               int ch, typename Vec<L>::type* b, typename IVec<L>::type* at,
+                                               typename Vec<L>::type* sum) {
   using V = Vec<L>;
   using I = IVec<L>;
   const int rows = KH > 0 ? KH : win.h1 - win.h0, cols = KW > 0 ? KW : win.w1 - win.w0;
@@ -212,7 +218,7 @@ inline void scan_window(const Pool2dShape& s, const float* img, const Window& wi
     at[k] = I::splat(pos0);
     if constexpr (!kNanTest) sum[k] = b[k];
   }
-  const auto element = [&](int dh, int dw) {
+  const auto element = [&](int dh, int dw) __attribute__((always_inline)) {
     const int offset = dh * s.w + dw;
     const float* p = base + std::int64_t{offset} * s.c;
     const typename I::type pos = I::splat(pos0 + offset);
@@ -226,8 +232,9 @@ inline void scan_window(const Pool2dShape& s, const float* img, const Window& wi
     }
   };
   if constexpr (KH > 0 && KW > 0) {
-    [&]<int... D>(std::integer_sequence<int, D...>) { (element(D / KW, D % KW), ...); }(
-        std::make_integer_sequence<int, KH * KW>{});
+    [&]<int... D>(std::integer_sequence<int, D...>) __attribute__((always_inline)) {
+      (element(D / KW, D % KW), ...);
+    }(std::make_integer_sequence<int, KH * KW>{});
   } else {
     for (int dh = 0; dh < rows; ++dh)
       for (int dw = 0; dw < cols; ++dw) element(dh, dw);
@@ -282,8 +289,11 @@ void with_flag(bool flag, Fn&& fn) {
 }
 
 // Outputs of at least this many bytes are written with streaming stores (Note [Streaming
-// stores]): more than a 2-core slice of a server's last-level cache holds.
-constexpr std::int64_t kStreamingBytes = std::int64_t{16} << 20;
+// stores]): more than the two cores' L2 caches hold. tfcnn's pool2 gradient (8 MiB) took 265-781
+// us per call with plain stores (the slow end when dx's lines were not in the caches) and 235-340
+// with streaming stores, and its reader, conv2's backward, 52.1-52.5 ms either way (a 2-core Zen 4
+// EPYC, `towerflow_bench_train --model tfcnn --trace` in fp32 and bf16, alternating runs).
+constexpr std::int64_t kStreamingBytes = std::int64_t{4} << 20;
 
 // fn.template operator()<N>() with N = n where n is 1 or 2, else 0.
 template <typename Fn>

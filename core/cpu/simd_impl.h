@@ -107,9 +107,10 @@ struct IVec<16> {
 // it is written (write-allocate), and the output then pushes its own input out of the caches.
 // Non-temporal stores write whole lines to memory without reading them. The consumer reads the
 // output from memory either way, since it no longer fits in the caches by the time it is read.
-// Pool gradients are written this way (pool.cc). On a 2-core Zen 4 EPYC, tfcnn's two max-pool
-// gradients took 1.73-1.96 ms per training step against 2.14-2.36 with plain stores
-// (`towerflow_bench_train --model tfcnn --trace`, three alternating runs of 10 steps each).
+// Pool gradients (pool.cc) and large transposes (elementwise.cc) are written this way. On a
+// 2-core Zen 4 EPYC, tfcnn's two max-pool gradients took 1.73-1.96 ms per training step against
+// 2.14-2.36 with plain stores (`towerflow_bench_train --model tfcnn --trace`, three alternating
+// runs of 10 steps each).
 // store_streaming needs p aligned to the build's native vector (64 bytes covers all); a thread
 // that used it ends its part with stream_fence(), so that its stores are visible before
 // parallel_for reports the part done.

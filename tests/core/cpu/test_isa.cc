@@ -4,8 +4,11 @@
 // environment.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
+#include <memory>
+#include <new>
 #include <string>
 #include <tuple>
 
@@ -178,6 +181,42 @@ TEST_CASE("transpose puts every element of each matrix at its transposed place o
       transpose(ctx, n, rows, cols, x.data(), y.data());
       INFO(isa_name(isa) << ": " << n << " matrices of " << rows << "x" << cols);
       CHECK(y == expected);
+    }
+    force_isa_for_testing(std::nullopt);
+  }
+}
+
+// A transpose of 1 MiB or more whose rows come in sixteens, into a 64-byte aligned y, is written
+// with streaming stores (kStreamingTransposeBytes in core/cpu/elementwise.cc); the same call into a
+// buffer 16 bytes off that alignment, or with rows not a multiple of 16, takes the plain stores.
+// Every way gives each element its transposed place, on every instruction set.
+TEST_CASE("transposes written with streaming stores put every element at its transposed place", "[cpu][isa]") {
+  CpuContext ctx(2);
+  // tfcnn's flatten at batch 64 and 128 (1 and 2 MiB, both ways), a wide one, and 72 rows.
+  for (auto [n, rows, cols] : {std::tuple{64, 64, 64}, std::tuple{128, 64, 64}, std::tuple{3, 96, 1024},
+                               std::tuple{4, 72, 1024}}) {
+    const std::size_t size = static_cast<std::size_t>(n) * rows * cols;
+    REQUIRE(size * sizeof(float) >= std::size_t{1} << 20);
+    std::vector<float> x(size);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);  // every element distinct
+    std::vector<float> expected(size);
+    for (int b = 0; b < n; ++b)
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j)
+          expected[(std::size_t(b) * cols + j) * rows + i] = x[(std::size_t(b) * rows + i) * cols + j];
+    std::unique_ptr<float[], void (*)(float*)> buffer(
+        static_cast<float*>(::operator new[]((size + 16) * sizeof(float), std::align_val_t{64})),
+        [](float* p) { ::operator delete[](p, std::align_val_t{64}); });
+    for (Isa isa : supported_isas()) {
+      force_isa_for_testing(isa);
+      for (const std::size_t offset : {std::size_t{0}, std::size_t{4}}) {
+        float* y = buffer.get() + offset;
+        std::fill(y, y + size, -1.0f);
+        transpose(ctx, n, rows, cols, x.data(), y);
+        INFO(isa_name(isa) << ": " << n << " matrices of " << rows << "x" << cols << ", y " << offset * sizeof(float)
+                           << " bytes past a 64-byte boundary");
+        CHECK(std::equal(y, y + size, expected.begin()));
+      }
     }
     force_isa_for_testing(std::nullopt);
   }

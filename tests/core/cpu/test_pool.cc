@@ -282,13 +282,13 @@ TEST_CASE("max pool backward equals the scatter over the outputs bit for bit", "
   }
 }
 
-// A gradient of 16 MiB or more, 64-byte aligned, is written with streaming stores (Note
+// A gradient of 4 MiB or more, 64-byte aligned, is written with streaming stores (Note
 // [Streaming stores] in core/cpu/simd_impl.h); the same call on a buffer 16 bytes off that
 // alignment takes the plain stores. Both give the scatter's bits, for max and for average pooling.
 TEST_CASE("pool gradients written with streaming stores equal the plain stores' bit for bit", "[cpu][pool]") {
   CpuContext ctx(2);
   const Pool2dShape s{.n = 64, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
-  REQUIRE(in_size(s) * sizeof(float) >= std::size_t{16} << 20);
+  REQUIRE(in_size(s) * sizeof(float) >= std::size_t{4} << 20);
   const auto x = random_vector(in_size(s), 43);
   const auto dy = random_vector(out_size(s), 44);
   std::vector<float> y(out_size(s));
