@@ -31,14 +31,15 @@ Tensor TfCnn::forward(const Tensor& x) {
   Tensor y;
   {
     OpScope scope("pool1");
-    // max_pool2d(relu(...)), one pass; only conv2 reads it (bf16 under bf16 precision).
+    // max_pool2d(relu(conv1(x))), the pool and ReLU in one pass, and conv1's bias gradient in
+    // the pool's backward pass; only conv2 reads it (bf16 under bf16 precision).
     Pool2dOptions pool1 = pool;
     pool1.readers = OutputReaders::kConvolutions;
-    y = max_pool2d_relu(conv1_->forward(x), pool1);
+    y = conv1_->forward_max_pool_relu(x, pool1);
   }
   {
     OpScope scope("pool2");
-    y = towerflow::flatten(max_pool2d_relu(conv2_->forward(y), pool));
+    y = towerflow::flatten(conv2_->forward_max_pool_relu(y, pool));
   }
   {
     OpScope scope("fc1");

@@ -52,6 +52,11 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
   kernels().max_pool_backward(ctx, s, dy, argmax, dx);
 }
 
+void max_pool_backward_channel_sums(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
+                                    const std::int32_t* argmax, float* dx, float* sums) {
+  kernels().max_pool_backward_channel_sums(ctx, s, dy, argmax, dx, sums);
+}
+
 void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y, std::int32_t* argmax) {
   kernels().max_pool_relu_forward(ctx, s, x, y, argmax);
 }

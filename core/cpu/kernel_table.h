@@ -37,6 +37,7 @@ namespace towerflow::cpu {
   X(conv2d_backward_bias) \
   X(max_pool_forward) \
   X(max_pool_backward) \
+  X(max_pool_backward_channel_sums) \
   X(max_pool_relu_forward) \
   X(max_pool_relu_forward_bf16) \
   X(avg_pool_forward) \

@@ -31,6 +31,13 @@ void max_pool_forward(const CpuContext& ctx, const Pool2dShape& s, const float* 
 // max_pool_relu_forward for the same shape.
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx);
+// max_pool_backward, and sums[ch] = the sum of dx over every pixel for each channel ch, in the
+// same pass: the bias gradient of a convolution whose output the pool read. Summed in float over
+// each row's pixels and in double beyond, in a fixed order: the same bits for any thread count,
+// and conv2d_backward_bias's sum (conv.h) to float rounding (Note [Channel sums of a pool
+// gradient] in pool.cc).
+void max_pool_backward_channel_sums(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
+                                    const std::int32_t* argmax, float* dx, float* sums);
 
 // max_pool2d followed by a ReLU in one pass: y = relu(max pool of x), where relu(v) = v < 0 ? 0 : v
 // (NaN stays NaN). argmax (non-null) is max_pool_forward's where y > 0 and -1 elsewhere, where

@@ -30,6 +30,11 @@ Tensor Conv2d::forward(const Tensor& x) {
   return conv2d(x, weight_, bias_, {.stride = spec_.stride, .padding = spec_.padding});
 }
 
+Tensor Conv2d::forward_max_pool_relu(const Tensor& x, Pool2dOptions pool) {
+  OpScope scope(path());
+  return conv2d_max_pool2d_relu(x, weight_, bias_, {.stride = spec_.stride, .padding = spec_.padding}, pool);
+}
+
 // ---- BatchNorm2d ------------------------------------------------------------------------------
 
 BatchNorm2d::BatchNorm2d(const Device& device, int channels, float eps, float momentum)

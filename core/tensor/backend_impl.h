@@ -207,6 +207,17 @@ class Backend {
                                 std::int32_t* argmax, bool relu) = 0;
   virtual void max_pool_backward(const Pool2dShape& s, const float* dy,
                                  const std::int32_t* argmax, float* dx) = 0;
+  // max_pool_backward, and sums[c] = the sum of dx over every pixel for each channel c: the bias
+  // gradient of a convolution whose output the pool read (core/cpu/pool.h's
+  // max_pool_backward_channel_sums, in the pool's pass). The base class runs max_pool_backward and
+  // conv2d_backward_bias.
+  virtual void max_pool_backward_channel_sums(const Pool2dShape& s, const float* dy,
+                                              const std::int32_t* argmax, float* dx, float* sums) {
+    max_pool_backward(s, dy, argmax, dx);
+    conv2d_backward_bias(Conv2dShape{.n = s.n, .h = s.h, .w = s.w, .c_in = 1, .c_out = s.c, .kh = 1, .kw = 1,
+                                     .stride_h = 1, .stride_w = 1},
+                         dx, sums);
+  }
   virtual void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) = 0;
   virtual void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) = 0;
 

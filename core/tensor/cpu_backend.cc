@@ -333,6 +333,11 @@ class CpuBackend final : public Backend {
     const auto span = kernel_span("max_pool_backward", 2.0 * pool_out(s) + pool_in(s));  // dy, argmax; dx
     cpu::max_pool_backward(ctx_, s, dy, argmax, dx);
   }
+  void max_pool_backward_channel_sums(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                                      float* dx, float* sums) override {
+    const auto span = kernel_span("max_pool_backward", 2.0 * pool_out(s) + pool_in(s));  // dy, argmax; dx
+    cpu::max_pool_backward_channel_sums(ctx_, s, dy, argmax, dx, sums);
+  }
   void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) override {
     const auto span = kernel_span("avg_pool_forward", pool_in(s) + pool_out(s));
     cpu::avg_pool_forward(ctx_, s, x, y);

@@ -201,88 +201,130 @@ void product(Backend& be, Products p, bool trans_a, bool trans_b, int m, int n, 
 
 // ---- convolution ------------------------------------------------------------------------------
 
+namespace {
+
+// A convolution's forward: its shape, the operands as its kernels read them, and y.
+struct ConvForward {
+  Conv2dShape s;
+  Tensor xo, wo;
+  Products p;
+  bool reads_bf16;
+  Tensor y;
+};
+
+// The checks of op's inputs (Conv2D's rules).
+void check_conv_inputs(std::string_view op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                       Conv2dOptions opts) {
+  if (x.defined() && x.dtype() != DType::kBFloat16) check_float(op, "input", x);
+  check_float(op, "weight", w);
+  check_float(op, "bias", bias);
+  check_ndim(op, "input", x, 4, "NHWC [n, h, w, c_in]");
+  check_ndim(op, "weight", w, 4, "OIHW [c_out, c_in, kh, kw]");
+  if (w.dim(1) != x.dim(3))
+    raise<InvalidArgument>(op, ": input ", shape_str(x.shape()), " (NHWC) has ", x.dim(3),
+                           " channels but weight ", shape_str(w.shape()), " (OIHW) expects ",
+                           w.dim(1));
+  if (bias.defined() && (bias.ndim() != 1 || bias.dim(0) != w.dim(0)))
+    raise<InvalidArgument>(op, ": bias ", shape_str(bias.shape()), " does not match weight ",
+                           shape_str(w.shape()), "; expected [", w.dim(0), "]");
+  if (opts.stride < 1 || opts.padding < 0)
+    raise<InvalidArgument>(op, ": stride ", opts.stride, " must be >= 1 and padding ",
+                           opts.padding, " >= 0");
+  if (x.dim(1) + 2 * opts.padding < w.dim(2) || x.dim(2) + 2 * opts.padding < w.dim(3))
+    raise<InvalidArgument>(op, ": kernel ", w.dim(2), "x", w.dim(3), " is larger than the input ",
+                           shape_str(x.shape()), " padded by ", opts.padding);
+}
+
+// y = the convolution of x and w plus bias on device d, unrecorded.
+ConvForward conv_forward(const Device& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                         Conv2dOptions opts) {
+  ConvForward f;
+  f.s = Conv2dShape{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
+                    .w = static_cast<int>(x.dim(2)), .c_in = static_cast<int>(x.dim(3)),
+                    .c_out = static_cast<int>(w.dim(0)), .kh = static_cast<int>(w.dim(2)),
+                    .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
+                    .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
+  const Conv2dShape& s = f.s;
+  f.y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
+  f.p = products_on(d);
+  f.reads_bf16 = x.dtype() == DType::kBFloat16 && f.p == Products::Bf16Kernels &&
+                 backend_for(d).supports(OpKind::kBf16Activations);
+  f.xo = conv_input(x, f.p, f.reads_bf16);
+  f.wo = operand(w, f.p);
+  if (f.reads_bf16)
+    backend_for(d).conv2d_forward_bf16_input(s, f.xo.data<bfloat16>(), f.wo.data<float>(), fptr(bias),
+                                             f.y.data<float>());
+  else if (half_kernels(f.p))
+    backend_for(d).conv2d_forward_half(half_type(f.p), s, f.xo.data<float>(), f.wo.data<float>(),
+                                       fptr(bias), f.y.data<float>());
+  else
+    backend_for(d).conv2d_forward(s, f.xo.data<float>(), f.wo.data<float>(), fptr(bias), f.y.data<float>());
+  return f;
+}
+
+// The gradients {dx, dw, db} of the convolution f (its y left out) for y's gradient g: dx where
+// need_dx, dw where need_dw, and db where bias requires grad, from g unless computed is defined.
+// partial_x: x's gradient so far, to add dx into (Note [Gradients summed in place] in
+// autograd.cc), or undefined.
+std::vector<Tensor> conv_backward(const ConvForward& f, const Tensor& bias, bool need_dx, bool need_dw,
+                                  const Tensor& g, const Tensor& partial_x, Tensor computed_db) {
+  const Conv2dShape& s = f.s;
+  Backend& be = backend_for(g.device());
+  const Tensor go = operand(g, f.p);
+  const bool by_half_kernels = half_kernels(f.p);
+  Tensor dx, dw, db;
+  // x's gradient added to what its other consumers gave, where the backend adds as it stores.
+  if (need_dx && partial_x.defined() && !by_half_kernels && partial_x.dtype() == DType::kFloat32 &&
+      partial_x.is_contiguous() && partial_x.shape() == f.xo.shape() &&
+      be.conv2d_backward_input_add(s, go.data<float>(), f.wo.data<float>(), partial_x.data<float>())) {
+    dx = partial_x;
+  } else if (need_dx) {
+    dx = Tensor::empty(f.xo.shape(), g.device());  // float32 whatever x's type
+    if (by_half_kernels)
+      be.conv2d_backward_input_half(half_type(f.p), s, go.data<float>(), f.wo.data<float>(),
+                                    dx.data<float>());
+    else
+      be.conv2d_backward_input(s, go.data<float>(), f.wo.data<float>(), dx.data<float>());
+  }
+  if (need_dw) {
+    dw = empty_like(f.wo);
+    if (f.reads_bf16)
+      be.conv2d_backward_weight_bf16_input(s, f.xo.data<bfloat16>(), go.data<float>(), dw.data<float>());
+    else if (by_half_kernels)
+      be.conv2d_backward_weight_half(half_type(f.p), s, f.xo.data<float>(), go.data<float>(),
+                                     dw.data<float>());
+    else
+      be.conv2d_backward_weight(s, f.xo.data<float>(), go.data<float>(), dw.data<float>());
+  }
+  if (bias.defined() && bias.requires_grad()) {
+    if (computed_db.defined()) {
+      db = std::move(computed_db);
+    } else {
+      db = empty_like(bias);
+      be.conv2d_backward_bias(s, g.data<float>(), db.data<float>());
+    }
+  }
+  return std::vector<Tensor>{dx, dw, db};
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions opts) {
   constexpr std::string_view kOp = "Conv2D";
   const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &w, &bias});
-  if (x.defined() && x.dtype() != DType::kBFloat16) check_float(kOp, "input", x);
-  check_float(kOp, "weight", w);
-  check_float(kOp, "bias", bias);
-  check_ndim(kOp, "input", x, 4, "NHWC [n, h, w, c_in]");
-  check_ndim(kOp, "weight", w, 4, "OIHW [c_out, c_in, kh, kw]");
-  if (w.dim(1) != x.dim(3))
-    raise<InvalidArgument>(kOp, ": input ", shape_str(x.shape()), " (NHWC) has ", x.dim(3),
-                           " channels but weight ", shape_str(w.shape()), " (OIHW) expects ",
-                           w.dim(1));
-  if (bias.defined() && (bias.ndim() != 1 || bias.dim(0) != w.dim(0)))
-    raise<InvalidArgument>(kOp, ": bias ", shape_str(bias.shape()), " does not match weight ",
-                           shape_str(w.shape()), "; expected [", w.dim(0), "]");
-  if (opts.stride < 1 || opts.padding < 0)
-    raise<InvalidArgument>(kOp, ": stride ", opts.stride, " must be >= 1 and padding ",
-                           opts.padding, " >= 0");
-  if (x.dim(1) + 2 * opts.padding < w.dim(2) || x.dim(2) + 2 * opts.padding < w.dim(3))
-    raise<InvalidArgument>(kOp, ": kernel ", w.dim(2), "x", w.dim(3), " is larger than the input ",
-                           shape_str(x.shape()), " padded by ", opts.padding);
+  check_conv_inputs(kOp, x, w, bias, opts);
   if (run_on_cpu_instead(kOp, OpKind::kConv2d, d))
     return conv2d(to_cpu(x), to_cpu(w), to_cpu(bias), opts).to(d);
-
-  const Conv2dShape s{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
-                      .w = static_cast<int>(x.dim(2)), .c_in = static_cast<int>(x.dim(3)),
-                      .c_out = static_cast<int>(w.dim(0)), .kh = static_cast<int>(w.dim(2)),
-                      .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
-                      .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
-  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
-  const Products p = products_on(d);
-  const bool reads_bf16 = x.dtype() == DType::kBFloat16 && p == Products::Bf16Kernels &&
-                          backend_for(d).supports(OpKind::kBf16Activations);
-  const Tensor xo = conv_input(x, p, reads_bf16), wo = operand(w, p);
-  if (reads_bf16)
-    backend_for(d).conv2d_forward_bf16_input(s, xo.data<bfloat16>(), wo.data<float>(), fptr(bias),
-                                             y.data<float>());
-  else if (half_kernels(p))
-    backend_for(d).conv2d_forward_half(half_type(p), s, xo.data<float>(), wo.data<float>(), fptr(bias),
-                                       y.data<float>());
-  else
-    backend_for(d).conv2d_forward(s, xo.data<float>(), wo.data<float>(), fptr(bias), y.data<float>());
+  ConvForward f = conv_forward(d, x, w, bias, opts);
+  Tensor y = std::move(f.y);
   if (needs_grad({&x, &w, &bias})) {
     record_summing(y, std::string(kOp), {x, w, bias},
-                   [s, xo, wo, bias, p, reads_bf16, need_dx = x.requires_grad(),
-                    need_dw = w.requires_grad()](const Tensor& g, const std::vector<Tensor>& partial) {
-      Backend& be = backend_for(g.device());
-      const Tensor go = operand(g, p);
-      const bool by_half_kernels = half_kernels(p);
-      Tensor dx, dw, db;
+                   [f = std::move(f), bias, need_dx = x.requires_grad(), need_dw = w.requires_grad()](
+                       const Tensor& g, const std::vector<Tensor>& partial) {
       // x's gradient added to what its other consumers gave, where the backend adds as it
       // stores (Note [Gradients summed in place] in autograd.cc).
-      const Tensor& sum = partial[0];
-      if (need_dx && sum.defined() && !by_half_kernels && sum.dtype() == DType::kFloat32 &&
-          sum.is_contiguous() && sum.shape() == xo.shape() &&
-          be.conv2d_backward_input_add(s, go.data<float>(), wo.data<float>(), sum.data<float>())) {
-        dx = sum;
-      } else if (need_dx) {
-        dx = Tensor::empty(xo.shape(), g.device());  // float32 whatever x's type
-        if (by_half_kernels)
-          be.conv2d_backward_input_half(half_type(p), s, go.data<float>(), wo.data<float>(),
-                                        dx.data<float>());
-        else
-          be.conv2d_backward_input(s, go.data<float>(), wo.data<float>(), dx.data<float>());
-      }
-      if (need_dw) {
-        dw = empty_like(wo);
-        if (reads_bf16)
-          be.conv2d_backward_weight_bf16_input(s, xo.data<bfloat16>(), go.data<float>(),
-                                               dw.data<float>());
-        else if (by_half_kernels)
-          be.conv2d_backward_weight_half(half_type(p), s, xo.data<float>(), go.data<float>(),
-                                         dw.data<float>());
-        else
-          be.conv2d_backward_weight(s, xo.data<float>(), go.data<float>(), dw.data<float>());
-      }
-      if (bias.defined() && bias.requires_grad()) {
-        db = empty_like(bias);
-        be.conv2d_backward_bias(s, g.data<float>(), db.data<float>());
-      }
-      return std::vector<Tensor>{dx, dw, db};
+      return conv_backward(f, bias, need_dx, need_dw, g, partial[0], Tensor());
     });
   }
   return y;
@@ -561,9 +603,29 @@ Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
 }  // namespace
 
 namespace {
-// max_pool2d, or with `relu` max_pool2d_relu: the ReLU on the pooled tensor, in the pool's pass
-// each way (the forward marks the outputs the ReLU zeroes with argmax -1, which the pool's
-// backward skips).
+// A max pool's forward on d, unrecorded: y and argmax. With `relu`, max_pool2d_relu's: the ReLU on
+// the pooled tensor, in the pool's pass each way (the forward marks the outputs the ReLU zeroes
+// with argmax -1, which the pool's backward skips).
+struct MaxPoolForward {
+  Tensor y, argmax;
+};
+MaxPoolForward max_pool_forward_on(const Device& d, const Tensor& x, const Pool2dShape& s,
+                                   Pool2dOptions opts, bool relu) {
+  Backend& be = backend_for(d);
+  // Stored as bf16 where only convolutions read it (Note [bf16 activations]); the backward reads
+  // argmax alone.
+  const bool bf16_out = relu && opts.readers == OutputReaders::kConvolutions &&
+                        current_precision() == Precision::Bf16 && be.supports(OpKind::kBf16Activations);
+  MaxPoolForward f;
+  f.y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
+  f.argmax = Tensor::empty(f.y.shape(), d, DType::kInt32);
+  if (bf16_out)
+    be.max_pool_relu_forward_bf16(s, x.data<float>(), f.y.data<bfloat16>(), f.argmax.data<std::int32_t>());
+  else
+    be.max_pool_forward(s, x.data<float>(), f.y.data<float>(), f.argmax.data<std::int32_t>(), relu);
+  return f;
+}
+
 Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, bool relu) {
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x});
@@ -573,26 +635,16 @@ Tensor max_pool_impl(std::string_view op, const Tensor& x, Pool2dOptions opts, b
     on_cpu.readers = OutputReaders::kAny;
     return max_pool_impl(op, to_cpu(x), on_cpu, relu).to(d);
   }
-  Backend& be = backend_for(d);
-  // Stored as bf16 where only convolutions read it (Note [bf16 activations]); the backward reads
-  // argmax alone.
-  const bool bf16_out = relu && opts.readers == OutputReaders::kConvolutions &&
-                        current_precision() == Precision::Bf16 && be.supports(OpKind::kBf16Activations);
-  Tensor y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
-  Tensor argmax = Tensor::empty(y.shape(), d, DType::kInt32);
-  if (bf16_out)
-    be.max_pool_relu_forward_bf16(s, x.data<float>(), y.data<bfloat16>(), argmax.data<std::int32_t>());
-  else
-    be.max_pool_forward(s, x.data<float>(), y.data<float>(), argmax.data<std::int32_t>(), relu);
+  MaxPoolForward f = max_pool_forward_on(d, x, s, opts, relu);
   if (needs_grad({&x})) {
-    record(y, std::string(op), {x}, [s, argmax, xs = x.shape()](const Tensor& g) {
+    record(f.y, std::string(op), {x}, [s, argmax = f.argmax, xs = x.shape()](const Tensor& g) {
       Tensor dx = Tensor::empty(xs, g.device());
       backend_for(g.device()).max_pool_backward(s, g.data<float>(), argmax.data<std::int32_t>(),
                                                 dx.data<float>());
       return std::vector<Tensor>{dx};
     });
   }
-  return y;
+  return f.y;
 }
 }  // namespace
 
@@ -600,6 +652,46 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions opts) { return max_pool_impl("M
 
 Tensor max_pool2d_relu(const Tensor& x, Pool2dOptions opts) {
   return max_pool_impl("MaxPoolRelu", x, opts, true);
+}
+
+Tensor conv2d_max_pool2d_relu(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions conv,
+                              Pool2dOptions pool) {
+  constexpr std::string_view kOp = "Conv2DMaxPoolRelu";
+  const Device d = common_device(kOp, {&x, &w, &bias});
+  check_conv_inputs(kOp, x, w, bias, conv);
+  Backend& be = backend_for(d);
+  if (!be.supports(OpKind::kConv2d) || !be.supports(OpKind::kMaxPool))
+    return max_pool2d_relu(conv2d(x, w, bias, conv), pool);  // each on the device that can run it
+  run_on_cpu_instead(kOp, OpKind::kConv2d, d);  // logs the placement where asked
+  ConvForward f;
+  {
+    const trace::Span trace_span("op", "Conv2D", OpScope::current());
+    f = conv_forward(d, x, w, bias, conv);
+  }
+  const trace::Span trace_span("op", "MaxPoolRelu", OpScope::current());
+  const Pool2dShape s = pool_shape(kOp, f.y, pool);
+  MaxPoolForward pooled = max_pool_forward_on(d, f.y, s, pool, true);
+  f.y = Tensor();  // the backward needs argmax, not the convolution's output
+  if (needs_grad({&x, &w, &bias})) {
+    record_summing(pooled.y, std::string(kOp), {x, w, bias},
+                   [f = std::move(f), s, argmax = pooled.argmax, bias, need_dx = x.requires_grad(),
+                    need_dw = w.requires_grad()](const Tensor& g, const std::vector<Tensor>& partial) {
+      // The convolution's output gradient, and its channel sums, the bias's gradient, in the
+      // pool's pass (Note [Channel sums of a pool gradient] in core/cpu/pool.cc).
+      Backend& gb = backend_for(g.device());
+      Tensor dy = Tensor::empty({s.n, s.h, s.w, s.c}, g.device());
+      Tensor db;
+      if (bias.defined() && bias.requires_grad()) {
+        db = empty_like(bias);
+        gb.max_pool_backward_channel_sums(s, g.data<float>(), argmax.data<std::int32_t>(), dy.data<float>(),
+                                          db.data<float>());
+      } else {
+        gb.max_pool_backward(s, g.data<float>(), argmax.data<std::int32_t>(), dy.data<float>());
+      }
+      return conv_backward(f, bias, need_dx, need_dw, dy, partial[0], std::move(db));
+    });
+  }
+  return pooled.y;
 }
 
 namespace {

@@ -83,6 +83,12 @@ Tensor max_pool2d(const Tensor& x, Pool2dOptions opts);
 // not positive passes no gradient either way), with the ReLU and its gradient on the pooled tensor
 // instead of passes over x. Op "MaxPoolRelu".
 Tensor max_pool2d_relu(const Tensor& x, Pool2dOptions opts);
+// max_pool2d_relu(conv2d(x, w, bias, conv), pool) as one op, "Conv2DMaxPoolRelu": the same values
+// and gradients bit for bit, but the bias's, which is summed in the pool's backward pass as it
+// writes the convolution's output gradient instead of in a pass of its own over that gradient: the
+// same sum in another order, deterministic, equal to float rounding (core/cpu/pool.h).
+Tensor conv2d_max_pool2d_relu(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOptions conv,
+                              Pool2dOptions pool);
 Tensor avg_pool2d(const Tensor& x, Pool2dOptions opts);
 // [n, h, w, c] -> [n, c]: the mean over h and w.
 Tensor global_avg_pool(const Tensor& x);

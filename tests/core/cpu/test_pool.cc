@@ -317,6 +317,67 @@ TEST_CASE("pool gradients written with streaming stores equal the plain stores' 
   CHECK(avg_streamed[0] == dy[0] * (1.0f / 9.0f));
 }
 
+// max_pool_backward_channel_sums: dx as max_pool_backward writes it, bit for bit, and per channel
+// the sum of dx over every pixel, against a sum in double of the dx max_pool_backward wrote, within
+// the float rounding of a row's sums; the sums' bits the same for 1, 2 and 3 threads. tfcnn's pool1
+// at a batch whose gradient takes the streaming stores, and odd shapes whose blocks of 1024 pixels
+// end inside a row, with channels outside the vector groups; NaN and infinities in dy.
+TEST_CASE("max pool gradient's channel sums are the sums of its dx, the same bits for any thread count", "[cpu][pool]") {
+  const Pool2dShape shapes[] = {
+      {.n = 16, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 37, .h = 9, .w = 7, .c = 19, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 5, .h = 30, .w = 27, .c = 40, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
+      {.n = 1, .h = 3, .w = 5, .c = 3, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1}};
+  for (const Pool2dShape& s : shapes) {
+    INFO(s.to_string());
+    auto x = random_vector(in_size(s), 61);
+    for (std::size_t i = 0; i < x.size(); i += 3) x[i] = -0.25f;  // ties, and ReLU zeros
+    auto dy = random_vector(out_size(s), 62);
+    std::vector<float> y(out_size(s));
+    std::vector<std::int32_t> arg(out_size(s));
+    CpuContext one(1);
+    max_pool_relu_forward(one, s, x.data(), y.data(), arg.data());
+    for (const bool special : {false, true}) {
+      INFO((special ? "NaN and infinities in dy" : "finite dy"));
+      if (special) {
+        dy[1] = NAN;
+        dy[dy.size() / 2] = std::numeric_limits<float>::infinity();
+      }
+      std::vector<float> dx(in_size(s));
+      max_pool_backward(one, s, dy.data(), arg.data(), dx.data());
+      std::vector<double> want(static_cast<std::size_t>(s.c)), magnitude(static_cast<std::size_t>(s.c));
+      for (std::size_t i = 0; i < dx.size(); ++i) {
+        want[i % s.c] += dx[i];
+        magnitude[i % s.c] += std::abs(dx[i]);
+      }
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        INFO(threads << " threads");
+        CpuContext ctx(threads);
+        // 64-byte aligned, as the streaming stores need.
+        std::unique_ptr<float[], void (*)(float*)> fused_dx(
+            static_cast<float*>(::operator new[](in_size(s) * sizeof(float), std::align_val_t{64})),
+            [](float* p) { ::operator delete[](p, std::align_val_t{64}); });
+        std::vector<float> sums(static_cast<std::size_t>(s.c), 7.0f);
+        max_pool_backward_channel_sums(ctx, s, dy.data(), arg.data(), fused_dx.get(), sums.data());
+        CHECK(std::memcmp(fused_dx.get(), dx.data(), dx.size() * sizeof(float)) == 0);
+        for (int ch = 0; ch < s.c; ++ch) {
+          INFO("channel " << ch << ": " << sums[ch] << ", want " << want[ch]);
+          if (std::isnan(want[ch]) || std::isinf(want[ch])) {
+            CHECK(std::isnan(sums[ch]) == std::isnan(want[ch]));
+            CHECK(std::isinf(sums[ch]) == std::isinf(want[ch]));
+          } else {
+            // A row's float sum rounds at most w times, by half an ulp of its magnitude each.
+            CHECK(std::abs(sums[ch] - want[ch]) <= 1e-7 * s.w * magnitude[ch] + 1e-30);
+          }
+        }
+        if (first.empty()) first = sums;
+        CHECK(std::memcmp(sums.data(), first.data(), sums.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 // max_pool_relu_forward against the two passes it fuses, bit for bit: y = relu(max pool), argmax
 // the pool's where y > 0 and -1 elsewhere; and max_pool_backward over that argmax against
 // max_pool_backward of relu_backward's (y > 0 ? dy : 0) over the pool's. Inputs with NaN, ties and

@@ -1055,6 +1055,31 @@ TEST_CASE("max_pool2d_relu (tfcnn's pooling) on the GPU matches the CPU, forward
   expect_close("max_pool2d_relu backward", gdx, cdx, 0.0, 0.0);
 }
 
+// The fused op runs the base class's two passes on the GPU (max_pool_backward, then
+// conv2d_backward_bias over its output) where the CPU sums the bias's gradient in the pool's pass.
+TEST_CASE("conv2d_max_pool2d_relu (tfcnn's conv and pooling) on the GPU matches the CPU, forward and backward", "[cuda]") {
+  tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});
+  const auto vx = random_vector(std::size_t(2) * 9 * 7 * 3, 78);
+  const auto vw = random_vector(std::size_t(16) * 3 * 5 * 5, 79);
+  const auto vb = random_vector(16, 80);
+  auto run = [&](const tw::Device& d) {
+    tw::Tensor x = tw::Tensor::from_host(std::span<const float>(vx), {2, 9, 7, 3}, d);
+    tw::Tensor w = tw::Tensor::from_host(std::span<const float>(vw), {16, 3, 5, 5}, d);
+    tw::Tensor b = tw::Tensor::from_host(std::span<const float>(vb), {16}, d);
+    for (tw::Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+    const tw::Tensor y = tw::conv2d_max_pool2d_relu(x, w, b, {.stride = 1, .padding = 2},
+                                                    {.kernel = 3, .stride = 2, .padding = 1});
+    tw::sum(y).backward();
+    return std::vector<std::vector<float>>{y.to_host(), x.grad().to_host(), w.grad().to_host(), b.grad().to_host()};
+  };
+  const auto c = run(tw::Device::cpu(0));
+  const auto g = run(tw::Device::gpu(0));
+  expect_close("conv2d_max_pool2d_relu forward", g[0], c[0], 1e-5, 1e-4);
+  expect_close("conv2d_max_pool2d_relu dx", g[1], c[1], 1e-5, 1e-4);
+  expect_close("conv2d_max_pool2d_relu dw", g[2], c[2], 1e-5, 1e-4);
+  expect_close("conv2d_max_pool2d_relu db", g[3], c[3], 1e-5, 1e-4);
+}
+
 TEST_CASE("bf16 and fp16 on the GPU: the roundings equal the CPU's bit for bit, and ResNet-20 steps match the CPU's bf16 and fp16 steps",
           "[cuda][bf16]") {
   tw::initialise_devices(tw::ProcessOptions{.allow_growth = true});

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
 
 #include "bf16_paths.h"
 #include "core/cpu/bf16.h"
@@ -281,6 +282,68 @@ TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it
       INFO(names[i]);
       CHECK(convs.values[i] == any.values[i]);
     }
+  }
+}
+
+// conv2d_max_pool2d_relu against conv2d then max_pool2d_relu: the pooled values, the loss and every
+// gradient bit for bit, in float32 and on every bf16 path (storing bf16 for the convolution after
+// it), but the bias's, which the fused op sums in the pool's backward pass in another order: equal
+// to float rounding. With the bias learnt, fixed, or absent, and with the input's gradient or
+// without (tfcnn's conv1).
+TEST_CASE("conv2d_max_pool2d_relu gives conv2d then max_pool2d_relu's values and gradients",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  enum class Bias { kLearnt, kFixed, kNone };
+  auto step = [&](bool fused, Bias bias_kind, bool x_grad) {
+    const Tensor none;
+    Tensor x = Tensor::from_host(randn(3 * 13 * 11 * 8, 41), {3, 13, 11, 8}, cpu);
+    Tensor w1 = Tensor::from_host(randn(32 * 8 * 5 * 5, 42), {32, 8, 5, 5}, cpu);
+    Tensor b1 = bias_kind == Bias::kNone ? Tensor() : Tensor::from_host(randn(32, 43), {32}, cpu);
+    Tensor w2 = Tensor::from_host(randn(16 * 32 * 3 * 3, 44), {16, 32, 3, 3}, cpu);
+    x.set_requires_grad(x_grad);
+    w1.set_requires_grad(true);
+    w2.set_requires_grad(true);
+    if (bias_kind == Bias::kLearnt) b1.set_requires_grad(true);
+    const Conv2dOptions conv{.stride = 1, .padding = 2};
+    const Pool2dOptions pool{.kernel = 3, .stride = 2, .padding = 1, .readers = OutputReaders::kConvolutions};
+    const Tensor a = fused ? conv2d_max_pool2d_relu(x, w1, b1, conv, pool) : max_pool2d_relu(conv2d(x, w1, b1, conv), pool);
+    const Tensor out = conv2d(a, w2, none, {.stride = 1, .padding = 1});
+    const Tensor loss = sum(mul(out, Tensor::from_host(randn(out.numel(), 45), out.shape(), cpu)));
+    loss.backward();
+    std::vector<std::vector<float>> values{loss.to_host(), w1.grad().to_host(), w2.grad().to_host()};
+    values.push_back(x_grad ? x.grad().to_host() : std::vector<float>{});
+    values.push_back(bias_kind == Bias::kLearnt ? b1.grad().to_host() : std::vector<float>{});
+    return std::pair{a.dtype(), values};
+  };
+  const char* names[] = {"loss", "dw1", "dw2", "dx", "db1"};
+  auto compare = [&](const char* precision) {
+    for (const Bias bias_kind : {Bias::kLearnt, Bias::kFixed, Bias::kNone})
+      for (const bool x_grad : {true, false}) {
+        INFO(precision << ", bias " << (bias_kind == Bias::kLearnt ? "learnt" : bias_kind == Bias::kFixed ? "fixed" : "absent")
+                       << (x_grad ? ", with" : ", without") << " the input's gradient");
+        const auto [fused_type, fused] = step(true, bias_kind, x_grad);
+        const auto [plain_type, plain] = step(false, bias_kind, x_grad);
+        CHECK(fused_type == plain_type);
+        for (std::size_t i = 0; i < plain.size(); ++i) {
+          INFO(names[i]);
+          REQUIRE(fused[i].size() == plain[i].size());
+          if (std::string_view(names[i]) != "db1") {
+            CHECK(fused[i] == plain[i]);
+            continue;
+          }
+          for (std::size_t j = 0; j < plain[i].size(); ++j) {
+            INFO("channel " << j);
+            CHECK(fused[i][j] == Approx(plain[i][j]).epsilon(1e-5).margin(1e-4));
+          }
+        }
+      }
+  };
+  compare("float32");
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    const PrecisionScope bf16(Precision::Bf16);
+    compare(cpu::bf16_kernels_name(path));
   }
 }
 
