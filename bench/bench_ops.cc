@@ -340,24 +340,21 @@ int main(int argc, char** argv) {
       if (bf16 && winograd_bf16) {
         constexpr auto k = tw::Bf16Kernels::Avx512Bf16;
         constexpr double kBf16Tol = 2e-2;
-        if (wanted(cc.model, cc.layer, "winograd_fwd") &&
-            tw::conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()))
-          fwd_row(
-              "winograd_fwd",
-              [&] { tw::conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()); },
-              kBf16Tol);
-        if (wanted(cc.model, cc.layer, "winograd_bwd_input") &&
-            tw::conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()))
-          bwd_input_row(
-              "winograd_bwd_input",
-              [&] { tw::conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()); },
-              kBf16Tol);
-        if (wanted(cc.model, cc.layer, "winograd_bwd_weight") &&
-            tw::conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()))
-          bwd_weight_row(
-              "winograd_bwd_weight",
-              [&] { tw::conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()); },
-              kBf16Tol);
+        // Each runs once to see whether the kernel takes the layer, then is timed as a row.
+        const auto fwd = [&] {
+          return tw::conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data());
+        };
+        const auto bwd_input = [&] {
+          return tw::conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data());
+        };
+        const auto bwd_weight = [&] {
+          return tw::conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data());
+        };
+        if (wanted(cc.model, cc.layer, "winograd_fwd") && fwd()) fwd_row("winograd_fwd", fwd, kBf16Tol);
+        if (wanted(cc.model, cc.layer, "winograd_bwd_input") && bwd_input())
+          bwd_input_row("winograd_bwd_input", bwd_input, kBf16Tol);
+        if (wanted(cc.model, cc.layer, "winograd_bwd_weight") && bwd_weight())
+          bwd_weight_row("winograd_bwd_weight", bwd_weight, kBf16Tol);
       }
     }
   }

@@ -755,7 +755,7 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const WinogradWeightGradPlan plan(s, kBlock, kQ);  // conv.cc's, the transforms stored in tile pairs
+  const WinogradWeightGradPlan plan(s, kBlock, kQ);  // winograd_impl.h's, the transforms stored in tile pairs
   const std::int64_t ld_m = plan.ld_m;
   const WeightTiles& tiles = plan.tiles;
   const WinogradTiles& g = plan.g;

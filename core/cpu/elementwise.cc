@@ -139,9 +139,10 @@ void transpose8x8(const float* x, std::int64_t ld_x, float* y, std::int64_t ld_y
 // stores] in simd_impl.h), 16 source rows at a time so that each output row gets a whole 64-byte
 // line from two consecutive blocks. An 8x8 block's stores touch eight lines of y, and with plain
 // stores each line is read from memory before it is written: tfcnn's Flatten (128 images of a
-// 64 x 64 matrix, 2 MiB) took 141-170 us forward and 84-250 us backward that way, and 83-102 us
-// in both directions with streaming stores (a 2-core Zen 4 EPYC, `towerflow_bench_train --model
-// tfcnn --trace`, three alternating runs). Smaller outputs stay in the caches for their reader.
+// 64 x 64 matrix, 2 MiB) took 141-170 us forward and 84-259 us backward that way, and 63-94 us
+// forward and 85-108 us backward with streaming stores (a 2-core Zen 4 EPYC, `towerflow_bench_train
+// --model tfcnn --trace` in fp32 and bf16, alternating runs). Smaller outputs stay in the caches for
+// their reader.
 constexpr std::int64_t kStreamingTransposeBytes = std::int64_t{1} << 20;
 
 }  // namespace

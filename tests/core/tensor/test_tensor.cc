@@ -123,6 +123,15 @@ TEST_CASE("ops: shape mismatches print both shapes", "[ops][errors]") {
              Catch::Contains("[2, 3]") && Catch::Contains("[4, 5]"));
   CHECK_THAT(message_of([&] { max_pool2d(ramp({1, 2, 2, 1}), {.kernel = 3, .stride = 1}); }),
              Catch::Contains("[1, 2, 2, 1]"));
+  // The fused convolution and pool name themselves and the shapes, for either part's mistake.
+  CHECK_THAT(message_of([&] { conv2d_max_pool2d_relu(x, w, Tensor(), {}, {.kernel = 2, .stride = 2}); }),
+             Catch::Contains("Conv2DMaxPoolRelu") && Catch::Contains("[2, 5, 5, 3]") &&
+                 Catch::Contains("[4, 2, 3, 3]"));
+  CHECK_THAT(message_of([&] {
+               conv2d_max_pool2d_relu(x, ramp({4, 3, 3, 3}), Tensor(), {}, {.kernel = 5, .stride = 1});
+             }),
+             Catch::Contains("Conv2DMaxPoolRelu") && Catch::Contains("window 5x5") &&
+                 Catch::Contains("[2, 3, 3, 4]"));
   Tensor logits = ramp({2, 3});
   Tensor bad = Tensor::from_host(std::vector<std::int32_t>{0, 3}, {2}, kCpu);
   CHECK_THROWS_AS(softmax_cross_entropy(logits, bad), InvalidArgument);
