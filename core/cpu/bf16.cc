@@ -460,6 +460,12 @@ bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx
   return true;
 }
 
+bool conv2d_backward_weight_bf16_dy_rows_with(Bf16Kernels k, const CpuContext& ctx,
+                                              const Conv2dShape& s, const float* x,
+                                              const DyRows& rows, float* dw) {
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.backward_weight_dy_rows(ctx, s, x, rows, dw); });
+}
+
 // The active kernels, and the emulated path where they decline (oneDNN's reference problems).
 void conv2d_forward_bf16(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                          const float* w, const float* bias_or_null, float* y) {

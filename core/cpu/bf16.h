@@ -33,6 +33,7 @@
 //   other than emulated asked of a build or CPU that cannot run it, naming why and the fix.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -127,6 +128,24 @@ bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, con
 bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx,
                                               const Conv2dShape& s, const float* dy,
                                               const float* w, float* dx);
+
+// ---- the output gradient a few rows at a time ----------------------------------------------
+// A convolution's output gradient dy handed to its weight gradient a few rows at a time, made
+// while the kernel reads it rather than stored whole first (a max pool's backward, whose gradient
+// only the weight gradient reads: Conv2DMaxPoolRelu's first layer). rows(n, row0, count, buf,
+// first) gives output rows [row0, row0 + count) of image n, count * out_w * c_out floats: written
+// into buf, which has room for them, or anywhere else, and returned. Each row of each image is
+// asked for once with first true; where the kernel splits its tiles over threads it asks for the
+// rows again, from other threads, with first false, and they must come out the same.
+using DyRows = std::function<const float*(int n, int row0, int count, float* buf, bool first)>;
+
+// conv2d_backward_weight_bf16_with with dy read through rows: the same bits as with dy stored.
+// False, having written nothing and called rows never, where k has no such path: towerflow's pair
+// kernels (avx512bf16 and its emulated twin) have one, except for the row kernel of up to 32
+// output channels of 3-wide kernels (Note [Pair weight-gradient row kernel] in bf16_pairs.cc).
+bool conv2d_backward_weight_bf16_dy_rows_with(Bf16Kernels k, const CpuContext& ctx,
+                                              const Conv2dShape& s, const float* x,
+                                              const DyRows& rows, float* dw);
 
 // ---- bf16 inputs ----------------------------------------------------------------------------
 // x stored as bf16 bits (the top half of a float32's; batch_norm_relu_forward_training_bf16 of

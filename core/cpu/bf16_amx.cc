@@ -720,7 +720,10 @@ struct AmxDrivers {
     if (weight_rows_apply(s)) return amx_weight_grad_rows(ctx, s, x, dy, dw);
     amx_weight_grad(ctx, s, x, dy, dw);
   }
-  // No Winograd kernels on AMX tiles.
+  // No weight gradient through dy's rows, and no Winograd kernels, on AMX tiles.
+  static bool backward_weight_dy_rows(const CpuContext&, const Conv2dShape&, const float*, const DyRows&, float*) {
+    return false;
+  }
   template <typename In>
   static bool winograd_backward_weight(const CpuContext&, const Conv2dShape&, const In*, const float*, float*) {
     return false;

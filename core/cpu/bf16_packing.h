@@ -428,6 +428,8 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
 //                                                 stride-1 backward input and the GEMM run through
 //   D::backward_input_phases(ctx, s, dy, w, dx)   the other backward inputs
 //   D::backward_weight(ctx, s, x, dy, dw)
+//   D::backward_weight_dy_rows(ctx, s, x, rows, dw)  the same with dy through rows (DyRows),
+//                                                  false where there is no such path for s
 //   D::winograd_backward_weight(ctx, s, x, dy, dw)  the Winograd weight gradient, false where
 //                                                  there is none for s
 //   D::winograd_conv(ctx, s, x, bias, y, get)       the Winograd convolution, the same
@@ -489,6 +491,7 @@ struct Bf16Table {
       .winograd_forward = &winograd_forward<float>,
       .winograd_forward_bf16_input = &winograd_forward<std::uint16_t>,
       .winograd_backward_input = &winograd_backward_input,
+      .backward_weight_dy_rows = &D::backward_weight_dy_rows,
   };
 };
 

@@ -415,10 +415,12 @@ void pair_weight_tile(const Pair* __restrict xp, std::int64_t ld_x, const Pair* 
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc_mem + q * ld_acc + kLanes * v, acc[q][v]);
 }
 
-// dw = correlate(x, dy), built in dwp [kh][kw*c_in][blocks*B] as conv.cc's weight_grad.
-template <int V, typename In>
-void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
-                      float* dw) {
+// dw = correlate(x, dy), built in dwp [kh][kw*c_in][blocks*B] as conv.cc's weight_grad. dy's
+// output rows come from dy_rows(n, row0, count, buf, first) (bf16.h's DyRows): the stored dy's,
+// or rows made as the passes ask for them, into a buffer of the thread's.
+template <int V, typename In, typename DyRowsFn>
+void pair_weight_grad_from(const CpuContext& ctx, const Conv2dShape& s, const In* x, DyRowsFn&& dy_rows,
+                           float* dw) {
   constexpr int kBlock = kLanes * V;
   constexpr int kQ = kMaxInputs<V>;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
@@ -442,14 +444,15 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, 
     In* xbuf = reinterpret_cast<In*>(padded_image_buffer(s));
     Pair* dyb = scratch_pairs(Scratch::kOutput, max_pairs * ld_acc);
     Pair* xpb = scratch_pairs(Scratch::kPacked, pass_pair_rows(s, rows_per_pass * ow, max_pairs) * q_len);
+    float* rows_buf = scratch(Scratch::kRows, static_cast<std::size_t>(std::int64_t{rows_per_pass} * ow * s.c_out));
     for (int n = n0; n < n1; ++n) {
       const In* img = padded_image(s, x + n * image_in, xbuf);
-      const float* dimg = dy + n * image_out * s.c_out;
       for (int r0 = 0; r0 < oh; r0 += rows_per_pass) {
-        const int pixels = std::min(rows_per_pass, oh - r0) * ow;
+        const int pass_rows = std::min(rows_per_pass, oh - r0);
+        const int pixels = pass_rows * ow;
         const int pairs = (pixels + 1) / 2;
         // dy [pair][ld_acc]: pixels 2k and 2k + 1 of the pass (the last one alone when odd).
-        const float* dpass = dimg + std::int64_t{r0} * ow * s.c_out;
+        const float* dpass = dy_rows(n, r0, pass_rows, rows_buf, t0 == 0);
         for (int k = 0; k < pairs; ++k) {
           Pair* d = dyb + k * ld_acc;
           to_pairs(s.c_out, dpass + std::int64_t{2 * k} * s.c_out,
@@ -472,6 +475,14 @@ void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, 
                   dwp, accumulate);
 
   unpack_weight_grad(s, dwp, ld_acc, dw);
+}
+
+// pair_weight_grad on a stored dy.
+template <int V, typename In>
+void pair_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy, float* dw) {
+  const std::int64_t row = std::int64_t{s.out_w()} * s.c_out, image = s.out_h() * row;
+  pair_weight_grad_from<V>(ctx, s, x,
+                           [&](int n, int row0, int, float*, bool) { return dy + n * image + row0 * row; }, dw);
 }
 
 // ---- the weight-gradient row kernel for up to 16 output channels ---------------------------
@@ -948,6 +959,12 @@ struct PairDrivers {
       return pair_weight_grad_rows<2>(ctx, s, x, dy, dw);
     }
     with_block(s.c_out, [&]<int V>() { pair_weight_grad<V>(ctx, s, x, dy, dw); });
+  }
+  static bool backward_weight_dy_rows(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                      const DyRows& rows, float* dw) {
+    if (weight_row_kernel_applies(s)) return false;
+    with_block(s.c_out, [&]<int V>() { pair_weight_grad_from<V>(ctx, s, x, rows, dw); });
+    return true;
   }
   template <typename In>
   static bool winograd_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const In* x,

@@ -36,6 +36,10 @@ struct Bf16KernelTable {
                                       const float* w, const float* bias_or_null, float* y);
   bool (*winograd_backward_input)(const CpuContext&, const Conv2dShape&, const float* dy,
                                   const float* w, float* dx);
+  // The weight gradient with dy read through rows (bf16.h's DyRows): false, with nothing written,
+  // where the object has no such path for the problem.
+  bool (*backward_weight_dy_rows)(const CpuContext&, const Conv2dShape&, const float* x,
+                                  const DyRows& rows, float* dw);
 };
 
 }  // namespace towerflow::cpu

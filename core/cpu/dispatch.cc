@@ -57,6 +57,11 @@ void max_pool_backward_channel_sums(const CpuContext& ctx, const Pool2dShape& s,
   kernels().max_pool_backward_channel_sums(ctx, s, dy, argmax, dx, sums);
 }
 
+void max_pool_backward_rows(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                            std::int64_t r0, std::int64_t r1, float* dx_rows, float* row_sums) {
+  kernels().max_pool_backward_rows(s, dy, argmax, r0, r1, dx_rows, row_sums);
+}
+
 void max_pool_relu_forward(const CpuContext& ctx, const Pool2dShape& s, const float* x, float* y, std::int32_t* argmax) {
   kernels().max_pool_relu_forward(ctx, s, x, y, argmax);
 }

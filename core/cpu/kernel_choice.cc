@@ -623,6 +623,17 @@ void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, 
   });
 }
 
+bool conv2d_backward_weight_bf16_dy_rows_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                                const float* x, const DyRows& rows, float* dw) {
+  const std::vector<std::string>& c = candidates(true);
+  const std::string problem = s.describe();
+  const ChoiceProblem p{.key = "conv backward weight " + problem, .pass = "backward weight",
+                        .problem = problem, .bf16 = true, .threads = ctx.threads()};
+  const std::optional<std::string> settled = settled_choice(p, c);
+  if (!settled || family_of(*settled) == "winograd") return false;
+  return conv2d_backward_weight_bf16_dy_rows_with(bf16_by_name(*settled), ctx, s, x, rows, dw);
+}
+
 void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
                                       const std::uint16_t* x, const float* w,
                                       const float* bias_or_null, float* y, std::string_view layer) {

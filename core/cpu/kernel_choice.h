@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/cpu/bf16.h"
 #include "core/cpu/context.h"
 #include "core/cpu/isa.h"
 #include "core/shapes.h"
@@ -33,6 +34,13 @@ bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& 
                                       const float* w, float* dx);
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw, bool bf16, std::string_view layer);
+// The bf16 weight gradient with dy read through rows (bf16.h's DyRows) where the problem's choice
+// (conv2d_backward_weight_chosen's, bf16) is settled on kernels that have such a path, towerflow's
+// pair kernels; false, having written nothing and called rows never, elsewhere: on other kernels,
+// or where the choice is still to be measured (the caller then stores dy and calls
+// conv2d_backward_weight_chosen, which measures).
+bool conv2d_backward_weight_bf16_dy_rows_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                                const float* x, const DyRows& rows, float* dw);
 // The bf16 forward and weight gradient with x stored as bf16 bits (bf16.h's bf16 inputs): problems
 // of their own ("..., bf16 input"), since reading half the bytes of x may change which kernels
 // are fastest.

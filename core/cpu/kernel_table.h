@@ -38,6 +38,7 @@ namespace towerflow::cpu {
   X(max_pool_forward) \
   X(max_pool_backward) \
   X(max_pool_backward_channel_sums) \
+  X(max_pool_backward_rows) \
   X(max_pool_relu_forward) \
   X(max_pool_relu_forward_bf16) \
   X(avg_pool_forward) \

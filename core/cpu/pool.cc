@@ -455,11 +455,11 @@ void max_pool_relu_forward_bf16(const CpuContext& ctx, const Pool2dShape& s, con
 
 namespace {
 
-// dx for pixels [iw0, iw1) of input row r (image r / h, row r % h), and with kSums, each pixel's
-// gradient added to acc[0, c) in pixel order.
+// dx for pixels [iw0, iw1) of input row r (image r / h, row r % h), pixel iw at dx_row + iw * c,
+// and with kSums, each pixel's gradient added to acc[0, c) in pixel order.
 template <bool kStream, bool kSums>
 void max_pool_backward_row(const Pool2dShape& s, const PoolWindows& windows, const float* dy,
-                           const std::int32_t* argmax, std::int64_t r, int iw0, int iw1, float* dx,
+                           const std::int32_t* argmax, std::int64_t r, int iw0, int iw1, float* dx_row,
                            float* acc) {
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
   const std::int64_t image_out = std::int64_t{oh} * ow * c;
@@ -471,7 +471,7 @@ void max_pool_backward_row(const Pool2dShape& s, const PoolWindows& windows, con
   with_count(windows.rows[ih], [&]<int NR>() {
     for (int iw = iw0; iw < iw1; ++iw) {
       const int pos = ih * s.w + iw;
-      float* d = dx + (r * s.w + iw) * c;
+      float* d = dx_row + std::int64_t{iw} * c;
       // The next output row at the newest column (Note [Prefetching the next rows]).
       const int col1 = windows.last_col[iw];
       if (row1 + 1 < oh && (iw == iw0 || col1 != windows.last_col[iw - 1])) {
@@ -518,7 +518,8 @@ void max_pool_backward_impl(const CpuContext& ctx, const Pool2dShape& s, const f
     ctx.parallel_for(std::int64_t{s.n} * s.h, min_rows, [&](std::int64_t r0, std::int64_t r1) {
       with_flag(stream, [&]<bool kStream>() {
         for (std::int64_t r = r0; r < r1; ++r)
-          max_pool_backward_row<kStream, false>(s, windows, dy, argmax, r, 0, s.w, dx, nullptr);
+          max_pool_backward_row<kStream, false>(s, windows, dy, argmax, r, 0, s.w, dx + r * s.w * c,
+                                                nullptr);
         if constexpr (kStream) stream_fence();
       });
     });
@@ -538,7 +539,8 @@ void max_pool_backward_impl(const CpuContext& ctx, const Pool2dShape& s, const f
           const int iw0 = static_cast<int>(std::max<std::int64_t>(p0 - r * s.w, 0));
           const int iw1 = static_cast<int>(std::min<std::int64_t>(p1 - r * s.w, s.w));
           std::fill(row_sums, row_sums + c, 0.0f);
-          max_pool_backward_row<kStream, true>(s, windows, dy, argmax, r, iw0, iw1, dx, row_sums);
+          max_pool_backward_row<kStream, true>(s, windows, dy, argmax, r, iw0, iw1, dx + r * s.w * c,
+                                               row_sums);
           for (int ch = 0; ch < c; ++ch) acc[ch] += row_sums[ch];
         }
       }
@@ -557,6 +559,26 @@ void max_pool_backward_impl(const CpuContext& ctx, const Pool2dShape& s, const f
 void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                        const std::int32_t* argmax, float* dx) {
   max_pool_backward_impl(ctx, s, dy, argmax, dx, nullptr);
+}
+
+void max_pool_backward_rows(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                            std::int64_t r0, std::int64_t r1, float* dx_rows, float* row_sums) {
+  s.validate();
+  TW_CHECK(argmax != nullptr, "max_pool_backward_rows needs the argmax of max_pool_forward");
+  TW_CHECK(0 <= r0 && r0 <= r1 && r1 <= std::int64_t{s.n} * s.h, "max_pool_backward_rows: rows [", r0, ", ", r1,
+           ") outside the batch's ", std::int64_t{s.n} * s.h);
+  const PoolWindows& windows = PoolWindows::for_shape(s);
+  const std::int64_t row_size = std::int64_t{s.w} * s.c;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    float* dx_row = dx_rows + (r - r0) * row_size;
+    if (row_sums == nullptr) {
+      max_pool_backward_row<false, false>(s, windows, dy, argmax, r, 0, s.w, dx_row, nullptr);
+    } else {
+      float* acc = row_sums + (r - r0) * s.c;
+      std::fill(acc, acc + s.c, 0.0f);
+      max_pool_backward_row<false, true>(s, windows, dy, argmax, r, 0, s.w, dx_row, acc);
+    }
+  }
 }
 
 void max_pool_backward_channel_sums(const CpuContext& ctx, const Pool2dShape& s, const float* dy,

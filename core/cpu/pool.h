@@ -39,6 +39,16 @@ void max_pool_backward(const CpuContext& ctx, const Pool2dShape& s, const float*
 void max_pool_backward_channel_sums(const CpuContext& ctx, const Pool2dShape& s, const float* dy,
                                     const std::int32_t* argmax, float* dx, float* sums);
 
+// max_pool_backward for input rows [r0, r1) of the batch alone (row r is row r % s.h of image
+// r / s.h), on the calling thread: row r's gradient goes to dx_rows + (r - r0) * s.w * s.c, the
+// bits max_pool_backward gives it, and where row_sums is not null, row_sums[(r - r0) * s.c + ch]
+// = the sum of that row's gradient of channel ch, in float in pixel order. For a reader of the
+// gradient that wants it a few rows at a time, while they are in cache (a convolution's weight
+// gradient, bf16.h's conv2d_backward_weight_bf16_dy_rows_with). Rows outside the batch are the
+// caller's error (InternalError).
+void max_pool_backward_rows(const Pool2dShape& s, const float* dy, const std::int32_t* argmax,
+                            std::int64_t r0, std::int64_t r1, float* dx_rows, float* row_sums);
+
 // max_pool2d followed by a ReLU in one pass: y = relu(max pool of x), where relu(v) = v < 0 ? 0 : v
 // (NaN stays NaN). argmax (non-null) is max_pool_forward's where y > 0 and -1 elsewhere, where
 // the ReLU passes no gradient: max_pool_backward with it gives the bits of relu_backward followed

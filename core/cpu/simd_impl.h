@@ -149,7 +149,7 @@ inline void stream_fence() {
 // for buffers that are alive at the same time on the same thread. The returned memory is
 // 64-byte aligned and uninitialised; it stays valid until the same thread asks for the same
 // slot again.
-enum class Scratch : int { kWeights = 0, kInput, kOutput, kAux, kPacked, kCount };
+enum class Scratch : int { kWeights = 0, kInput, kOutput, kAux, kPacked, kRows, kCount };
 
 inline float* scratch(Scratch slot, std::size_t floats) {
   struct Buffer {

@@ -218,6 +218,18 @@ class Backend {
                                      .stride_h = 1, .stride_w = 1},
                          dx, sums);
   }
+  // The weight gradient dw of convolution cs, its products in precision p (conv2d_*_half's), and
+  // where sums is not null its bias gradient, for a convolution whose output only max pool ps
+  // read (argmax from max_pool_forward or max_pool_relu_forward), from the pool's output gradient
+  // g, without storing the convolution's output gradient: its input needs no gradient, so nothing
+  // else reads that one. False, having written nothing, where the backend has no such path for
+  // the problem (the base class has none); the caller then runs max_pool_backward_channel_sums
+  // and the weight gradient.
+  virtual bool conv2d_backward_weight_through_max_pool(Precision, const Conv2dShape&, const float*,
+                                                       const Pool2dShape&, const float*, const std::int32_t*,
+                                                       float*, float*) {
+    return false;
+  }
   virtual void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) = 0;
   virtual void avg_pool_backward(const Pool2dShape& s, const float* dy, float* dx) = 0;
 

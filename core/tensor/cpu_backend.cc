@@ -338,6 +338,35 @@ class CpuBackend final : public Backend {
     const auto span = kernel_span("max_pool_backward", 2.0 * pool_out(s) + pool_in(s));  // dy, argmax; dx
     cpu::max_pool_backward_channel_sums(ctx_, s, dy, argmax, dx, sums);
   }
+  // In bf16, where the weight gradient's choice is settled on towerflow's pair kernels: the pool's
+  // gradient is made a few rows at a time as the weight gradient's passes read them (Note [A pool
+  // gradient inside the weight gradient]).
+  bool conv2d_backward_weight_through_max_pool(Precision p, const Conv2dShape& cs, const float* x,
+                                               const Pool2dShape& ps, const float* g, const std::int32_t* argmax,
+                                               float* dw, float* sums) override {
+    if (p != Precision::Bf16 || argmax == nullptr) return false;
+    const std::int64_t rows = std::int64_t{ps.n} * ps.h;
+    thread_local std::vector<float> row_sums;  // kept from step to step: the pass allocates nothing
+    if (sums) row_sums.resize(static_cast<std::size_t>(rows * ps.c));
+    float* row_sums_data = row_sums.data();
+    const auto dy_rows = [&](int n, int row0, int count, float* buf, bool first) {
+      const std::int64_t r = std::int64_t{n} * ps.h + row0;
+      cpu::max_pool_backward_rows(ps, g, argmax, r, r + count, buf,
+                                  sums && first ? row_sums_data + r * ps.c : nullptr);
+      return static_cast<const float*>(buf);
+    };
+    if (!cpu::conv2d_backward_weight_bf16_dy_rows_chosen(ctx_, cs, x, dy_rows, dw)) return false;
+    count_conv("conv backward weight", cs);
+    if (sums) {
+      // The rows' float sums in double, in row order: the same for any thread count.
+      thread_local std::vector<double> total;
+      total.assign(static_cast<std::size_t>(ps.c), 0.0);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (int ch = 0; ch < ps.c; ++ch) total[ch] += row_sums_data[r * ps.c + ch];
+      for (int ch = 0; ch < ps.c; ++ch) sums[ch] = static_cast<float>(total[ch]);
+    }
+    return true;
+  }
   void avg_pool_forward(const Pool2dShape& s, const float* x, float* y) override {
     const auto span = kernel_span("avg_pool_forward", pool_in(s) + pool_out(s));
     cpu::avg_pool_forward(ctx_, s, x, y);

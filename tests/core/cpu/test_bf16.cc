@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -493,4 +494,74 @@ TEST_CASE("bf16 kernels carry a NaN or an infinity to the outputs fp32 does", "[
         CHECK(std::any_of(dw.begin(), dw.end(), [](float v) { return !std::isfinite(v); }));
       }
   }
+}
+
+// The weight gradient with dy handed over a few rows at a time (bf16.h's DyRows, which
+// Conv2DMaxPoolRelu's first layer feeds from the pool's backward): the bits of the stored dy's on
+// every kernel that has the path, each row asked for once with `first`, and other kernels and the
+// pair kernels' row kernel declining without asking.
+TEST_CASE("bf16 weight gradient with dy through rows: the stored dy's bits, each row once first", "[bf16]") {
+  const towerflow::testing::AutomaticBf16Kernels automatic;
+  const CpuContext ctx(2);
+  // 20 images sum in image groups, 3 split the tiles over threads (Note [Weight gradient: image
+  // groups or tiles]); tfcnn's first layer's kernel and channels, an odd width (pixel pairs across
+  // rows) and 3x3 with 48 output channels.
+  const Conv2dShape shapes[] = {
+      {.n = 20, .h = 10, .w = 12, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+      {.n = 3, .h = 10, .w = 12, .c_in = 3, .c_out = 64, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
+      {.n = 17, .h = 7, .w = 9, .c_in = 8, .c_out = 48, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+  };
+  for (const Bf16Kernels k : {Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated}) {
+    if (!towerflow::testing::bf16_path_runs(k)) continue;  // the WARN says why
+    for (const Conv2dShape& s : shapes) {
+      INFO(bf16_kernels_name(k) << ": " << s.to_string());
+      const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw;
+      const std::int64_t row = std::int64_t{s.out_w()} * s.c_out;
+      const auto x = random_vector(xn, 31), dy = random_vector(std::size_t(s.n) * s.out_h() * row, 32);
+      std::vector<float> want(wn), got(wn, -1.0f);
+      REQUIRE(conv2d_backward_weight_bf16_with(k, ctx, s, x.data(), dy.data(), want.data()));
+      std::vector<std::atomic<int>> firsts(std::size_t(s.n) * s.out_h());
+      std::atomic<bool> bad_span = false;
+      const DyRows rows = [&](int n, int row0, int count, float* buf, bool first) {
+        if (n < 0 || n >= s.n || row0 < 0 || count < 1 || row0 + count > s.out_h()) bad_span = true;
+        if (first)
+          for (int r = row0; r < row0 + count; ++r) ++firsts[std::size_t(n) * s.out_h() + r];
+        std::copy_n(dy.data() + (std::int64_t{n} * s.out_h() + row0) * row, count * row, buf);
+        return static_cast<const float*>(buf);
+      };
+      REQUIRE(conv2d_backward_weight_bf16_dy_rows_with(k, ctx, s, x.data(), rows, got.data()));
+      CHECK_FALSE(bad_span);
+      CHECK(got == want);
+      for (std::size_t r = 0; r < firsts.size(); ++r) {
+        INFO("image " << r / s.out_h() << ", row " << r % s.out_h());
+        CHECK(firsts[r] == 1);
+      }
+    }
+  }
+  // No such path: the row kernel (up to 32 output channels of a 3-wide kernel), and the other
+  // kernels.
+  bool asked = false;
+  const DyRows never = [&](int, int, int, float* buf, bool) {
+    asked = true;
+    return static_cast<const float*>(buf);
+  };
+  const Conv2dShape narrow{.n = 4, .h = 6, .w = 6, .c_in = 8, .c_out = 16, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1};
+  const auto x = random_vector(std::size_t(4) * 6 * 6 * 8, 33);
+  std::vector<float> dw(std::size_t(16) * 8 * 9, -1.0f);
+  for (const Bf16Kernels k : {Bf16Kernels::Emulated, Bf16Kernels::OneDnn, Bf16Kernels::Amx, Bf16Kernels::AmxEmulated,
+                              Bf16Kernels::Avx512Bf16, Bf16Kernels::Avx512Bf16Emulated}) {
+    if (!towerflow::testing::bf16_path_runs(k)) continue;
+    const bool pairs = k == Bf16Kernels::Avx512Bf16 || k == Bf16Kernels::Avx512Bf16Emulated;
+    INFO(bf16_kernels_name(k));
+    if (!pairs) {
+      const Conv2dShape s = shapes[0];
+      const auto xs = random_vector(std::size_t(s.n) * s.h * s.w * s.c_in, 34);
+      std::vector<float> dws(std::size_t(s.c_out) * s.c_in * s.kh * s.kw, -1.0f);
+      CHECK_FALSE(conv2d_backward_weight_bf16_dy_rows_with(k, ctx, s, xs.data(), never, dws.data()));
+      CHECK(std::all_of(dws.begin(), dws.end(), [](float v) { return v == -1.0f; }));
+    }
+    CHECK_FALSE(conv2d_backward_weight_bf16_dy_rows_with(k, ctx, narrow, x.data(), never, dw.data()));
+    CHECK(std::all_of(dw.begin(), dw.end(), [](float v) { return v == -1.0f; }));
+  }
+  CHECK_FALSE(asked);
 }

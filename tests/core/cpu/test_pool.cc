@@ -378,6 +378,51 @@ TEST_CASE("max pool gradient's channel sums are the sums of its dx, the same bit
   }
 }
 
+// max_pool_backward_rows: each span of rows max_pool_backward's bits, and each row's channel sums
+// a float sum over its pixels in pixel order (an independent loop over those dx); with and
+// without the sums, over spans that cross images; rows outside the batch refused.
+TEST_CASE("max pool gradient a few rows at a time: max_pool_backward's rows and each row's sums", "[cpu][pool]") {
+  const Pool2dShape shapes[] = {
+      {.n = 3, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 4, .h = 9, .w = 7, .c = 19, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
+      {.n = 2, .h = 10, .w = 27, .c = 40, .kh = 2, .kw = 2, .stride_h = 2, .stride_w = 2},
+      {.n = 2, .h = 3, .w = 5, .c = 3, .kh = 3, .kw = 3, .stride_h = 1, .stride_w = 1, .pad_h = 1, .pad_w = 1}};
+  for (const Pool2dShape& s : shapes) {
+    INFO(s.to_string());
+    auto x = random_vector(in_size(s), 71);
+    for (std::size_t i = 0; i < x.size(); i += 3) x[i] = -0.25f;  // ties, and ReLU zeros
+    const auto dy = random_vector(out_size(s), 72);
+    std::vector<float> y(out_size(s)), dx(in_size(s));
+    std::vector<std::int32_t> arg(out_size(s));
+    CpuContext ctx(2);
+    max_pool_relu_forward(ctx, s, x.data(), y.data(), arg.data());
+    max_pool_backward(ctx, s, dy.data(), arg.data(), dx.data());
+    const std::int64_t rows = std::int64_t{s.n} * s.h, row_size = std::int64_t{s.w} * s.c;
+    for (const std::int64_t span : {std::int64_t{1}, std::int64_t{4}, rows}) {
+      INFO("spans of " << span << " rows");
+      for (std::int64_t r0 = 0; r0 < rows; r0 += span) {
+        const std::int64_t r1 = std::min(rows, r0 + span);
+        std::vector<float> got(static_cast<std::size_t>((r1 - r0) * row_size), 7.0f), plain(got.size(), 7.0f);
+        std::vector<float> sums(static_cast<std::size_t>((r1 - r0) * s.c), 7.0f);
+        max_pool_backward_rows(s, dy.data(), arg.data(), r0, r1, got.data(), sums.data());
+        max_pool_backward_rows(s, dy.data(), arg.data(), r0, r1, plain.data(), nullptr);
+        CHECK(std::memcmp(got.data(), dx.data() + r0 * row_size, got.size() * sizeof(float)) == 0);
+        CHECK(plain == got);
+        for (std::int64_t r = r0; r < r1; ++r)
+          for (int ch = 0; ch < s.c; ++ch) {
+            float want = 0.0f;
+            for (int iw = 0; iw < s.w; ++iw) want += dx[(r * s.w + iw) * s.c + ch];
+            INFO("row " << r << ", channel " << ch);
+            CHECK(std::bit_cast<std::uint32_t>(sums[(r - r0) * s.c + ch]) == std::bit_cast<std::uint32_t>(want));
+          }
+      }
+    }
+    std::vector<float> buf(static_cast<std::size_t>(row_size));
+    CHECK_THROWS_AS(max_pool_backward_rows(s, dy.data(), arg.data(), rows, rows + 1, buf.data(), nullptr),
+                    towerflow::InternalError);
+  }
+}
+
 // max_pool_relu_forward against the two passes it fuses, bit for bit: y = relu(max pool), argmax
 // the pool's where y > 0 and -1 elsewhere; and max_pool_backward over that argmax against
 // max_pool_backward of relu_backward's (y > 0 ? dy : 0) over the pool's. Inputs with NaN, ties and
