@@ -218,6 +218,11 @@ class Backend {
                                      .stride_h = 1, .stride_w = 1},
                          dx, sums);
   }
+  // How many images of convolution s a convolution followed by a max pool (Conv2DMaxPoolRelu)
+  // runs at a time, each chunk's convolution and then its pool, so that the pool reads the
+  // convolution's output from cache (Note [Convolution and pool in chunks of the batch] in
+  // cpu_backend.cc). The base class: the whole batch at once.
+  virtual int conv_pool_chunk_images(const Conv2dShape& s) const { return s.n; }
   // The weight gradient dw of convolution cs, its products in precision p (conv2d_*_half's), and
   // where sums is not null its bias gradient, for a convolution whose output only max pool ps
   // read (argmax from max_pool_forward or max_pool_relu_forward), from the pool's output gradient

@@ -235,30 +235,42 @@ void check_conv_inputs(std::string_view op, const Tensor& x, const Tensor& w, co
                            shape_str(x.shape()), " padded by ", opts.padding);
 }
 
-// y = the convolution of x and w plus bias on device d, unrecorded.
-ConvForward conv_forward(const Device& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                         Conv2dOptions opts) {
+// The convolution of x and w on device d as its kernels read it: shape, products and operands,
+// no output yet.
+ConvForward conv_operands(const Device& d, const Tensor& x, const Tensor& w, Conv2dOptions opts) {
   ConvForward f;
   f.s = Conv2dShape{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
                     .w = static_cast<int>(x.dim(2)), .c_in = static_cast<int>(x.dim(3)),
                     .c_out = static_cast<int>(w.dim(0)), .kh = static_cast<int>(w.dim(2)),
                     .kw = static_cast<int>(w.dim(3)), .stride_h = opts.stride,
                     .stride_w = opts.stride, .pad_h = opts.padding, .pad_w = opts.padding};
-  const Conv2dShape& s = f.s;
-  f.y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c_out}, d);
   f.p = products_on(d);
   f.reads_bf16 = x.dtype() == DType::kBFloat16 && f.p == Products::Bf16Kernels &&
                  backend_for(d).supports(OpKind::kBf16Activations);
   f.xo = conv_input(x, f.p, f.reads_bf16);
   f.wo = operand(w, f.p);
+  return f;
+}
+
+// y = the convolution of f's images [begin, end) plus bias, into y (those images' outputs).
+void conv_images(Backend& be, const ConvForward& f, int begin, int end, const Tensor& bias, float* y) {
+  Conv2dShape s = f.s;
+  s.n = end - begin;
+  const std::int64_t offset = std::int64_t{begin} * s.h * s.w * s.c_in;
   if (f.reads_bf16)
-    backend_for(d).conv2d_forward_bf16_input(s, f.xo.data<bfloat16>(), f.wo.data<float>(), fptr(bias),
-                                             f.y.data<float>());
+    be.conv2d_forward_bf16_input(s, f.xo.data<bfloat16>() + offset, f.wo.data<float>(), fptr(bias), y);
   else if (half_kernels(f.p))
-    backend_for(d).conv2d_forward_half(half_type(f.p), s, f.xo.data<float>(), f.wo.data<float>(),
-                                       fptr(bias), f.y.data<float>());
+    be.conv2d_forward_half(half_type(f.p), s, f.xo.data<float>() + offset, f.wo.data<float>(), fptr(bias), y);
   else
-    backend_for(d).conv2d_forward(s, f.xo.data<float>(), f.wo.data<float>(), fptr(bias), f.y.data<float>());
+    be.conv2d_forward(s, f.xo.data<float>() + offset, f.wo.data<float>(), fptr(bias), y);
+}
+
+// y = the convolution of x and w plus bias on device d, unrecorded.
+ConvForward conv_forward(const Device& d, const Tensor& x, const Tensor& w, const Tensor& bias,
+                         Conv2dOptions opts) {
+  ConvForward f = conv_operands(d, x, w, opts);
+  f.y = Tensor::empty({f.s.n, f.s.out_h(), f.s.out_w(), f.s.c_out}, d);
+  conv_images(backend_for(d), f, 0, f.s.n, bias, f.y.data<float>());
   return f;
 }
 
@@ -586,19 +598,23 @@ Tensor sum(const Tensor& x) {
 // ---- pooling -----------------------------------------------------------------------------------
 
 namespace {
-Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
-  check_float(op, "input", x);
-  check_ndim(op, "input", x, 4, "NHWC [n, h, w, c]");
+// The pool o over an NHWC input of shape `shape`.
+Pool2dShape pool_shape(std::string_view op, const Shape& shape, Pool2dOptions o) {
   if (o.kernel < 1 || o.stride < 1 || o.padding < 0 || 2 * o.padding > o.kernel)
     raise<InvalidArgument>(op, ": kernel ", o.kernel, ", stride ", o.stride, ", padding ",
                            o.padding, " are invalid (kernel, stride >= 1; 0 <= padding <= kernel/2)");
-  if (x.dim(1) + 2 * o.padding < o.kernel || x.dim(2) + 2 * o.padding < o.kernel)
+  if (shape[1] + 2 * o.padding < o.kernel || shape[2] + 2 * o.padding < o.kernel)
     raise<InvalidArgument>(op, ": window ", o.kernel, "x", o.kernel,
-                           " is larger than the padded input ", shape_str(x.shape()));
-  return Pool2dShape{.n = static_cast<int>(x.dim(0)), .h = static_cast<int>(x.dim(1)),
-                     .w = static_cast<int>(x.dim(2)), .c = static_cast<int>(x.dim(3)),
+                           " is larger than the padded input ", shape_str(shape));
+  return Pool2dShape{.n = static_cast<int>(shape[0]), .h = static_cast<int>(shape[1]),
+                     .w = static_cast<int>(shape[2]), .c = static_cast<int>(shape[3]),
                      .kh = o.kernel, .kw = o.kernel, .stride_h = o.stride, .stride_w = o.stride,
                      .pad_h = o.padding, .pad_w = o.padding};
+}
+Pool2dShape pool_shape(std::string_view op, const Tensor& x, Pool2dOptions o) {
+  check_float(op, "input", x);
+  check_ndim(op, "input", x, 4, "NHWC [n, h, w, c]");
+  return pool_shape(op, x.shape(), o);
 }
 }  // namespace
 
@@ -609,20 +625,33 @@ namespace {
 struct MaxPoolForward {
   Tensor y, argmax;
 };
-MaxPoolForward max_pool_forward_on(const Device& d, const Tensor& x, const Pool2dShape& s,
-                                   Pool2dOptions opts, bool relu) {
-  Backend& be = backend_for(d);
-  // Stored as bf16 where only convolutions read it (Note [bf16 activations]); the backward reads
-  // argmax alone.
-  const bool bf16_out = relu && opts.readers == OutputReaders::kConvolutions &&
-                        current_precision() == Precision::Bf16 && be.supports(OpKind::kBf16Activations);
+// Whether a max pool on d stores its output as bf16: where only convolutions read it (Note [bf16
+// activations]); the backward reads argmax alone.
+bool max_pool_stores_bf16(Backend& be, Pool2dOptions opts, bool relu) {
+  return relu && opts.readers == OutputReaders::kConvolutions && current_precision() == Precision::Bf16 &&
+         be.supports(OpKind::kBf16Activations);
+}
+// The output and argmax of a max pool s on d.
+MaxPoolForward max_pool_outputs(const Device& d, const Pool2dShape& s, bool bf16_out) {
   MaxPoolForward f;
   f.y = Tensor::empty({s.n, s.out_h(), s.out_w(), s.c}, d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
   f.argmax = Tensor::empty(f.y.shape(), d, DType::kInt32);
-  if (bf16_out)
-    be.max_pool_relu_forward_bf16(s, x.data<float>(), f.y.data<bfloat16>(), f.argmax.data<std::int32_t>());
+  return f;
+}
+// The pool s of x (s.n images) into images [begin, begin + s.n) of f.
+void max_pool_images(Backend& be, const Pool2dShape& s, const float* x, bool relu, MaxPoolForward& f, int begin) {
+  const std::int64_t offset = std::int64_t{begin} * s.out_h() * s.out_w() * s.c;
+  std::int32_t* argmax = f.argmax.data<std::int32_t>() + offset;
+  if (f.y.dtype() == DType::kBFloat16)
+    be.max_pool_relu_forward_bf16(s, x, f.y.data<bfloat16>() + offset, argmax);
   else
-    be.max_pool_forward(s, x.data<float>(), f.y.data<float>(), f.argmax.data<std::int32_t>(), relu);
+    be.max_pool_forward(s, x, f.y.data<float>() + offset, argmax, relu);
+}
+MaxPoolForward max_pool_forward_on(const Device& d, const Tensor& x, const Pool2dShape& s,
+                                   Pool2dOptions opts, bool relu) {
+  Backend& be = backend_for(d);
+  MaxPoolForward f = max_pool_outputs(d, s, max_pool_stores_bf16(be, opts, relu));
+  max_pool_images(be, s, x.data<float>(), relu, f, 0);
   return f;
 }
 
@@ -678,15 +707,24 @@ Tensor conv2d_max_pool2d_relu(const Tensor& x, const Tensor& w, const Tensor& bi
   if (!be.supports(OpKind::kConv2d) || !be.supports(OpKind::kMaxPool))
     return max_pool2d_relu(conv2d(x, w, bias, conv), pool);  // each on the device that can run it
   run_on_cpu_instead(kOp, OpKind::kConv2d, d);  // logs the placement where asked
-  ConvForward f;
-  {
-    const trace::Span trace_span("op", "Conv2D", OpScope::current());
-    f = conv_forward(d, x, w, bias, conv);
+  // Chunks of images whose convolution outputs the pool reads from cache (Note [Convolution and
+  // pool in chunks of the batch]); the backward needs argmax, not the convolution's output.
+  ConvForward f = conv_operands(d, x, w, conv);
+  const int n = f.s.n, chunk = std::clamp(be.conv_pool_chunk_images(f.s), 1, n);
+  const Pool2dShape s = pool_shape(kOp, Shape{n, f.s.out_h(), f.s.out_w(), f.s.c_out}, pool);
+  const Tensor y = Tensor::empty({chunk, f.s.out_h(), f.s.out_w(), f.s.c_out}, d);  // each chunk's
+  MaxPoolForward pooled = max_pool_outputs(d, s, max_pool_stores_bf16(be, pool, true));
+  for (int begin = 0; begin < n; begin += chunk) {
+    const int end = std::min(n, begin + chunk);
+    {
+      const trace::Span trace_span("op", "Conv2D", OpScope::current());
+      conv_images(be, f, begin, end, bias, y.data<float>());
+    }
+    const trace::Span trace_span("op", "MaxPoolRelu", OpScope::current());
+    Pool2dShape part = s;
+    part.n = end - begin;
+    max_pool_images(be, part, y.data<float>(), true, pooled, begin);
   }
-  const trace::Span trace_span("op", "MaxPoolRelu", OpScope::current());
-  const Pool2dShape s = pool_shape(kOp, f.y, pool);
-  MaxPoolForward pooled = max_pool_forward_on(d, f.y, s, pool, true);
-  f.y = Tensor();  // the backward needs argmax, not the convolution's output
   if (needs_grad({&x, &w, &bias})) {
     record_summing(pooled.y, std::string(kOp), {x, w, bias},
                    [f = std::move(f), s, argmax = pooled.argmax, bias, need_dx = x.requires_grad(),

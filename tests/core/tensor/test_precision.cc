@@ -366,6 +366,65 @@ TEST_CASE("conv2d_max_pool2d_relu gives conv2d then max_pool2d_relu's values and
   }
 }
 
+// A convolution output larger than the caches (21 MiB here) runs Conv2DMaxPoolRelu in chunks of
+// images, each chunk's convolution and then its pool (Note [Convolution and pool in chunks of the
+// batch] in core/tensor/cpu_backend.cc): the trace shows the chunks, and the pooled values, the
+// loss and the gradients are the two ops' on the whole batch, bit for bit (each image's output is
+// its kernel's whatever the batch), but the bias's, as above; in float32 and on every bf16 path.
+TEST_CASE("conv2d_max_pool2d_relu runs a large output in chunks of images, with the whole batch's results",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  struct Step {
+    std::vector<std::vector<float>> values;
+    std::ptrdiff_t conv_calls;  // the forward's Conv2D spans
+  };
+  auto step = [&](bool fused) {
+    Tensor x = Tensor::from_host(randn(20 * 64 * 64 * 3, 51), {20, 64, 64, 3}, cpu);
+    Tensor w = Tensor::from_host(randn(64 * 3 * 5 * 5, 52), {64, 3, 5, 5}, cpu);
+    Tensor b = Tensor::from_host(randn(64, 53), {64}, cpu);
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    const Conv2dOptions conv{.stride = 1, .padding = 2};
+    const Pool2dOptions pool{.kernel = 3, .stride = 2, .padding = 1};
+    trace::start();
+    const Tensor a = fused ? conv2d_max_pool2d_relu(x, w, b, conv, pool) : max_pool2d_relu(conv2d(x, w, b, conv), pool);
+    trace::stop();
+    const std::vector<trace::Event> events = trace::collect();
+    const Tensor loss = sum(mul(a, Tensor::from_host(randn(a.numel(), 54), a.shape(), cpu)));
+    loss.backward();
+    return Step{{a.to_host(), loss.to_host(), w.grad().to_host(), b.grad().to_host()},
+                std::count_if(events.begin(), events.end(), [](const trace::Event& e) {
+                  return e.category == "op" && e.name == "Conv2D";
+                })};
+  };
+  auto compare = [&](const char* precision) {
+    INFO(precision);
+    const Step fused = step(true), plain = step(false);
+    CHECK(fused.conv_calls == 5);  // 1 MiB of output an image, chunks of 4 MiB
+    CHECK(plain.conv_calls == 1);
+    const char* names[] = {"pooled", "loss", "dw", "db"};
+    for (std::size_t i = 0; i < plain.values.size(); ++i) {
+      INFO(names[i]);
+      REQUIRE(fused.values[i].size() == plain.values[i].size());
+      if (std::string_view(names[i]) != "db") {
+        CHECK(fused.values[i] == plain.values[i]);
+        continue;
+      }
+      for (std::size_t j = 0; j < plain.values[i].size(); ++j) {
+        INFO("channel " << j);
+        CHECK(fused.values[i][j] == Approx(plain.values[i][j]).epsilon(1e-5).margin(1e-4));
+      }
+    }
+  };
+  compare("float32");
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    const PrecisionScope bf16(Precision::Bf16);
+    compare(cpu::bf16_kernels_name(path));
+  }
+}
+
 // The same for max_pool2d_relu (tfcnn's pool1): its backward reads argmax only, so the stored bf16
 // output changes nothing but the bytes; its values are the float32 output rounded.
 TEST_CASE("bf16 activations: max pool + ReLU stores bf16 for the convolution after it, bit for bit the same training",
