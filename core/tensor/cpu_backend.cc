@@ -51,7 +51,8 @@ trace::Span kernel_span(const char* name, double floats) {
 // anyway, and the convolution kernels run a smaller batch less well (tfcnn's conv2, 8 MiB, went
 // from 13.0 to 14.9 ms per step in chunks of 16 images). A chunk is a problem of its own to the
 // kernel choice ("16x32x32x3 -> 64, ..."), which may choose other kernels than for the whole
-// batch; each image's output is its kernel's, as in any batch. On a 2-core Zen 4 EPYC, tfcnn's
+// batch; towerflow's kernels give each image the bits they give it in any batch, oneDNN's may
+// sum in another order for another batch. On a 2-core Zen 4 EPYC, tfcnn's
 // conv1 and pool1 forward took 3.6 + 1.0 ms per bf16 step in chunks of 16 images against 4.4 +
 // 1.6 whole, and the step went from 2077-2120 to 2151-2160 img/s (`towerflow_bench_train --model
 // tfcnn --precision bf16 --trace`, three alternating runs; chunks of 8 images: 2149-2158).

@@ -4,7 +4,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -369,8 +371,11 @@ TEST_CASE("conv2d_max_pool2d_relu gives conv2d then max_pool2d_relu's values and
 // A convolution output larger than the caches (21 MiB here) runs Conv2DMaxPoolRelu in chunks of
 // images, each chunk's convolution and then its pool (Note [Convolution and pool in chunks of the
 // batch] in core/tensor/cpu_backend.cc): the trace shows the chunks, and the pooled values, the
-// loss and the gradients are the two ops' on the whole batch, bit for bit (each image's output is
-// its kernel's whatever the batch), but the bias's, as above; in float32 and on every bf16 path.
+// loss and the gradients are the two ops' on the whole batch, bit for bit on towerflow's kernels
+// (each image's output is theirs whatever the batch), but the bias's, as above; in float32 and on
+// every bf16 path. oneDNN may sum in another order for another batch: there, within its rounding
+// (a maximum that moves between near-equal values moves its gradient, so the gradients are held
+// to the scale of their values).
 TEST_CASE("conv2d_max_pool2d_relu runs a large output in chunks of images, with the whole batch's results",
           "[precision][bf16]") {
   const Device cpu = Device::cpu(0);
@@ -397,7 +402,7 @@ TEST_CASE("conv2d_max_pool2d_relu runs a large output in chunks of images, with 
                   return e.category == "op" && e.name == "Conv2D";
                 })};
   };
-  auto compare = [&](const char* precision) {
+  auto compare = [&](const char* precision, bool exact) {
     INFO(precision);
     const Step fused = step(true), plain = step(false);
     CHECK(fused.conv_calls == 5);  // 1 MiB of output an image, chunks of 4 MiB
@@ -405,23 +410,36 @@ TEST_CASE("conv2d_max_pool2d_relu runs a large output in chunks of images, with 
     const char* names[] = {"pooled", "loss", "dw", "db"};
     for (std::size_t i = 0; i < plain.values.size(); ++i) {
       INFO(names[i]);
-      REQUIRE(fused.values[i].size() == plain.values[i].size());
-      if (std::string_view(names[i]) != "db") {
-        CHECK(fused.values[i] == plain.values[i]);
+      const std::vector<float>& got = fused.values[i];
+      const std::vector<float>& want = plain.values[i];
+      REQUIRE(got.size() == want.size());
+      if (exact && std::string_view(names[i]) != "db") {
+        // Counted rather than CHECK(got == want), which would print a million elements.
+        const auto differ = std::mismatch(got.begin(), got.end(), want.begin(), [](float a, float b) {
+          return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
+        });
+        INFO("the first element off: " << differ.first - got.begin());
+        CHECK(differ.first == got.end());
         continue;
       }
-      for (std::size_t j = 0; j < plain.values[i].size(); ++j) {
-        INFO("channel " << j);
-        CHECK(fused.values[i][j] == Approx(plain.values[i][j]).epsilon(1e-5).margin(1e-4));
-      }
+      double rms = 0;
+      for (const float v : want) rms += double(v) * v;
+      rms = std::sqrt(rms / double(want.size()));
+      const double tolerance = exact ? 1e-5 : 1e-3;
+      std::size_t off = 0, first = want.size();
+      for (std::size_t j = 0; j < want.size(); ++j)
+        if (!(std::abs(got[j] - want[j]) <= tolerance * (std::abs(want[j]) + rms) + 1e-4) && off++ == 0) first = j;
+      INFO(off << " elements off, the first " << first << ": "
+                << (first < want.size() ? got[first] : 0.0f) << ", want " << (first < want.size() ? want[first] : 0.0f));
+      CHECK(off == 0);
     }
   };
-  compare("float32");
+  compare("float32", true);
   const testing::AutomaticBf16Kernels automatic;
   for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
     cpu::force_bf16_kernels_for_testing(path);
     const PrecisionScope bf16(Precision::Bf16);
-    compare(cpu::bf16_kernels_name(path));
+    compare(cpu::bf16_kernels_name(path), path != cpu::Bf16Kernels::OneDnn);
   }
 }
 
