@@ -43,20 +43,23 @@ trace::Span kernel_span(const char* name, double floats) {
 }
 
 // Note [Convolution and pool in chunks of the batch]
-// A convolution followed by a max pool (Conv2DMaxPoolRelu) writes its output to memory and the
-// pool reads it back, where the output outgrows the caches: 32 MiB for tfcnn's conv1 at batch
-// 128. Run on chunks of images, one after the other, each chunk's convolution writes into the
-// same buffer of about kConvPoolChunkBytes, which stays in cache, and the pool reads it from
-// there. Outputs of up to kConvPoolWholeBytes run whole: there the caches hold the output
-// anyway, and the convolution kernels run a smaller batch less well (tfcnn's conv2, 8 MiB, went
-// from 13.0 to 14.9 ms per step in chunks of 16 images). A chunk is a problem of its own to the
-// kernel choice ("16x32x32x3 -> 64, ..."), which may choose other kernels than for the whole
-// batch; towerflow's kernels give each image the bits they give it in any batch, oneDNN's may
-// sum in another order for another batch. On a 2-core Zen 4 EPYC, tfcnn's
-// conv1 and pool1 forward took 3.6 + 1.0 ms per bf16 step in chunks of 16 images against 4.4 +
-// 1.6 whole, and the step went from 2077-2120 to 2151-2160 img/s (`towerflow_bench_train --model
-// tfcnn --precision bf16 --trace`, three alternating runs; chunks of 8 images: 2149-2158).
-constexpr std::int64_t kConvPoolWholeBytes = std::int64_t{16} << 20;
+// A convolution followed by a max pool (Conv2DMaxPoolRelu) writes its output to memory and the pool
+// reads it back, where the output outgrows the caches: 32 MiB for tfcnn's conv1 at batch 128. Run
+// on chunks of images, one after the other, each chunk's convolution writes into the same buffer of
+// about kConvPoolChunkBytes, which stays in cache, and the pool reads it from there. Outputs of up
+// to kConvPoolWholeBytes run whole: there the caches hold the output anyway, and the convolution
+// kernels run a smaller batch no better or worse (tfcnn's conv2, 8 MiB, took 13.0 ms per bf16 step
+// whole, 13.2 in chunks of 64 images, 14.9 in chunks of 16). A chunk is a problem of its own to the
+// kernel choice ("16x32x32x3 -> 64, ..."), which may choose other kernels than for the whole batch;
+// towerflow's kernels give each image the bits they give it in any batch, oneDNN's may sum in
+// another order for another batch. On a 2-core Zen 4 EPYC, tfcnn's conv1 and pool1 forward took 3.6
+// + 1.0 ms per bf16 step in chunks of 16 images against 4.4 + 1.6 whole, and the step went from
+// 2077-2120 to 2151-2160 img/s (`towerflow_bench_train --model tfcnn --precision bf16 --trace`,
+// three alternating runs; chunks of 8 images: 2149-2158). With two towers of 64 images, whose conv1
+// outputs (16 MiB each) share the caches, conv1 and pool1 took 3.6 + 1.0 ms per bf16 step against
+// 4.4 + 1.3-1.6, and the step went from 1984-2055 to 2058-2099 img/s in bf16 and from 1203-1236 to
+// 1247-1250 in fp32 (`--devices 2 --threads 1`).
+constexpr std::int64_t kConvPoolWholeBytes = std::int64_t{8} << 20;
 constexpr std::int64_t kConvPoolChunkBytes = std::int64_t{4} << 20;
 
 class CpuBackend final : public Backend {
