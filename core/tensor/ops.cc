@@ -710,6 +710,7 @@ Tensor conv2d_max_pool2d_relu(const Tensor& x, const Tensor& w, const Tensor& bi
   // Chunks of images whose convolution outputs the pool reads from cache (Note [Convolution and
   // pool in chunks of the batch]); the backward needs argmax, not the convolution's output.
   ConvForward f = conv_operands(d, x, w, conv);
+  f.s.validate();  // an empty batch, before any chunk
   const int n = f.s.n, chunk = std::clamp(be.conv_pool_chunk_images(f.s), 1, n);
   const Pool2dShape s = pool_shape(kOp, Shape{n, f.s.out_h(), f.s.out_w(), f.s.c_out}, pool);
   const Tensor y = Tensor::empty({chunk, f.s.out_h(), f.s.out_w(), f.s.c_out}, d);  // each chunk's

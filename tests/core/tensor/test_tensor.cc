@@ -132,6 +132,11 @@ TEST_CASE("ops: shape mismatches print both shapes", "[ops][errors]") {
              }),
              Catch::Contains("Conv2DMaxPoolRelu") && Catch::Contains("window 5x5") &&
                  Catch::Contains("[2, 3, 3, 4]"));
+  // An empty batch is refused, naming the field, as the convolution alone refuses it.
+  CHECK_THAT(message_of([&] {
+               conv2d_max_pool2d_relu(ramp({0, 5, 5, 3}), ramp({4, 3, 3, 3}), Tensor(), {}, {.kernel = 2, .stride = 2});
+             }),
+             Catch::Contains("n = 0") && Catch::Contains("batch size"));
   Tensor logits = ramp({2, 3});
   Tensor bad = Tensor::from_host(std::vector<std::int32_t>{0, 3}, {2}, kCpu);
   CHECK_THROWS_AS(softmax_cross_entropy(logits, bad), InvalidArgument);
