@@ -433,6 +433,27 @@ bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& c
   return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_backward_input(ctx, s, dy, w, dx); });
 }
 
+bool bf16_backward_input_adds(Bf16Kernels k) {
+  return k == Bf16Kernels::Emulated || k == Bf16Kernels::Avx512Bf16 || k == Bf16Kernels::Avx512Bf16Emulated;
+}
+
+bool conv2d_backward_input_bf16_add_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                         const float* dy, const float* w, float* dx) {
+  s.validate();
+  if (k == Bf16Kernels::OneDnn) return false;
+  if (const Bf16KernelTable* p = own_kernels(k)) return p->backward_input_add(ctx, s, dy, w, dx);
+  const float* dyr = rounded(ctx, dy, y_size(s), 0);
+  const float* wr = rounded(ctx, w, w_size(s), 1);
+  conv2d_backward_input_add(ctx, s, dyr, wr, dx);
+  return true;
+}
+
+bool conv2d_backward_input_bf16_winograd_add_with(Bf16Kernels k, const CpuContext& ctx,
+                                                  const Conv2dShape& s, const float* dy,
+                                                  const float* w, float* dx) {
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_backward_input_add(ctx, s, dy, w, dx); });
+}
+
 bool conv2d_forward_bf16_input_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                     const std::uint16_t* x, const float* w,
                                     const float* bias_or_null, float* y) {

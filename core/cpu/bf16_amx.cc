@@ -732,6 +732,14 @@ struct AmxDrivers {
   static bool winograd_conv(const CpuContext&, const Conv2dShape&, const In*, const float*, float*, Get) {
     return false;
   }
+  // No backward input added as it is stored: the tiles' stores overwrite.
+  static bool backward_input_add(const CpuContext&, const Conv2dShape&, const float*, const float*, float*) {
+    return false;
+  }
+  static bool winograd_backward_input_add(const CpuContext&, const Conv2dShape&, const float*, const float*,
+                                          float*) {
+    return false;
+  }
 };
 
 }  // namespace

@@ -433,6 +433,9 @@ void gemm_as_conv(bool trans_a, bool trans_b, int m, int n, int k, const float* 
 //   D::winograd_backward_weight(ctx, s, x, dy, dw)  the Winograd weight gradient, false where
 //                                                  there is none for s
 //   D::winograd_conv(ctx, s, x, bias, y, get)       the Winograd convolution, the same
+//   D::backward_input_add(ctx, s, dy, w, dx)        dx += the backward input, false where there
+//                                                  is no such path
+//   D::winograd_backward_input_add(ctx, s, dy, w, dx)  the same by Winograd
 template <typename D>
 struct Bf16Table {
   static auto conv(const CpuContext& ctx) {
@@ -492,6 +495,8 @@ struct Bf16Table {
       .winograd_forward_bf16_input = &winograd_forward<std::uint16_t>,
       .winograd_backward_input = &winograd_backward_input,
       .backward_weight_dy_rows = &D::backward_weight_dy_rows,
+      .backward_input_add = &D::backward_input_add,
+      .winograd_backward_input_add = &D::winograd_backward_input_add,
   };
 };
 

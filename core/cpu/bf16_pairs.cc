@@ -147,11 +147,15 @@ void with_block(int channels, Fn&& fn) {
 // conv.cc's conv_tile on pairs: P output pixels x 16*V channels. Pixel p reads the q-th pair of
 // kernel row 0 at img[offs[p] + q], kernel row i row_step pairs further; wp is the block's packed
 // weights [kh][q_len][16*V]; bias (nullable) holds 16*V values. Pixel p is written at
-// out + out_offs[p] (its first `lanes` channels).
+// out + out_offs[p] (its first `lanes` channels), or added to what is there with `add`.
 template <int P, int V>
 void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_t row_step,
                int kh, int q_len, const Pair* __restrict wp, const float* bias,
-               float* __restrict out, const std::int64_t* out_offs, int lanes) {
+               float* __restrict out, const std::int64_t* out_offs, int lanes, bool add) {
+  if (add) {  // Note [Prefetching what a tile adds to]
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) detail::prefetch_floats(out + out_offs[p], lanes);
+  }
   __m512 acc[P][V];
 #pragma GCC unroll 32
   for (int p = 0; p < P; ++p)
@@ -179,6 +183,16 @@ void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_
     for (int p = 0; p < P; ++p) xe[p] += row_step;
   }
   if (lanes == kLanes * V) {
+    if (add) {
+#pragma GCC unroll 32
+      for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) {
+          float* o = out + out_offs[p] + kLanes * v;
+          _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), acc[p][v]));
+        }
+      return;
+    }
 #pragma GCC unroll 32
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
@@ -187,7 +201,12 @@ void pair_tile(const std::uint16_t* img16, const std::int64_t* offs, std::int64_
     for (int p = 0; p < P; ++p) {
       float tmp[kLanes * V];
       for (int v = 0; v < V; ++v) _mm512_storeu_ps(tmp + kLanes * v, acc[p][v]);
-      std::copy(tmp, tmp + lanes, out + out_offs[p]);
+      float* o = out + out_offs[p];
+      if (add) {
+        for (int l = 0; l < lanes; ++l) o[l] += tmp[l];
+      } else {
+        std::copy(tmp, tmp + lanes, o);
+      }
     }
   }
 }
@@ -214,7 +233,11 @@ constexpr int kRowTile = 16;  // T accumulators + 3 weights + a broadcast (+ the
 
 template <int T, int KW, int HALF>
 void pair_row_tile(const std::uint16_t* img16, std::int64_t row_step, int kh, const Pair* __restrict wp,
-                   const float* bias, float* __restrict out, std::int64_t ld_y, int lanes) {
+                   const float* bias, float* __restrict out, std::int64_t ld_y, int lanes, bool add) {
+  if (add) {  // Note [Prefetching what a tile adds to]
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) detail::prefetch_floats(out + t * ld_y, lanes);
+  }
   __m512 acc[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
@@ -236,12 +259,20 @@ void pair_row_tile(const std::uint16_t* img16, std::int64_t row_step, int kh, co
   }
   if (lanes == kLanes && ld_y == kLanes) {
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) _mm512_storeu_ps(out + kLanes * t, acc[t]);
+    for (int t = 0; t < T; ++t) {
+      float* o = out + kLanes * t;
+      _mm512_storeu_ps(o, add ? _mm512_add_ps(_mm512_loadu_ps(o), acc[t]) : acc[t]);
+    }
   } else {
     for (int t = 0; t < T; ++t) {
       float tmp[kLanes];
       _mm512_storeu_ps(tmp, acc[t]);
-      std::copy(tmp, tmp + lanes, out + t * ld_y);
+      float* o = out + t * ld_y;
+      if (add) {
+        for (int l = 0; l < lanes; ++l) o[l] += tmp[l];
+      } else {
+        std::copy(tmp, tmp + lanes, o);
+      }
     }
   }
 }
@@ -257,7 +288,7 @@ bool row_kernel_applies(const Conv2dShape& s) {
 // rows; each row is cut into balanced tiles of up to 16 pixels.
 template <int HALF, typename In, typename Get>
 void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std::int64_t ld_x,
-                   const float* bias, float* y, std::int64_t ld_y, Get get) {
+                   const float* bias, float* y, std::int64_t ld_y, Get get, detail::Store store) {
   constexpr int kKW = 3;
   static constexpr auto kTiles = kernel_table<kRowTile>([]<int T>() { return &pair_row_tile<T, kKW, HALF>; });
   Pair* wp = scratch_pairs(Scratch::kWeights, std::int64_t{s.kh} * HALF * kKW * kLanes);
@@ -290,7 +321,7 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std
         for (int t = 0; t < tiles; ++t) {
           const int x0 = ow * t / tiles, width = ow * (t + 1) / tiles - x0;
           kTiles[width - 1](in + 2 * std::int64_t{x0} * HALF, row_step, s.kh, wp, bias16,
-                            yrow + std::int64_t{x0} * ld_y, ld_y, s.c_out);
+                            yrow + std::int64_t{x0} * ld_y, ld_y, s.c_out, store == detail::Store::kAdd);
         }
       }
     });
@@ -299,15 +330,17 @@ void pair_row_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, std
 
 // ---- the general convolution ---------------------------------------------------------------
 
-// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
-// values apart (floats, or bf16.h's bf16 inputs), pixels of y ld_y apart; conv_input says which of
-// them are converted. Threads split the output rows, as direct_conv does.
+// y = conv(x, w) (+ bias), or y += it with Store::kAdd, the weights read through get(co, ci, i,
+// j). Pixels of x are ld_in values apart (floats, or bf16.h's bf16 inputs), pixels of y ld_y
+// apart; conv_input says which of them are converted. Threads split the output rows, as
+// direct_conv does.
 template <typename In, typename Get>
 void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::int64_t ld_in,
-               const float* bias, float* y, std::int64_t ld_y, Get get) {
+               const float* bias, float* y, std::int64_t ld_y, Get get,
+               detail::Store store = detail::Store::kOverwrite) {
   if (row_kernel_applies(conv)) {
-    if (conv.c_in <= 4) return pair_row_conv<2>(ctx, conv, x, ld_in, bias, y, ld_y, get);
-    return pair_row_conv<8>(ctx, conv, x, ld_in, bias, y, ld_y, get);
+    if (conv.c_in <= 4) return pair_row_conv<2>(ctx, conv, x, ld_in, bias, y, ld_y, get, store);
+    return pair_row_conv<8>(ctx, conv, x, ld_in, bias, y, ld_y, get, store);
   }
   const ConvInput in = conv_input(conv, ld_in);
   const Conv2dShape& s = in.s;
@@ -340,7 +373,7 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std:
           pixel_offsets(pix_begin + p0, p, ow, s.stride_h * row_step, pix_step, ld_y, offs, out_offs);
           kPairTiles<V>[p - 1](buf, offs, row_step, s.kh, q_len, wp + cb * wblock,
                                bias_padded ? bias_padded + cb * kBlock : nullptr,
-                               ybase + p0 * ld_y + cb * kBlock, out_offs, lanes);
+                               ybase + p0 * ld_y + cb * kBlock, out_offs, lanes, store == detail::Store::kAdd);
         });
       });
     });
@@ -350,10 +383,10 @@ void pair_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std:
 // ---- backward input by stride phases ------------------------------------------------------
 
 // conv.cc's backward_input_phases (Note [Backward input by stride phases]) on pairs of dy's
-// channels.
+// channels: dx written, or added to with Store::kAdd.
 template <int V>
 void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                                const float* w, float* dx) {
+                                const float* w, float* dx, detail::Store store) {
   constexpr int kBlock = kLanes * V;
   constexpr int kP = kMaxPixels<V>;
   const int blocks = (s.c_in + kBlock - 1) / kBlock;
@@ -374,13 +407,14 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, detail::Store::kOverwrite, img_dx,
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, store, img_dx,
                                 [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
                                     const std::int64_t* out_offs, int cb, int lanes) {
                                   const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;
                                   kPairTiles<V>[p - 1](buf, offs, row_step, ma, mb * half,
                                                        wp + g.phase_offset[phase] + cb * wblock, nullptr,
-                                                       img_dx + cb * kBlock, out_offs, lanes);
+                                                       img_dx + cb * kBlock, out_offs, lanes,
+                                                       store == detail::Store::kAdd);
                                 });
     });
   });
@@ -875,12 +909,12 @@ inline void winograd_input_bf16(const float* __restrict p, std::int64_t row, int
   }
 }
 
-// y = conv(x, w) + bias for s with winograd_applies(s), by Note [bf16 Winograd convolution];
-// get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V vectors of output channels
-// per block.
+// y = conv(x, w) + bias (y += it with Store::kAdd) for s with winograd_applies(s), by Note [bf16
+// Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V
+// vectors of output channels per block.
 template <int V, typename In, typename Get>
 void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
-                        float* y, Get get) {
+                        float* y, Get get, detail::Store store) {
   constexpr int kBlock = kLanes * V;
   constexpr int kP = kMaxPixels<V>;
   constexpr int kXi = 16;
@@ -917,8 +951,12 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
         embed_rounded(s, g, x + n * image_in, img);
         padded = n;
       }
-      const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t, int, int) {
+      float* out = y + n * g.oh * g.y_row;
+      const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
         winograd_input_bf16(patch, g.pad_row, c_in, vbuf + std::int64_t{t} * c_in, v_plane);
+        if (store == detail::Store::kAdd)  // Note [Prefetching what a tile adds to]
+          for (int a = 0; a < rows; ++a)
+            detail::prefetch_floats(out + at + a * g.y_row, std::int64_t{cols} * c_out);
       });
       // The products: mbuf[xi][t][ld_m] = vbuf[xi][t][c_in] x u[xi].
       for (int xi = 0; xi < kXi; ++xi) {
@@ -926,12 +964,11 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
         float* mx = mbuf + xi * g.m_plane;
         detail::for_each_tile<kP>(count, static_cast<int>(ld_m), kBlock, [&](std::int64_t p0, int p, int cb, int) {
           kPairTiles<V>[p - 1](vx + p0 * c_in, in_offs.data(), 0, 1, half, wp + xi * per_xi + std::int64_t{cb} * half * kBlock,
-                               nullptr, mx + p0 * ld_m + cb * kBlock, out_offs.data(), kBlock);
+                               nullptr, mx + p0 * ld_m + cb * kBlock, out_offs.data(), kBlock, false);
         });
       }
-      float* out = y + n * g.oh * g.y_row;
       g.for_each_tile(k, img, [&](int t, const float*, std::int64_t at, int rows, int cols) {
-        detail::winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, detail::Store::kOverwrite, out + at,
+        detail::winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at,
                                 g.y_row, rows, cols);
       });
     }
@@ -949,7 +986,19 @@ struct PairDrivers {
   }
   static void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                     const float* w, float* dx) {
-    with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx); });
+    with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx, detail::Store::kOverwrite); });
+  }
+  // dx += the backward input, added as the tiles store it.
+  static bool backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                 const float* w, float* dx) {
+    const bool as_forward = detail::backward_input_as_forward(
+        s, dy, w, dx, [&](const Conv2dShape& t, const float* in, std::int64_t ld_in, const float*, float* out,
+                          std::int64_t ld_out, detail::StridedWeights get) {
+          pair_conv(ctx, t, in, ld_in, nullptr, out, ld_out, get, detail::Store::kAdd);
+        });
+    if (!as_forward)
+      with_block(s.c_in, [&]<int V>() { pair_backward_input_phases<V>(ctx, s, dy, w, dx, detail::Store::kAdd); });
+    return true;
   }
   template <typename In>
   static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
@@ -979,8 +1028,21 @@ struct PairDrivers {
   static bool winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
                             float* y, Get get) {
     if (!winograd_applies(s)) return false;
-    with_block(s.c_out, [&]<int V>() { pair_winograd_conv<V>(ctx, s, x, bias, y, get); });
+    with_block(s.c_out, [&]<int V>() { pair_winograd_conv<V>(ctx, s, x, bias, y, get, detail::Store::kOverwrite); });
     return true;
+  }
+  // dx += the Winograd backward input (stride 1): false where it does not apply.
+  static bool winograd_backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
+                                          const float* w, float* dx) {
+    bool ran = false;
+    detail::backward_input_as_forward(s, dy, w, dx, [&](const Conv2dShape& t, const float* in, std::int64_t,
+                                                        const float*, float* out, std::int64_t,
+                                                        detail::StridedWeights get) {
+      if (!winograd_applies(t)) return;
+      with_block(t.c_out, [&]<int V>() { pair_winograd_conv<V>(ctx, t, in, nullptr, out, get, detail::Store::kAdd); });
+      ran = true;
+    });
+    return ran;
   }
 };
 

@@ -40,6 +40,13 @@ struct Bf16KernelTable {
   // where the object has no such path for the problem.
   bool (*backward_weight_dy_rows)(const CpuContext&, const Conv2dShape&, const float* x,
                                   const DyRows& rows, float* dw);
+  // dx += conv2d_backward_input's dx, added as the kernels store it (one rounding: the bits of
+  // the result added afterwards), directly or by Winograd (stride 1): false, with nothing written,
+  // where the object has no such path for the problem (none on AMX).
+  bool (*backward_input_add)(const CpuContext&, const Conv2dShape&, const float* dy, const float* w,
+                             float* dx);
+  bool (*winograd_backward_input_add)(const CpuContext&, const Conv2dShape&, const float* dy,
+                                      const float* w, float* dx);
 };
 
 }  // namespace towerflow::cpu

@@ -85,6 +85,7 @@ using detail::padded_bias;
 using detail::padded_image;
 using detail::padded_image_buffer;
 using detail::padded_rows;
+using detail::prefetch_floats;
 using detail::parallel_rows;
 using detail::pixel_offsets;
 using detail::sum_weight_grad;
@@ -162,6 +163,10 @@ void conv_tile(const float* __restrict img, const std::int64_t* offs, std::int64
                int kh, int q_len, const float* __restrict wp, const float* bias,
                float* __restrict out, const std::int64_t* out_offs, int lanes, Store store) {
   using W = Vec<L>;
+  if (store == Store::kAdd) {  // Note [Prefetching what a tile adds to]
+#pragma GCC unroll 32
+    for (int p = 0; p < P; ++p) prefetch_floats(out + out_offs[p], lanes);
+  }
   typename W::type acc[P][V];
 #pragma GCC unroll 32
   for (int p = 0; p < P; ++p)
@@ -284,6 +289,10 @@ void conv_row_tile(const float* __restrict in, std::int64_t row_step, int kh,
                    const float* __restrict wp, const float* bias, float* __restrict out,
                    int c_out, Store store) {
   using W = Vec<16>;
+  if (store == Store::kAdd) {  // Note [Prefetching what a tile adds to]
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) prefetch_floats(out + std::int64_t{t} * c_out, c_out);
+  }
   typename W::type acc[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) acc[t] = bias ? W::load(bias) : W::splat(0.0f);
@@ -690,8 +699,11 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
         g.pad_image(s, x + n * s.h * s.w * c_in, img);
         padded = n;
       }
-      const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t, int, int) {
+      float* out = y + n * g.oh * g.y_row;
+      const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
         winograd_input(patch, g.pad_row, c_in, vbuf + t * c_in, g.v_plane);
+        if (store == Store::kAdd)  // Note [Prefetching what a tile adds to]
+          for (int a = 0; a < rows; ++a) prefetch_floats(out + at + a * g.y_row, std::int64_t{cols} * c_out);
       });
       // The products: mbuf[xi][t][ld_m] = vbuf[xi][t][c_in] x u[xi].
       for (int xi = 0; xi < kXi; ++xi) {
@@ -704,7 +716,6 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
                                   Store::kOverwrite);
         });
       }
-      float* out = y + n * g.oh * g.y_row;
       g.for_each_tile(k, img, [&](int t, const float*, std::int64_t at, int rows, int cols) {
         winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at, g.y_row, rows, cols);
       });

@@ -18,6 +18,7 @@
 
 #include "core/cpu/bf16.h"
 #include "core/cpu/conv.h"
+#include "core/cpu/elementwise.h"
 #include "core/cpu/gemm.h"
 #include "core/cpu/isa.h"
 #include "core/cpu/kernel_table.h"
@@ -34,7 +35,9 @@
 // machine whose speed drifts favours none); a candidate's time is its fastest run. The
 // winner runs once more if it was not the last to run, so the call's output is the winner's, as
 // every later call's is. The fixed choice (candidates[0]) keeps the problem unless another
-// candidate beats it by kChoiceMargin.
+// candidate beats it by kChoiceMargin. A problem whose runs add to their output (the backward
+// input added to dx) restores that output before each of them, untimed (run_chosen's
+// before_each), so that the call adds once.
 //
 // One mutex covers the table of choices and every measurement, so towers that meet a new problem
 // at once measure one at a time (each on its own threads) and a tower waits for a measurement in
@@ -297,7 +300,8 @@ std::optional<std::string> settled_choice(const ChoiceProblem& p,
 
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
-                const std::function<bool(const std::string&)>& run) {
+                const std::function<bool(const std::string&)>& run,
+                const std::function<void()>& before_each) {
   State& s = state();
   const std::string operands = p.bf16 ? "bf16" : "fp32";
   const std::string local_key = local_key_of(p);
@@ -351,13 +355,19 @@ void run_chosen(const ChoiceProblem& p, std::string_view layer,
   }
   if (choice.empty()) {
     // Note [Measured kernel choice].
+    const auto prepare = [&] {
+      if (before_each) before_each();
+    };
     std::vector<std::string> runnable;
-    for (const std::string& c : candidates)
+    for (const std::string& c : candidates) {
+      prepare();
       if (run(c)) runnable.push_back(c);  // the untimed run; a candidate that declines is out
+    }
     std::vector<double> fastest(runnable.size(), std::numeric_limits<double>::infinity());
     const Clock::time_point begin = Clock::now();
     for (int r = 0; r < kTimedRuns; ++r) {
       for (std::size_t i = 0; i < runnable.size(); ++i) {
+        prepare();
         const Clock::time_point t0 = Clock::now();
         run(runnable[i]);
         fastest[i] = std::min(fastest[i], std::chrono::duration<double>(Clock::now() - t0).count());
@@ -369,7 +379,10 @@ void run_chosen(const ChoiceProblem& p, std::string_view layer,
     if (runnable.empty())
       raise<InternalError>("kernel choice: every candidate declined ", p.pass, " ", p.problem);
     choice = choose_fastest(record.ms, candidates.front());
-    if (choice != last) run(choice);
+    if (choice != last || before_each) {
+      prepare();
+      run(choice);
+    }
     nlohmann::json ms = nlohmann::json::object();
     for (const auto& [name, t] : record.ms) ms[name] = t;
     s.cache[full_key] = {{"chosen", choice}, {"ms", ms}, {"layer", record.layer}};
@@ -585,6 +598,46 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
     k.conv2d_backward_input(ctx, s, dy, w, dx);
     return true;
   });
+}
+
+bool conv2d_backward_input_bf16_add_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                           const float* dy, const float* w, float* dx,
+                                           std::string_view layer) {
+  const std::vector<std::string>& c = candidates(true);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2)
+    return conv2d_backward_input_bf16_add_with(active_bf16_kernels(), ctx, s, dy, w, dx);
+  const std::string problem = s.describe();
+  const ChoiceProblem p{.key = "conv backward input added " + problem, .pass = "backward input, added",
+                        .problem = problem, .bf16 = true, .threads = ctx.threads()};
+  // Kernels that store their backward input (oneDNN, AMX) leave the add to the caller once chosen.
+  const auto adds_as_it_stores = [](const std::string& name) {
+    return family_of(name) == "winograd" || bf16_backward_input_adds(bf16_by_name(name));
+  };
+  if (const std::optional<std::string> settled = settled_choice(p, c); settled && !adds_as_it_stores(*settled))
+    return false;
+  const std::int64_t n = std::int64_t{s.n} * s.h * s.w * s.c_in;
+  std::vector<float> before;  // dx as the caller gave it, while the candidates are measured
+  std::vector<float> apart;   // the backward input of kernels that store it, before it is added
+  run_chosen(
+      p, layer, c,
+      [&](const std::string& name) {
+        if (family_of(name) == "winograd")
+          return conv2d_backward_input_bf16_winograd_add_with(bf16_by_name(name.substr(name.find('-') + 1)), ctx,
+                                                              s, dy, w, dx);
+        if (adds_as_it_stores(name)) return conv2d_backward_input_bf16_add_with(bf16_by_name(name), ctx, s, dy, w, dx);
+        apart.resize(static_cast<std::size_t>(n));
+        if (!bf16_or_emulated(name, name == c.front(), [&](Bf16Kernels k) {
+              return conv2d_backward_input_bf16_with(k, ctx, s, dy, w, apart.data());
+            }))
+          return false;
+        axpy(ctx, n, 1.0f, apart.data(), dx);
+        return true;
+      },
+      [&] {
+        if (before.empty()) before.assign(dx, dx + n);
+        else std::copy(before.begin(), before.end(), dx);
+      });
+  return true;
 }
 
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,

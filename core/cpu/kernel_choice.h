@@ -32,6 +32,17 @@ void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, c
 // conv2d_backward_input_chosen and adds it.
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                       const float* w, float* dx);
+// dx += the bf16 backward input, as a problem of its own ("backward input, added"), whose
+// candidates are towerflow's kernels adding as they store (bf16.h's
+// conv2d_backward_input_bf16_add_with and its Winograd twin) and oneDNN's backward input followed
+// by an add. In fixed mode, the fixed kernels' add (conv2d_backward_input_bf16_add_with). False,
+// dx untouched, where the problem is settled on oneDNN, or in fixed mode where the fixed kernels
+// have no add (oneDNN, AMX): the caller then computes the gradient with
+// conv2d_backward_input_chosen and adds it. While the problem is measured, dx is restored before
+// each candidate runs, and the call adds once.
+bool conv2d_backward_input_bf16_add_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                           const float* dy, const float* w, float* dx,
+                                           std::string_view layer);
 void conv2d_backward_weight_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw, bool bf16, std::string_view layer);
 // The bf16 weight gradient with dy read through rows (bf16.h's DyRows) where the problem's choice
@@ -72,9 +83,12 @@ inline constexpr double kChoiceMargin = 0.05;
 // among them and the fastest beats it by less than kChoiceMargin.
 std::string choose_fastest(const std::vector<std::pair<std::string, double>>& times,
                            const std::string& fixed);
+// before_each (optional) runs before every run of a problem being measured, untimed: for runs
+// that add to their output, which it restores.
 void run_chosen(const ChoiceProblem& p, std::string_view layer,
                 const std::vector<std::string>& candidates,
-                const std::function<bool(const std::string&)>& run);
+                const std::function<bool(const std::string&)>& run,
+                const std::function<void()>& before_each = {});
 
 // The candidate run_chosen runs for p without measuring anything: the fixed one (fixed mode, a
 // single candidate), the forced one, or the one this process has chosen for p; nullopt where

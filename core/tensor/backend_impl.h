@@ -198,6 +198,12 @@ class Backend {
     (void)s, (void)dy, (void)w, (void)dx;
     return false;
   }
+  // The same for conv2d_backward_input_half's dx.
+  virtual bool conv2d_backward_input_half_add(Precision p, const Conv2dShape& s, const float* dy,
+                                              const float* w, float* dx) {
+    (void)p, (void)s, (void)dy, (void)w, (void)dx;
+    return false;
+  }
   virtual void conv2d_backward_bias(const Conv2dShape& s, const float* dy, float* db) = 0;
 
   // ---- pooling (kMaxPool, kAvgPool); core/shapes.h's shapes, core/cpu/pool.h's rules --------

@@ -305,6 +305,15 @@ class CpuBackend final : public Backend {
     count_conv("conv backward input", s);
     cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, true, OpScope::current());
   }
+  // towerflow's bf16 kernels add as they store; where the problem's choice is oneDNN, the caller
+  // adds.
+  bool conv2d_backward_input_half_add(Precision p, const Conv2dShape& s, const float* dy,
+                                      const float* w, float* dx) override {
+    if (p != Precision::Bf16) return false;
+    if (!cpu::conv2d_backward_input_bf16_add_chosen(ctx_, s, dy, w, dx, OpScope::current())) return false;
+    count_conv("conv backward input", s);
+    return true;
+  }
   void conv2d_backward_weight_half(Precision p, const Conv2dShape& s, const float* x,
                                    const float* dy, float* dw) override {
     if (p != Precision::Bf16) no_half_products(p, "conv2d_backward_weight_half");

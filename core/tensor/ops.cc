@@ -286,9 +286,14 @@ std::vector<Tensor> conv_backward(const ConvForward& f, const Tensor& bias, bool
   const bool by_half_kernels = half_kernels(f.p);
   Tensor dx, dw, db;
   // x's gradient added to what its other consumers gave, where the backend adds as it stores.
-  if (need_dx && partial_x.defined() && !by_half_kernels && partial_x.dtype() == DType::kFloat32 &&
-      partial_x.is_contiguous() && partial_x.shape() == f.xo.shape() &&
-      be.conv2d_backward_input_add(s, go.data<float>(), f.wo.data<float>(), partial_x.data<float>())) {
+  const auto added = [&] {
+    float* sum = partial_x.data<float>();
+    if (by_half_kernels)
+      return be.conv2d_backward_input_half_add(half_type(f.p), s, go.data<float>(), f.wo.data<float>(), sum);
+    return be.conv2d_backward_input_add(s, go.data<float>(), f.wo.data<float>(), sum);
+  };
+  if (need_dx && partial_x.defined() && partial_x.dtype() == DType::kFloat32 &&
+      partial_x.is_contiguous() && partial_x.shape() == f.xo.shape() && added()) {
     dx = partial_x;
   } else if (need_dx) {
     dx = Tensor::empty(f.xo.shape(), g.device());  // float32 whatever x's type

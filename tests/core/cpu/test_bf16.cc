@@ -136,6 +136,25 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       conv2d_backward_weight_bf16_input(ctx, s, xb.data(), dy.data(), dwb.data());
       CHECK(yb == y);
       CHECK(dwb == dw);
+      // dx added to a gradient as the kernels store it: that gradient plus the very dx, rounded
+      // once; oneDNN and AMX have no such path and leave it alone.
+      std::vector<float> dxk(xn);
+      if (!conv2d_backward_input_bf16_with(k, ctx, s, dy.data(), w.data(), dxk.data())) continue;
+      const auto base = random_vector(xn, 5);
+      std::vector<float> sum = base;
+      if (k == Bf16Kernels::OneDnn || k == Bf16Kernels::Amx || k == Bf16Kernels::AmxEmulated) {
+        CHECK_FALSE(conv2d_backward_input_bf16_add_with(k, ctx, s, dy.data(), w.data(), sum.data()));
+        CHECK(sum == base);
+      } else {
+        REQUIRE(conv2d_backward_input_bf16_add_with(k, ctx, s, dy.data(), w.data(), sum.data()));
+        std::vector<float> want(xn);
+        for (std::size_t i = 0; i < xn; ++i) want[i] = base[i] + dxk[i];
+        CHECK(sum == want);
+        // On 3 threads: the same bits.
+        std::vector<float> sum3 = base;
+        REQUIRE(conv2d_backward_input_bf16_add_with(k, CpuContext(3), s, dy.data(), w.data(), sum3.data()));
+        CHECK(sum3 == sum);
+      }
     }
   }
 }
@@ -210,6 +229,15 @@ TEST_CASE("bf16 Winograd convolutions: near fp32 on the rounded operands, the sa
       REQUIRE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, xb.data(), dy.data(), dwb.data()));
       CHECK(yb == out[0][0]);
       CHECK(dwb == out[0][2]);
+      // The backward input added to a gradient as it is stored: that gradient plus the very dx,
+      // rounded once, on 1 and 3 threads.
+      const auto base = random_vector(xn, 38);
+      for (const int threads : {1, 3}) {
+        std::vector<float> sum = base, want(xn);
+        REQUIRE(conv2d_backward_input_bf16_winograd_add_with(k, CpuContext(threads), s, dy.data(), w.data(), sum.data()));
+        for (std::size_t j = 0; j < xn; ++j) want[j] = base[j] + out[0][1][j];
+        CHECK(sum == want);
+      }
     }
     // What they decline, writing nothing: strides, other kernels, channels not in multiples of 8.
     const CpuContext ctx(2);
@@ -224,6 +252,7 @@ TEST_CASE("bf16 Winograd convolutions: near fp32 on the rounded operands, the sa
       std::vector<float> y(yn, NAN), dx(xn, NAN), dw(wn, NAN);
       CHECK_FALSE(conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), nullptr, y.data()));
       CHECK_FALSE(conv2d_backward_input_bf16_winograd_with(k, ctx, s, dy.data(), w.data(), dx.data()));
+      CHECK_FALSE(conv2d_backward_input_bf16_winograd_add_with(k, ctx, s, dy.data(), w.data(), dx.data()));
       CHECK_FALSE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, x.data(), dy.data(), dw.data()));
       for (const auto* v : {&y, &dx, &dw})
         CHECK(std::all_of(v->begin(), v->end(), [](float f) { return std::isnan(f); }));
@@ -237,6 +266,7 @@ TEST_CASE("bf16 Winograd convolutions: near fp32 on the rounded operands, the sa
   for (const Bf16Kernels k : {Bf16Kernels::Emulated, Bf16Kernels::OneDnn}) {
     CHECK_FALSE(conv2d_forward_bf16_winograd_with(k, CpuContext(1), s, x.data(), w.data(), nullptr, y.data()));
     CHECK_FALSE(conv2d_backward_input_bf16_winograd_with(k, CpuContext(1), s, dy.data(), w.data(), y.data()));
+    CHECK_FALSE(conv2d_backward_input_bf16_winograd_add_with(k, CpuContext(1), s, dy.data(), w.data(), y.data()));
     CHECK_FALSE(conv2d_backward_weight_bf16_winograd_with(k, CpuContext(1), s, x.data(), dy.data(), dw.data()));
   }
   if (!any) WARN("SKIPPED: the bf16 Winograd kernels need an AVX-512 CPU (this one: " << cpu_features() << ")");

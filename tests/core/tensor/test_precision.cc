@@ -289,6 +289,52 @@ TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it
   }
 }
 
+// A ResNet block's input under bf16: read by a convolution and by the shortcut, whose gradient
+// comes first. Where the bf16 kernels add the convolution's input gradient as they store it (the
+// emulated and pair kernels; Note [Gradients summed in place] in autograd.cc), the sum has the
+// bits of the two gradients added apart and no separate add runs; on kernels that store (oneDNN,
+// AMX) the engine adds.
+TEST_CASE("bf16: a convolution adds its input gradient to the shortcut's as its kernels store it",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  const std::vector<float> x0 = randn(2 * 6 * 7 * 16, 21), w = randn(16 * 16 * 9, 22),
+                           g1 = randn(2 * 6 * 7 * 16, 23), g2 = randn(2 * 6 * 7 * 16, 24),
+                           scale = randn(2 * 6 * 7 * 16, 25);
+  const Shape xs = {2, 6, 7, 16};
+  const auto host = [&](const std::vector<float>& v, const Shape& shape) { return Tensor::from_host(v, shape, cpu); };
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    INFO("bf16 kernels: " << cpu::bf16_kernels_name(path));
+    const PrecisionScope bf16(Precision::Bf16);
+    const Tensor wt = host(w, {16, 16, 3, 3});
+    const Tensor x_value = mul(host(x0, xs), host(scale, xs));
+    // Each consumer's gradient of x alone.
+    auto part = [&](bool through_conv) {
+      Tensor x = x_value.detach().clone().set_requires_grad(true);
+      if (through_conv) sum(mul(conv2d(x, wt, Tensor(), {.stride = 1, .padding = 1}), host(g1, xs))).backward();
+      else sum(mul(relu(x), host(g2, xs))).backward();
+      return x.grad().to_host();
+    };
+    const std::vector<float> conv_part = part(true), relu_part = part(false);
+    Tensor leaf = host(x0, xs).set_requires_grad(true);
+    const Tensor x = mul(leaf, host(scale, xs));
+    const Tensor y = conv2d(x, wt, Tensor(), {.stride = 1, .padding = 1});
+    const Tensor loss = add(sum(mul(y, host(g1, xs))), sum(mul(relu(x), host(g2, xs))));
+    trace::start();
+    loss.backward();
+    trace::stop();
+    const std::vector<float> got = leaf.grad().to_host();
+    std::vector<float> want(got.size());
+    for (std::size_t i = 0; i < want.size(); ++i) want[i] = (relu_part[i] + conv_part[i]) * scale[i];
+    CHECK(got == want);
+    std::size_t axpys = 0;
+    for (const trace::Event& ev : trace::collect())
+      if (ev.name == "axpy") ++axpys;
+    CHECK(axpys == (cpu::bf16_backward_input_adds(path) ? 0u : 1u));
+  }
+}
+
 // conv2d_max_pool2d_relu against conv2d then max_pool2d_relu: the pooled values, the loss and every
 // gradient bit for bit, in float32 and on every bf16 path (storing bf16 for the convolution after
 // it), but the bias's, which the fused op sums in the pool's backward pass in another order: equal
