@@ -909,6 +909,39 @@ inline void winograd_input_bf16(const float* __restrict p, std::int64_t row, int
   }
 }
 
+// winograd_output (winograd_impl.h) on 16-lane vectors, the same sums in the same order: the
+// output transform Y = A^T m A of one tile's c_out channels, m[xi] at m + xi * plane, its rows x
+// cols outputs inside the image written at y (rows `row` floats apart, pixels c_out apart), or
+// added to with Store::kAdd, plus bias (nullable).
+inline void winograd_output16(const float* __restrict m, std::int64_t plane, int c_out, const float* bias,
+                              detail::Store store, float* __restrict y, std::int64_t row, int rows, int cols) {
+  for (int c0 = 0; c0 < c_out; c0 += kLanes) {
+    const __mmask16 lanes = detail::first_lanes(c_out - c0);
+    __m512 s0[4], s1[4];  // A^T m
+    for (int j = 0; j < 4; ++j) {
+      const __m512 m0 = _mm512_maskz_loadu_ps(lanes, m + (0 + j) * plane + c0),
+                   m1 = _mm512_maskz_loadu_ps(lanes, m + (4 + j) * plane + c0),
+                   m2 = _mm512_maskz_loadu_ps(lanes, m + (8 + j) * plane + c0),
+                   m3 = _mm512_maskz_loadu_ps(lanes, m + (12 + j) * plane + c0);
+      s0[j] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+      s1[j] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+    }
+    __m512 out[2][2] = {{_mm512_add_ps(_mm512_add_ps(s0[0], s0[1]), s0[2]), _mm512_sub_ps(_mm512_sub_ps(s0[1], s0[2]), s0[3])},
+                        {_mm512_add_ps(_mm512_add_ps(s1[0], s1[1]), s1[2]), _mm512_sub_ps(_mm512_sub_ps(s1[1], s1[2]), s1[3])}};
+    if (bias) {
+      const __m512 b = _mm512_maskz_loadu_ps(lanes, bias + c0);
+      for (auto& r : out)
+        for (__m512& o : r) o = _mm512_add_ps(o, b);
+    }
+    for (int a = 0; a < rows; ++a)
+      for (int b = 0; b < cols; ++b) {
+        float* o = y + a * row + b * c_out + c0;
+        const __m512 v = store == detail::Store::kAdd ? _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, o), out[a][b]) : out[a][b];
+        _mm512_mask_storeu_ps(o, lanes, v);
+      }
+  }
+}
+
 // y = conv(x, w) + bias (y += it with Store::kAdd) for s with winograd_applies(s), by Note [bf16
 // Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V
 // vectors of output channels per block.
@@ -968,7 +1001,7 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
         });
       }
       g.for_each_tile(k, img, [&](int t, const float*, std::int64_t at, int rows, int cols) {
-        detail::winograd_output(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at,
+        winograd_output16(mbuf + t * ld_m, g.m_plane, c_out, bias, store, out + at,
                                 g.y_row, rows, cols);
       });
     }
