@@ -251,7 +251,7 @@ template <int L, int K, int KH, int KW>
   scan_window<true, L, K, KH, KW>(s, img, win, ch, b, at, nullptr);
 }
 
-template <bool Relu, int L, int K, int KH, int KW, typename Out>
+template <bool Relu, bool kStreamIdx, int L, int K, int KH, int KW, typename Out>
 void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, Out* best,
                 std::int32_t* idx) {
   using V = Vec<L>;
@@ -269,18 +269,19 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
       b[k] = b[k] < V::splat(0.0f) ? V::splat(0.0f) : b[k];
     }
     store_out<L>(best + ch + k * L, b[k]);
-    if (idx) I::store(idx + ch + k * L, at[k]);
+    if constexpr (kStreamIdx) store_streaming(idx + ch + k * L, at[k]);
+    else if (idx) I::store(idx + ch + k * L, at[k]);
   }
 }
 
 // max_window for the window's size: unrolled for a whole 2x2 or 3x3 window.
-template <bool Relu, int L, int K, typename Out>
+template <bool Relu, bool kStreamIdx, int L, int K, typename Out>
 void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, Out* best,
                 std::int32_t* idx) {
   const int rows = win.h1 - win.h0, cols = win.w1 - win.w0;
-  if (rows == 3 && cols == 3) return max_window<Relu, L, K, 3, 3>(s, img, win, ch, best, idx);
-  if (rows == 2 && cols == 2) return max_window<Relu, L, K, 2, 2>(s, img, win, ch, best, idx);
-  max_window<Relu, L, K, 0, 0>(s, img, win, ch, best, idx);
+  if (rows == 3 && cols == 3) return max_window<Relu, kStreamIdx, L, K, 3, 3>(s, img, win, ch, best, idx);
+  if (rows == 2 && cols == 2) return max_window<Relu, kStreamIdx, L, K, 2, 2>(s, img, win, ch, best, idx);
+  max_window<Relu, kStreamIdx, L, K, 0, 0>(s, img, win, ch, best, idx);
 }
 
 // fn.template operator()<B>() with B = flag.
@@ -296,6 +297,17 @@ void with_flag(bool flag, Fn&& fn) {
 // with streaming stores, and its reader, conv2's backward, 52.1-52.5 ms either way (a 2-core Zen 4
 // EPYC, `towerflow_bench_train --model tfcnn --trace` in fp32 and bf16, alternating runs).
 constexpr std::int64_t kStreamingBytes = std::int64_t{4} << 20;
+
+// Note [Streaming the argmax]
+// The forward's argmax is read by the backward alone, after the rest of the forward and most of
+// the backward have run: caching it as it is written only makes each line a read from memory
+// before its write (Note [Streaming stores] in simd_impl.h). So an argmax of this many bytes or
+// more is written with streaming stores: tfcnn's, whose pool1 runs in chunks of 1 MiB of argmax
+// (Note [Convolution and pool in chunks of the batch] in core/tensor/cpu_backend.cc). On a
+// 2-core Zen 4 EPYC its pool2 forward in fp32 (2 MiB of argmax) took 317-381 us a call against
+// 354-422 with plain stores (`towerflow_bench_train --model tfcnn --trace`, three alternating
+// runs); the chunks' pools, whose input is in cache, 118-119 against 119-121.
+constexpr std::int64_t kStreamingArgmaxBytes = std::int64_t{1} << 20;
 
 // fn.template operator()<N>() with N = n where n is 1 or 2, else 0.
 template <typename Fn>
@@ -397,7 +409,13 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
                            std::int32_t* argmax) {
   s.validate();
   const int oh = s.out_h(), ow = s.out_w(), c = s.c;
+  // argmax with streaming stores where it is large (Note [Streaming the argmax]); every channel
+  // group's store is then aligned, as c is a multiple of the widest vector.
+  const bool stream_idx = argmax != nullptr &&
+                          std::int64_t{s.n} * oh * ow * c * std::int64_t{sizeof(std::int32_t)} >= kStreamingArgmaxBytes &&
+                          streaming_aligned(argmax) && c % kWideLanes == 0;
   ctx.parallel_for(std::int64_t{s.n} * oh, min_rows(s), [&](std::int64_t r0, std::int64_t r1) {
+   with_flag(stream_idx, [&]<bool kStreamIdx>() {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t n = r / oh;
       const int row = static_cast<int>(r % oh);
@@ -414,7 +432,7 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
         for (int ih = std::max(win.h1, next_top); ih < std::min(next_top + s.kh, s.h); ++ih)
           prefetch(img + (std::int64_t{ih} * s.w + win.w0) * c,
                    std::int64_t{win.w1 - win.w0} * c * std::int64_t{sizeof(float)});
-        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<Relu, L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
+        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<Relu, kStreamIdx, L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
           float b = first[ch];
           std::int32_t at = first_pos;
           for (int ih = win.h0; ih < win.h1; ++ih)
@@ -431,6 +449,8 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
         });
       }
     }
+    if constexpr (kStreamIdx) stream_fence();
+   });
   });
 }
 

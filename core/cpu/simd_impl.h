@@ -107,7 +107,8 @@ struct IVec<16> {
 // it is written (write-allocate), and the output then pushes its own input out of the caches.
 // Non-temporal stores write whole lines to memory without reading them. The consumer reads the
 // output from memory either way, since it no longer fits in the caches by the time it is read.
-// Pool gradients (pool.cc) and large transposes (elementwise.cc) are written this way. On a
+// Pool gradients and the max pool's argmax (pool.cc) and large transposes (elementwise.cc) are
+// written this way. On a
 // 2-core Zen 4 EPYC, tfcnn's two max-pool gradients took 1.73-1.96 ms per training step against
 // 2.14-2.36 with plain stores (`towerflow_bench_train --model tfcnn --trace`, three alternating
 // runs of 10 steps each).

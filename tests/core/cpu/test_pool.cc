@@ -317,6 +317,37 @@ TEST_CASE("pool gradients written with streaming stores equal the plain stores' 
   CHECK(avg_streamed[0] == dy[0] * (1.0f / 9.0f));
 }
 
+// The forward's argmax, 4 MiB here, is written with streaming stores where its buffer is 64-byte
+// aligned (Note [Streaming the argmax] in pool.cc) and with plain ones where it is not: the
+// reference's positions either way, with and without the ReLU.
+TEST_CASE("max pool argmax written with streaming stores equals the reference's", "[cpu][pool]") {
+  CpuContext ctx(2);
+  const Pool2dShape s{.n = 64, .h = 32, .w = 32, .c = 64, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1};
+  REQUIRE(out_size(s) * sizeof(std::int32_t) >= std::size_t{1} << 20);
+  const auto x = random_vector(in_size(s), 45);
+  std::vector<double> want;
+  std::vector<std::int32_t> want_arg;
+  ref_max_pool(s, x, want, want_arg);
+  std::vector<std::int32_t> want_relu_arg = want_arg;
+  for (std::size_t o = 0; o < want.size(); ++o)
+    if (!(want[o] > 0.0)) want_relu_arg[o] = -1;
+  const std::size_t bytes = (out_size(s) + 16) * sizeof(std::int32_t);
+  std::unique_ptr<std::int32_t[], void (*)(std::int32_t*)> buffer(
+      static_cast<std::int32_t*>(::operator new[](bytes, std::align_val_t{64})),
+      [](std::int32_t* p) { ::operator delete[](p, std::align_val_t{64}); });
+  std::vector<float> y(out_size(s));
+  for (const std::size_t offset : {std::size_t{0}, std::size_t{4}}) {
+    INFO("argmax " << offset * sizeof(std::int32_t) << " bytes past a 64-byte boundary");
+    std::int32_t* arg = buffer.get() + offset;
+    std::fill(arg, arg + out_size(s), -7);
+    max_pool_forward(ctx, s, x.data(), y.data(), arg);
+    CHECK(std::equal(arg, arg + out_size(s), want_arg.begin()));
+    std::fill(arg, arg + out_size(s), -7);
+    max_pool_relu_forward(ctx, s, x.data(), y.data(), arg);
+    CHECK(std::equal(arg, arg + out_size(s), want_relu_arg.begin()));
+  }
+}
+
 // max_pool_backward_channel_sums: dx as max_pool_backward writes it, bit for bit, and per channel
 // the sum of dx over every pixel, against a sum in double of the dx max_pool_backward wrote, within
 // the float rounding of a row's sums; the sums' bits the same for 1, 2 and 3 threads. tfcnn's pool1
