@@ -200,9 +200,12 @@ TEST_CASE("stress: one thread, mixed sizes, exact statistics after every step", 
 
 TEST_CASE("stress: four threads, mixed sizes, near the limit", "[memory][stress]") {
   auto log = std::make_shared<SubAllocatorLog>();
-  // A device that refuses regions past 20 MiB under a 24 MiB limit: growth, back-off, release
-  // and out-of-memory all happen while the threads run.
-  log->budget = 20 << 20;
+  // A device that refuses regions past 8 MiB under a 24 MiB limit: growth, back-off, release
+  // and out-of-memory all happen while the threads run. Each thread's own 48 blocks (up to 1 MiB
+  // each) pass 8 MiB at times, so out-of-memory happens however the threads are scheduled; at
+  // 20 MiB it took the four running at once, which a loaded machine does not promise (two
+  // busy processes on two cores left a run without one 2 times in 400).
+  log->budget = 8 << 20;
   auto a = tw::make_bfc_allocator(std::make_unique<FakeSubAllocator>(log),
                                   {.device_name = "/cpu:0", .limit_bytes = 24 << 20,
                                    .initial_region_bytes = 256 << 10});
@@ -222,7 +225,7 @@ TEST_CASE("stress: four threads, mixed sizes, near the limit", "[memory][stress]
     ooms += r.ooms;
   }
   CHECK(ops == kThreads * 60000);
-  CHECK(ooms > 0);  // the workload does reach the limit
+  CHECK(ooms > 0);  // the workload does reach the limit, even with the threads one after another
   auto s = a->stats();
   CHECK(s.bytes_in_use == 0);
   CHECK(s.live_allocs == 0);
