@@ -415,42 +415,42 @@ void max_pool_forward_impl(const CpuContext& ctx, const Pool2dShape& s, const fl
                           std::int64_t{s.n} * oh * ow * c * std::int64_t{sizeof(std::int32_t)} >= kStreamingArgmaxBytes &&
                           streaming_aligned(argmax) && c % kWideLanes == 0;
   ctx.parallel_for(std::int64_t{s.n} * oh, min_rows(s), [&](std::int64_t r0, std::int64_t r1) {
-   with_flag(stream_idx, [&]<bool kStreamIdx>() {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const std::int64_t n = r / oh;
-      const int row = static_cast<int>(r % oh);
-      const float* img = x + n * s.h * s.w * c;
-      for (int col = 0; col < ow; ++col) {
-        const Window win = clip(s, row, col);
-        const std::int64_t o = (r * ow + col) * c;
-        Out* best = y + o;
-        std::int32_t* idx = argmax ? argmax + o : nullptr;
-        const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
-        const std::int32_t first_pos = win.h0 * s.w + win.w0;
-        // The rows the next output row's window adds (Note [Prefetching the next rows]).
-        const int next_top = row * s.stride_h - s.pad_h + s.stride_h;
-        for (int ih = std::max(win.h1, next_top); ih < std::min(next_top + s.kh, s.h); ++ih)
-          prefetch(img + (std::int64_t{ih} * s.w + win.w0) * c,
-                   std::int64_t{win.w1 - win.w0} * c * std::int64_t{sizeof(float)});
-        for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<Relu, kStreamIdx, L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
-          float b = first[ch];
-          std::int32_t at = first_pos;
-          for (int ih = win.h0; ih < win.h1; ++ih)
-            for (int iw = win.w0; iw < win.w1; ++iw) {
-              const float v = img[(std::int64_t{ih} * s.w + iw) * c + ch];
-              if (v > b || std::isnan(v)) {
-                b = v;
-                at = ih * s.w + iw;
+    with_flag(stream_idx, [&]<bool kStreamIdx>() {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const std::int64_t n = r / oh;
+        const int row = static_cast<int>(r % oh);
+        const float* img = x + n * s.h * s.w * c;
+        for (int col = 0; col < ow; ++col) {
+          const Window win = clip(s, row, col);
+          const std::int64_t o = (r * ow + col) * c;
+          Out* best = y + o;
+          std::int32_t* idx = argmax ? argmax + o : nullptr;
+          const float* first = img + (std::int64_t{win.h0} * s.w + win.w0) * c;
+          const std::int32_t first_pos = win.h0 * s.w + win.w0;
+          // The rows the next output row's window adds (Note [Prefetching the next rows]).
+          const int next_top = row * s.stride_h - s.pad_h + s.stride_h;
+          for (int ih = std::max(win.h1, next_top); ih < std::min(next_top + s.kh, s.h); ++ih)
+            prefetch(img + (std::int64_t{ih} * s.w + win.w0) * c,
+                     std::int64_t{win.w1 - win.w0} * c * std::int64_t{sizeof(float)});
+          for_channel_groups(c, [&]<int L, int K>(int ch) { max_window<Relu, kStreamIdx, L, K>(s, img, win, ch, best, idx); }, [&](int ch) {
+            float b = first[ch];
+            std::int32_t at = first_pos;
+            for (int ih = win.h0; ih < win.h1; ++ih)
+              for (int iw = win.w0; iw < win.w1; ++iw) {
+                const float v = img[(std::int64_t{ih} * s.w + iw) * c + ch];
+                if (v > b || std::isnan(v)) {
+                  b = v;
+                  at = ih * s.w + iw;
+                }
               }
-            }
-          if (Relu && !(b > 0.0f)) at = -1;
-          store_out(best + ch, Relu && b < 0.0f ? 0.0f : b);
-          if (idx) idx[ch] = at;
-        });
+            if (Relu && !(b > 0.0f)) at = -1;
+            store_out(best + ch, Relu && b < 0.0f ? 0.0f : b);
+            if (idx) idx[ch] = at;
+          });
+        }
       }
-    }
-    if constexpr (kStreamIdx) stream_fence();
-   });
+      if constexpr (kStreamIdx) stream_fence();
+    });
   });
 }
 
