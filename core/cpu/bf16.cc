@@ -433,9 +433,7 @@ bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& c
   return on_own_kernels(k, s, [&](const Bf16KernelTable& t) { return t.winograd_backward_input(ctx, s, dy, w, dx); });
 }
 
-bool bf16_backward_input_adds(Bf16Kernels k) {
-  return k == Bf16Kernels::Emulated || k == Bf16Kernels::Avx512Bf16 || k == Bf16Kernels::Avx512Bf16Emulated;
-}
+bool bf16_backward_input_adds(Bf16Kernels k) { return k != Bf16Kernels::OneDnn; }
 
 bool conv2d_backward_input_bf16_add_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                          const float* dy, const float* w, float* dx) {

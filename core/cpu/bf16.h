@@ -131,9 +131,9 @@ bool conv2d_backward_input_bf16_winograd_with(Bf16Kernels k, const CpuContext& c
 // dx += the backward input on kernels k, added as the kernels store it: dx + the result of
 // conv2d_backward_input_bf16_with (or its Winograd twin) on the same kernels, rounded once, the
 // bits of that result added afterwards. False, having written nothing, where k has no such path:
-// oneDNN, AMX; and for the Winograd twin, where conv2d_backward_input_bf16_winograd_with declines.
-// Whether kernels k have conv2d_backward_input_bf16_add_with's path: the emulated ones and
-// towerflow's pair kernels.
+// oneDNN; and for the Winograd twin, where conv2d_backward_input_bf16_winograd_with declines.
+// Whether kernels k have conv2d_backward_input_bf16_add_with's path: all but oneDNN's (the
+// emulated path, towerflow's pair and AMX kernels).
 bool bf16_backward_input_adds(Bf16Kernels k);
 bool conv2d_backward_input_bf16_add_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
                                          const float* dy, const float* w, float* dx);

@@ -263,6 +263,7 @@ struct ConvPlan {
   std::int64_t wblock;
   int c_out;
   const float* bias;  // c_out values, or null
+  bool add = false;   // outputs added to what the destination holds (no bias then)
 };
 
 // out [32 pixels][32 channels] = the C tiles of MA x 16 pixels and NB x 16 output channels. Pixel
@@ -315,6 +316,13 @@ void run_grid(const ConvPlan& p, const Grid& g) {
   for (std::int64_t v0 = 0; v0 < end; v0 += kBlock) {
     const int pixels = static_cast<int>(std::min<std::int64_t>(kBlock, end - v0));
     const std::uint16_t* a = g.img + v0 * g.unit;
+    if (p.add) {  // Note [Prefetching what a tile adds to]
+      std::int64_t y = v0 / g.wv, x = v0 % g.wv;
+      for (int m = 0; m < pixels; ++m, ++x) {
+        if (x == g.wv) x = 0, ++y;
+        if (x < g.cols) detail::prefetch_floats(g.out + y * g.out_row + x * g.out_col, p.c_out);
+      }
+    }
     for (int cb = 0; cb < blocks; cb += 2) {
       const Pair* w = p.w + cb * p.wblock;
       const bool two_a = pixels > kRows, two_b = blocks - cb > 1;
@@ -329,7 +337,9 @@ void run_grid(const ConvPlan& p, const Grid& g) {
         if (x >= g.cols) continue;
         float* dst = g.out + y * g.out_row + x * g.out_col + cb * kLanes;
         const float* src = c + m * kBlock;
-        if (p.bias) {
+        if (p.add) {
+          for (int l = 0; l < lanes; ++l) dst[l] += src[l];
+        } else if (p.bias) {
           const float* b = p.bias + cb * kLanes;
           for (int l = 0; l < lanes; ++l) dst[l] = src[l] + b[l];
         } else {
@@ -344,12 +354,14 @@ void run_grid(const ConvPlan& p, const Grid& g) {
 // pixels of `unit` bf16 and a kernel row's q.
 std::int64_t slack(std::int64_t unit, int kw, int c2) { return 32 * unit + std::int64_t{kw} * c2 + 32; }
 
-// y = conv(x, w) (+ bias), the weights read through get(co, ci, i, j). Pixels of x are ld_in
-// values apart (floats, or bf16.h's bf16 inputs), pixels of y ld_y apart; conv_input says which of
-// them are converted. Threads split the output rows, as direct_conv does.
+// y = conv(x, w) (+ bias), or y += conv(x, w) with Store::kAdd (no bias), the weights read
+// through get(co, ci, i, j). Pixels of x are ld_in values apart (floats, or bf16.h's bf16
+// inputs), pixels of y ld_y apart; conv_input says which of them are converted. Threads split the
+// output rows, as direct_conv does.
 template <typename In, typename Get>
 void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::int64_t ld_in,
-              const float* bias, float* y, std::int64_t ld_y, Get get) {
+              const float* bias, float* y, std::int64_t ld_y, Get get,
+              detail::Store store = detail::Store::kOverwrite) {
   const ConvInput in = conv_input(conv, ld_in);
   const Conv2dShape& s = in.s;
   const Layout l = layout(s.c_in, s.kw);
@@ -363,7 +375,8 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::
   const std::int64_t image = hp * row_step, extra = slack(unit, s.kw, l.c2);
   const bool flat = s.stride_h == 1 && s.stride_w == 1;
   const ConvPlan plan{.kh = s.kh, .chunks = s.kw * l.c2 / l.kc, .kc = l.kc, .row_step = row_step,
-                      .w = wp, .wblock = wblock, .c_out = s.c_out, .bias = bias};
+                      .w = wp, .wblock = wblock, .c_out = s.c_out, .bias = bias,
+                      .add = store == detail::Store::kAdd};
 
   parallel_rows(ctx, s.n, oh, std::int64_t{ow} * s.c_out * s.kh * s.kw * s.c_in, [&](std::int64_t r0, std::int64_t r1) {
     auto* buf = reinterpret_cast<std::uint16_t*>(scratch_pairs(Scratch::kInput, (image + extra + 1) / 2));
@@ -390,9 +403,10 @@ void amx_conv(const CpuContext& ctx, const Conv2dShape& conv, const In* x, std::
 }
 
 // Backward input with stride > 1: per stride phase (Note [Backward input by stride phases]), a
-// stride-1 convolution of the embedded dy with the phase's sub-kernel.
+// stride-1 convolution of the embedded dy with the phase's sub-kernel; dx written, or added to
+// with Store::kAdd.
 void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                               const float* w, float* dx) {
+                               const float* w, float* dx, detail::Store store) {
   const Layout l = layout(s.c_out, s.kw);
   const int half = l.c2 / 2, blocks = (s.c_in + kLanes - 1) / kLanes;
   const StridePhases g(s, std::int64_t{blocks} * kLanes * half);
@@ -412,13 +426,13 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, l.c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_region(s, row_begin, row_end, detail::Store::kOverwrite, img_dx, [&](int phase, const StridePhases::Region& p) {
+      g.for_each_region(s, row_begin, row_end, store, img_dx, [&](int phase, const StridePhases::Region& p) {
         const int q = p.mb * l.c2, kc = chunk_of(q);
         tiles.configure(2 * kc);
         const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,
                             .w = wp + g.phase_offset[phase],
                             .wblock = std::int64_t{p.ma} * p.mb * half * kLanes, .c_out = s.c_in,
-                            .bias = nullptr};
+                            .bias = nullptr, .add = store == detail::Store::kAdd};
         run_grid(plan, {.img = buf + p.dy_row * row_step + p.dy_col * l.c2, .rows = p.rows,
                         .cols = p.cols, .wv = g.wp, .unit = l.c2,
                         .out = img_dx + (std::int64_t{p.ih0} * s.w + p.iw0) * s.c_in,
@@ -712,7 +726,7 @@ struct AmxDrivers {
   }
   static void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                     const float* w, float* dx) {
-    amx_backward_input_phases(ctx, s, dy, w, dx);
+    amx_backward_input_phases(ctx, s, dy, w, dx, detail::Store::kOverwrite);
   }
   template <typename In>
   static void backward_weight(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* dy,
@@ -732,10 +746,18 @@ struct AmxDrivers {
   static bool winograd_conv(const CpuContext&, const Conv2dShape&, const In*, const float*, float*, Get) {
     return false;
   }
-  // No backward input added as it is stored: the tiles' stores overwrite.
-  static bool backward_input_add(const CpuContext&, const Conv2dShape&, const float*, const float*, float*) {
-    return false;
+  // dx += the backward input, added as the tiles' results are copied out.
+  static bool backward_input_add(const CpuContext& ctx, const Conv2dShape& s, const float* dy, const float* w,
+                                 float* dx) {
+    const bool as_forward = detail::backward_input_as_forward(
+        s, dy, w, dx, [&](const Conv2dShape& t, const float* in, std::int64_t ld_in, const float*, float* out,
+                          std::int64_t ld_out, detail::StridedWeights get) {
+          amx_conv(ctx, t, in, ld_in, nullptr, out, ld_out, get, detail::Store::kAdd);
+        });
+    if (!as_forward) amx_backward_input_phases(ctx, s, dy, w, dx, detail::Store::kAdd);
+    return true;
   }
+  // No Winograd kernels on AMX tiles.
   static bool winograd_backward_input_add(const CpuContext&, const Conv2dShape&, const float*, const float*,
                                           float*) {
     return false;

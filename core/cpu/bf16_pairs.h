@@ -42,7 +42,7 @@ struct Bf16KernelTable {
                                   const DyRows& rows, float* dw);
   // dx += conv2d_backward_input's dx, added as the kernels store it (one rounding: the bits of
   // the result added afterwards), directly or by Winograd (stride 1): false, with nothing written,
-  // where the object has no such path for the problem (none on AMX).
+  // where the object has no such path for the problem (no Winograd on AMX).
   bool (*backward_input_add)(const CpuContext&, const Conv2dShape&, const float* dy, const float* w,
                              float* dx);
   bool (*winograd_backward_input_add)(const CpuContext&, const Conv2dShape&, const float* dy,

@@ -609,7 +609,7 @@ bool conv2d_backward_input_bf16_add_chosen(const CpuContext& ctx, const Conv2dSh
   const std::string problem = s.describe();
   const ChoiceProblem p{.key = "conv backward input added " + problem, .pass = "backward input, added",
                         .problem = problem, .bf16 = true, .threads = ctx.threads()};
-  // Kernels that store their backward input (oneDNN, AMX) leave the add to the caller once chosen.
+  // Kernels that store their backward input (oneDNN's) leave the add to the caller once chosen.
   const auto adds_as_it_stores = [](const std::string& name) {
     return family_of(name) == "winograd" || bf16_backward_input_adds(bf16_by_name(name));
   };

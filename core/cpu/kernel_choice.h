@@ -37,7 +37,7 @@ bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& 
 // conv2d_backward_input_bf16_add_with and its Winograd twin) and oneDNN's backward input followed
 // by an add. In fixed mode, the fixed kernels' add (conv2d_backward_input_bf16_add_with). False,
 // dx untouched, where the problem is settled on oneDNN, or in fixed mode where the fixed kernels
-// have no add (oneDNN, AMX): the caller then computes the gradient with
+// are oneDNN's: the caller then computes the gradient with
 // conv2d_backward_input_chosen and adds it. While the problem is measured, dx is restored before
 // each candidate runs, and the call adds once.
 bool conv2d_backward_input_bf16_add_chosen(const CpuContext& ctx, const Conv2dShape& s,

@@ -82,8 +82,8 @@ void record_summing(Tensor& output, std::string name, std::vector<Tensor> inputs
 // gradient to it as its kernel stores it, instead of writing it to a tensor of its own that the
 // engine then adds; a projection shortcut, run before conv1, comes second and adds to conv1's.
 // The bits are the same as the separate add's (one rounding of the same two values). In bf16 the
-// kernels that add so are towerflow's pair and Winograd kernels and the emulated path; oneDNN's
-// and AMX's store, and the engine adds.
+// kernels that add so are towerflow's pair, Winograd and AMX kernels and the emulated path;
+// oneDNN's store, and the engine adds.
 
 // Note [Final leaf gradients]
 // A leaf's gradient is the sum of what every node consuming it gives. The engine counts, before

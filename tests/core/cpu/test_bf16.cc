@@ -137,15 +137,17 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       CHECK(yb == y);
       CHECK(dwb == dw);
       // dx added to a gradient as the kernels store it: that gradient plus the very dx, rounded
-      // once; oneDNN and AMX have no such path and leave it alone.
+      // once; oneDNN has no such path and leaves it alone.
       std::vector<float> dxk(xn);
       if (!conv2d_backward_input_bf16_with(k, ctx, s, dy.data(), w.data(), dxk.data())) continue;
       const auto base = random_vector(xn, 5);
       std::vector<float> sum = base;
-      if (k == Bf16Kernels::OneDnn || k == Bf16Kernels::Amx || k == Bf16Kernels::AmxEmulated) {
+      if (k == Bf16Kernels::OneDnn) {
+        CHECK_FALSE(bf16_backward_input_adds(k));
         CHECK_FALSE(conv2d_backward_input_bf16_add_with(k, ctx, s, dy.data(), w.data(), sum.data()));
         CHECK(sum == base);
       } else {
+        CHECK(bf16_backward_input_adds(k));
         REQUIRE(conv2d_backward_input_bf16_add_with(k, ctx, s, dy.data(), w.data(), sum.data()));
         std::vector<float> want(xn);
         for (std::size_t i = 0; i < xn; ++i) want[i] = base[i] + dxk[i];

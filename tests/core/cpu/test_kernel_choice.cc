@@ -494,7 +494,7 @@ TEST_CASE("kernel choice: runs that add to their output start from it each time 
 }
 
 // The bf16 backward input added to the gradient another consumer gave (a ResNet block's input):
-// a problem of its own, whose candidates add as they store or (oneDNN, AMX) add apart. Each adds
+// a problem of its own, whose candidates add as they store or (oneDNN) add apart. Each adds
 // the dx its plain problem gives on the same candidate, once; a call settled on kernels that
 // store leaves the gradient to the caller, and so does fixed mode on such kernels.
 TEST_CASE("kernel choice: the bf16 backward input added to a gradient adds each candidate's dx once",

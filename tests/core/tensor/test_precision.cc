@@ -291,9 +291,9 @@ TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it
 
 // A ResNet block's input under bf16: read by a convolution and by the shortcut, whose gradient
 // comes first. Where the bf16 kernels add the convolution's input gradient as they store it (the
-// emulated and pair kernels; Note [Gradients summed in place] in autograd.cc), the sum has the
-// bits of the two gradients added apart and no separate add runs; on kernels that store (oneDNN,
-// AMX) the engine adds.
+// emulated, pair and AMX kernels; Note [Gradients summed in place] in autograd.cc), the sum has
+// the bits of the two gradients added apart and no separate add runs; on oneDNN's, which store,
+// the engine adds.
 TEST_CASE("bf16: a convolution adds its input gradient to the shortcut's as its kernels store it",
           "[precision][bf16]") {
   const Device cpu = Device::cpu(0);
