@@ -65,26 +65,54 @@ inline __m512i load_bits16(__mmask16 m, const std::uint16_t* p) {
   return _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16);
 }
 
-// dst[i] = the bf16 of src[i], i < n. In: float or bf16 bits (as load_bits16).
+// The pairs (low, high) of a and b rounded to bf16 in each lane. With the instruction,
+// vcvtne2ps2bf16 rounds both (to nearest even, as rounded_bits16, but with denormal inputs and
+// results flushed to zero, as vdpbf16ps treats its operands, so the products are the same) and a
+// word permutation interleaves them; on the emulated build, rounded_bits16.
+inline __m512i pair_of(__m512 a, __m512 b) {
+#if defined(__AVX512BF16__)
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // words 0-15 a, 16-31 b
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, both);
+#else
+  return _mm512_or_si512(_mm512_srli_epi32(rounded_bits16(_mm512_castps_si512(a)), 16),
+                         rounded_bits16(_mm512_castps_si512(b)));
+#endif
+}
+
+// dst[i] = the bf16 of src[i], i < n. In: float or bf16 bits (as load_bits16). With the
+// instruction, vcvtneps2bf16 rounds them as pair_of does.
 template <typename In>
 void to_bf16(std::int64_t n, const In* __restrict src, std::uint16_t* __restrict dst) {
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first_lanes(n - i);
+#if defined(__AVX512BF16__)
+    const __m512 v = _mm512_castsi512_ps(load_bits16(m, src + i));
+    _mm256_mask_storeu_epi16(dst + i, m, (__m256i)_mm512_cvtneps_pbh(v));
+#else
     const __m512i r = rounded_bits16(load_bits16(m, src + i));
     _mm256_mask_storeu_epi16(dst + i, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+#endif
   }
 }
 
-// dst[i] = the pair (low[i], high[i]), i < n; a null low or high is zeros.
+// dst[i] = the pair (low[i], high[i]) as pair_of makes it, i < n; a null low or high is zeros.
 template <typename In>
 void to_pairs(std::int64_t n, const In* __restrict low, const In* __restrict high,
               Pair* __restrict dst) {
   for (std::int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = first_lanes(n - i);
+#if defined(__AVX512BF16__)
+    const __m512 lo = low ? _mm512_castsi512_ps(load_bits16(m, low + i)) : _mm512_setzero_ps();
+    const __m512 hi = high ? _mm512_castsi512_ps(load_bits16(m, high + i)) : _mm512_setzero_ps();
+    _mm512_mask_storeu_epi32(dst + i, m, pair_of(lo, hi));
+#else
     const __m512i lo =
         low ? _mm512_srli_epi32(rounded_bits16(load_bits16(m, low + i)), 16) : _mm512_setzero_si512();
     const __m512i hi = high ? rounded_bits16(load_bits16(m, high + i)) : _mm512_setzero_si512();
     _mm512_mask_storeu_epi32(dst + i, m, _mm512_or_si512(lo, hi));
+#endif
   }
 }
 

@@ -30,10 +30,10 @@
 //                            driver: threads split the output rows; stride > 1 backward input runs
 //                            per stride phase (Note [Backward input by stride phases]).
 //   backward weight          the reduction is over output pixels, so the pairs are neighbouring
-//                            pixels: per pass of about 96 pixels, x is packed [pixel pair][q] for
-//                            each kernel row (once for all of them where they can share it: Note
-//                            [Weight-gradient passes in pixel pairs] in bf16_packing.h) and dy
-//                            [pixel pair][output channel]; the tile is
+//                            pixels: per pass (Note [Weight-gradient pass length]), x is packed
+//                            [pixel pair][q] for each kernel row (once for all of them where they
+//                            can share it: Note [Weight-gradient passes in pixel pairs] in
+//                            bf16_packing.h) and dy [pixel pair][output channel]; the tile is
 //                            conv.cc's weight tile (Q inputs x V vectors). Images and tiles follow
 //                            Note [Weight gradient: image groups or tiles].
 //   GEMM                     a 1x1 convolution over the rows of op(a) as pixels.
@@ -43,7 +43,11 @@
 // Without AVX512-BF16 the instruction is emulated with two FMAs per lane in its own order (the
 // high products, then the low). A product of two bf16 is exact in fp32, so each FMA rounds as
 // the instruction's accumulation does and the emulation gives the same bits, except that the
-// instruction treats denormal inputs as zero and flushes denormal results. The emulation exists
+// instruction treats denormal inputs as zero and flushes denormal results. (On the instruction's
+// build the packing rounds with vcvtneps2bf16 and vcvtne2ps2bf16, which flush denormals too:
+// pair_of in bf16_packing.h. Against rounded_bits16 there, the direct kernels of ResNet-20's
+// layers took 2-14% less time on a 2-core Zen 4 EPYC, `towerflow_bench_ops --precision bf16`
+// with TOWERFLOW_BF16_KERNELS=avx512bf16, and tfcnn's conv1 weight gradient 4.35 ms against 4.63.) The emulation exists
 // so that every packing and tiling path runs on any AVX-512 CPU, in the tests. The timing object
 // (TW_BF16_DOT_TIMING, linked only into towerflow_bench_ops_bf16_timing) computes each vdpbf16ps
 // as one FMA on the raw pairs instead: wrong values, but the instruction's cost if it issues at
@@ -84,6 +88,7 @@ using detail::Scratch;
 using detail::scratch_pairs;
 using detail::StridePhases;
 using detail::sum_weight_grad;
+using detail::pair_of;
 using detail::to_pairs;
 using detail::unpack_weight_grad;
 using detail::WeightTiles;
@@ -420,6 +425,28 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
   });
 }
 
+// Note [Weight-gradient pass length]
+// A pass of pair_weight_grad_from packs dy and x for about 96 pixels, as conv.cc's weight_grad,
+// so that the packed pairs stay in cache across the tiles that share them. Where the kernel rows
+// share one packing (Note [Weight-gradient passes in pixel pairs]), a pass also packs the kh - 1
+// output rows after it, which the next pass packs again: with tfcnn's 5x5 kernels on 32x32
+// images a 96-pixel pass (3 rows) packed 7 rows of x, 2.3 times the image. There the pass is at
+// least 4 * (kh - 1) rows, so that the rows packed twice are at most a quarter of those packed,
+// up to 512 pixels (the pass's dy pairs, 256 of them at 64 output channels, then take 64 KiB).
+// On a 2-core Zen 4 EPYC, tfcnn's conv1 weight gradient (3->64, 5x5, 32x32, batch 128) took
+// 4.1 ms against 4.6 with 96-pixel passes, and with dy made by its max pool's backward in
+// training (Conv2DMaxPoolRelu's gradient, `towerflow_bench_train --model tfcnn --precision bf16
+// --trace`) 5.0 against 6.0. With pair_of's packing as well, tfcnn's 5x5 64->64 layer on 16x16
+// images (one pass per image) took 16.4 ms against 18.0.
+
+// Output rows per pass of pair_weight_grad_from (Note [Weight-gradient pass length]).
+int weight_pass_rows(const Conv2dShape& s) {
+  const int oh = s.out_h(), ow = s.out_w();
+  int rows = 96 / ow;
+  if (detail::shared_kernel_rows(s)) rows = std::max(rows, std::min(4 * (s.kh - 1), 512 / ow));
+  return std::max(1, std::min(oh, rows));
+}
+
 // ---- the weight-gradient register kernel ---------------------------------------------------
 
 // acc[q][v] += sum over `pairs` pixel pairs of the products of x pair xp[pair * ld_x + q] and dy
@@ -469,9 +496,7 @@ void pair_weight_grad_from(const CpuContext& ctx, const Conv2dShape& s, const In
   const std::int64_t row_step = std::int64_t{s.w + 2 * s.pad_w} * s.c_in;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * s.c_in;
   const std::int64_t image_out = std::int64_t{oh} * ow;
-  // Passes of about 96 pixels, as weight_grad's, so that a pass's packed pairs stay in cache
-  // across the tiles that share them.
-  const int rows_per_pass = std::max(1, std::min(oh, 96 / ow));
+  const int rows_per_pass = weight_pass_rows(s);
   const std::int64_t max_pairs = (std::int64_t{rows_per_pass} * ow + 1) / 2;
 
   auto accumulate = [&](int n0, int n1, std::int64_t t0, std::int64_t t1, float* dst) {
@@ -692,22 +717,6 @@ void embed_rounded(const Conv2dShape& s, const WinogradTiles& g, const In* image
     }
     std::fill(body + width, d + row, 0.0f);
   }
-}
-
-// The pairs (low, high) of a and b rounded to bf16 in each lane (to_pairs's, on registers).
-// With the instruction, vcvtne2ps2bf16 rounds both (to nearest even, as rounded_bits16, but
-// flushing denormals to zero, as vdpbf16ps does with its operands) and a word permutation
-// interleaves them.
-inline __m512i pair_of(__m512 a, __m512 b) {
-#if defined(__AVX512BF16__)
-  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // words 0-15 a, 16-31 b
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(interleave, both);
-#else
-  return _mm512_or_si512(_mm512_srli_epi32(rounded_bits16(_mm512_castps_si512(a)), 16),
-                         rounded_bits16(_mm512_castps_si512(b)));
-#endif
 }
 
 // The input transforms V = B^T d B of tiles a and b (b null: zeros), channels `lanes` of 16

@@ -95,6 +95,9 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       // The AMX weight gradient over column pairs (stride 1, input channels in sixteens): an odd
       // output width, an even kernel width, three channel tiles, a partial output-channel tile.
       {"odd 48->20 3x2 kernel on 7x10", {.n = 2, .h = 7, .w = 10, .c_in = 48, .c_out = 20, .kh = 3, .kw = 2, .pad_h = 1}},
+      // The pair weight gradient's passes of 16 rows, the last of 4 (Note [Weight-gradient pass
+      // length] in bf16_pairs.cc).
+      {"odd 5x5 3->20 on 20x10", {.n = 2, .h = 20, .w = 10, .c_in = 3, .c_out = 20, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2}},
   };
   for (const Bf16Kernels k : towerflow::testing::bf16_paths()) {
     const ForceKernels force(k);
@@ -387,6 +390,9 @@ TEST_CASE("bf16 pair and AMX kernels: each instruction against its emulation", "
         {.n = 2, .h = 16, .w = 16, .c_in = 16, .c_out = 32, .kh = 3, .kw = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1, .pad_w = 1},
         {.n = 3, .h = 7, .w = 9, .c_in = 5, .c_out = 7, .kh = 3, .kw = 3},
         {.n = 2, .h = 8, .w = 8, .c_in = 64, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+        // The weight gradient's passes of 16 rows, the last of 4 (Note [Weight-gradient pass
+        // length] in bf16_pairs.cc).
+        {.n = 2, .h = 20, .w = 10, .c_in = 3, .c_out = 20, .kh = 5, .kw = 5, .pad_h = 2, .pad_w = 2},
     };
     for (const Conv2dShape& s : shapes) {
       const std::size_t xn = std::size_t(s.n) * s.h * s.w * s.c_in, wn = std::size_t(s.c_out) * s.c_in * s.kh * s.kw,
