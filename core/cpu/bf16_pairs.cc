@@ -46,13 +46,14 @@
 // instruction treats denormal inputs as zero and flushes denormal results. (On the instruction's
 // build the packing rounds with vcvtneps2bf16 and vcvtne2ps2bf16, which flush denormals too:
 // pair_of in bf16_packing.h. Against rounded_bits16 there, the direct kernels of ResNet-20's
-// layers took 2-14% less time on a 2-core Zen 4 EPYC, `towerflow_bench_ops --precision bf16`
-// with TOWERFLOW_BF16_KERNELS=avx512bf16, and tfcnn's conv1 weight gradient 4.35 ms against 4.63.) The emulation exists
-// so that every packing and tiling path runs on any AVX-512 CPU, in the tests. The timing object
-// (TW_BF16_DOT_TIMING, linked only into towerflow_bench_ops_bf16_timing) computes each vdpbf16ps
-// as one FMA on the raw pairs instead: wrong values, but the instruction's cost if it issues at
-// the FMA's rate (the premise of its twice-fp32 throughput), so that the kernels can be timed and
-// tuned on CPUs without it (docs/precision.md, which has the figures and their commands).
+// layers took up to 21% less time on a 2-core Zen 4 EPYC, most of them 2-15% (`towerflow_bench_ops
+// --precision bf16` with TOWERFLOW_BF16_KERNELS=avx512bf16), and tfcnn's conv1 weight gradient
+// 4.35 ms against 4.63.) The emulation exists so that every packing and tiling path runs on any
+// AVX-512 CPU, in the tests. The timing object (TW_BF16_DOT_TIMING, linked only into
+// towerflow_bench_ops_bf16_timing) computes each vdpbf16ps as one FMA on the raw pairs instead:
+// wrong values, but the instruction's cost if it issues at the FMA's rate (the premise of its
+// twice-fp32 throughput), so that the kernels can be timed and tuned on CPUs without it
+// (docs/precision.md, which has the figures and their commands).
 
 namespace towerflow::cpu::TW_ISA {
 
@@ -78,6 +79,7 @@ using detail::pack_weight_pairs;
 using detail::padded_bias;
 using detail::padded_image;
 using detail::padded_image_buffer;
+using detail::pair_of;
 using detail::parallel_rows;
 using detail::pass_pair_rows;
 using detail::pixel_offsets;
@@ -88,7 +90,6 @@ using detail::Scratch;
 using detail::scratch_pairs;
 using detail::StridePhases;
 using detail::sum_weight_grad;
-using detail::pair_of;
 using detail::to_pairs;
 using detail::unpack_weight_grad;
 using detail::WeightTiles;
