@@ -47,9 +47,8 @@
 // build the packing rounds with vcvtneps2bf16 and vcvtne2ps2bf16, which flush denormals too:
 // pair_of in bf16_packing.h. Against rounded_bits16 there, the direct kernels of ResNet-20's
 // layers took up to 21% less time on a 2-core Zen 4 EPYC, most of them 2-15% (`towerflow_bench_ops
-// --precision bf16` with TOWERFLOW_BF16_KERNELS=avx512bf16), and tfcnn's conv1 weight gradient
-// 4.35 ms against 4.63.) The emulation exists so that every packing and tiling path runs on any
-// AVX-512 CPU, in the tests. The timing object (TW_BF16_DOT_TIMING, linked only into
+// --precision bf16` with TOWERFLOW_BF16_KERNELS=avx512bf16).) The emulation exists so that every
+// packing and tiling path runs on any AVX-512 CPU, in the tests. The timing object (TW_BF16_DOT_TIMING, linked only into
 // towerflow_bench_ops_bf16_timing) computes each vdpbf16ps as one FMA on the raw pairs instead:
 // wrong values, but the instruction's cost if it issues at the FMA's rate (the premise of its
 // twice-fp32 throughput), so that the kernels can be timed and tuned on CPUs without it
@@ -434,11 +433,12 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
 // images a 96-pixel pass (3 rows) packed 7 rows of x, 2.3 times the image. There the pass is at
 // least 4 * (kh - 1) rows, so that the rows packed twice are at most a quarter of those packed,
 // up to 512 pixels (the pass's dy pairs, 256 of them at 64 output channels, then take 64 KiB).
-// On a 2-core Zen 4 EPYC, tfcnn's conv1 weight gradient (3->64, 5x5, 32x32, batch 128) took
-// 4.1 ms against 4.6 with 96-pixel passes, and with dy made by its max pool's backward in
-// training (Conv2DMaxPoolRelu's gradient, `towerflow_bench_train --model tfcnn --precision bf16
-// --trace`) 5.0 against 6.0. With pair_of's packing as well, tfcnn's 5x5 64->64 layer on 16x16
-// images (one pass per image) took 16.4 ms against 18.0.
+// On a 2-core Zen 4 EPYC, tfcnn's conv1 weight gradient (3->64, 5x5, 32x32, batch 128), with dy
+// made by its max pool's backward in training (Conv2DMaxPoolRelu's gradient, `towerflow_bench_train
+// --model tfcnn --precision bf16 --trace`), took 5.0 ms against 6.0 with 96-pixel passes. With
+// pair_of's packing as well, tfcnn's 5x5 64->64 weight gradient on 16x16 images (one pass per
+// image) took 16.4 ms against 18.0 (`towerflow_bench_ops --precision bf16` with
+// TOWERFLOW_BF16_KERNELS=avx512bf16).
 
 // Output rows per pass of pair_weight_grad_from (Note [Weight-gradient pass length]).
 int weight_pass_rows(const Conv2dShape& s) {
