@@ -47,6 +47,12 @@ void backward(const Tensor& loss, const BackwardHooks& hooks);
 // True when an op with these inputs must record history.
 bool needs_grad(std::initializer_list<const Tensor*> inputs);
 
+// For a backward closure, on the output gradient g it was given: true where the op may write an
+// input's gradient of g's shape over g and return g as that gradient. g is then contiguous
+// float32, and nothing but the engine refers to its buffer, so no other node and no caller sees
+// the write (Note [Gradients written over the output's] in autograd.cc).
+bool gradient_reusable(const Tensor& g);
+
 // Makes `output` the result of a differentiable op: output.grad_fn = a new Node. Call only when
 // needs_grad(...) was true.
 void record(Tensor& output, std::string name, std::vector<Tensor> inputs,

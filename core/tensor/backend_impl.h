@@ -264,9 +264,11 @@ class Backend {
   // masked gradient (the residual's gradient). Without a residual (d_pre_relu null) a backend
   // may instead recompute the mask from x, the saved statistics, gamma and beta, bit for bit the
   // forward's (the CPU does: Note [The ReLU mask from x] in core/cpu/batch_norm.cc); one that
-  // supports(kBf16Activations) must, and then gets a null y after a bf16 forward. dx may not
-  // alias dy. eps is the eps the training forward was given (save_invstd = 1/sqrt(var + eps));
-  // see Note [Batch-norm backward eps] in core/cuda/batch_norm.cc.
+  // supports(kBf16Activations) must, and then gets a null y after a bf16 forward. dx (without
+  // d_pre_relu) or d_pre_relu may be dy itself only where batch_norm_backward_in_place(). eps is
+  // the eps the training forward was given (save_invstd = 1/sqrt(var + eps)); see Note
+  // [Batch-norm backward eps] in core/cuda/batch_norm.cc.
+  virtual bool batch_norm_backward_in_place() const { return false; }
   virtual void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y,
                                    bool relu, const float* dy, const float* gamma,
                                    const float* beta, const float* save_mean,

@@ -495,6 +495,9 @@ class CpuBackend final : public Backend {
     cpu::batch_norm_backward_apply(ctx_, rows, c, x, relu ? y : nullptr, dy, gamma, mean, invstd,
                                    mean_g, mean_gxhat, dx);
   }
+  // core/cpu/batch_norm.h's kernels read each element of dy before they write dx, or d_pre_relu,
+  // there.
+  bool batch_norm_backward_in_place() const override { return true; }
   void batch_norm_backward(std::int64_t rows, int c, const float* x, const float* y, bool relu,
                            const float* dy, const float* gamma, const float* beta,
                            const float* save_mean, const float* save_invstd, float /*eps*/,

@@ -115,6 +115,11 @@ float* fptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
 
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.device(), t.dtype()); }
 
+// Where a backward whose kernel may write over its output gradient g writes its input's
+// gradient: g itself where gradient_reusable(g) (Note [Gradients written over the output's] in
+// autograd.cc), else a fresh tensor of g's shape.
+Tensor gradient_over(const Tensor& g) { return gradient_reusable(g) ? g : empty_like(g); }
+
 // How convolutions and matrix products on device d multiply under the thread's precision
 // (precision.h): in fp32; in bf16 or fp16 by kernels that read those types themselves (the
 // backend's *_half: oneDNN's bf16 kernels, cuDNN and cuBLAS on tensor cores); or in bf16 or fp16
@@ -486,7 +491,7 @@ Tensor relu(const Tensor& x) {
   if (needs_grad({&x})) {
     // Keep y's data, not y itself: y owns this node, and a node holding y would be a cycle.
     record(y, std::string(kOp), {x}, [out = y.detach()](const Tensor& g) {
-      Tensor dx = empty_like(g);
+      Tensor dx = gradient_over(g);
       backend_for(g.device())
           .relu_backward(g.numel(), out.data<float>(), g.data<float>(), dx.data<float>());
       return std::vector<Tensor>{dx};
@@ -505,7 +510,7 @@ Tensor gelu(const Tensor& x) {
   backend_for(d).gelu_forward(x.numel(), x.data<float>(), y.data<float>());
   if (needs_grad({&x})) {
     record(y, std::string(kOp), {x}, [in = x.detach()](const Tensor& g) {
-      Tensor dx = empty_like(g);
+      Tensor dx = gradient_over(g);
       backend_for(g.device())
           .gelu_backward(g.numel(), in.data<float>(), g.data<float>(), dx.data<float>());
       return std::vector<Tensor>{dx};
@@ -576,7 +581,7 @@ Tensor scale(const Tensor& x, float alpha) {
   backend_for(d).scale(x.numel(), alpha, x.data<float>(), y.data<float>());
   if (needs_grad({&x})) {
     record(y, std::string(kOp), {x}, [alpha](const Tensor& g) {
-      Tensor dx = empty_like(g);
+      Tensor dx = gradient_over(g);
       backend_for(g.device()).scale(g.numel(), alpha, g.data<float>(), dx.data<float>());
       return std::vector<Tensor>{dx};
     });
@@ -1030,8 +1035,13 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
            [rows, c, relu_on, x, gamma, beta, save_mean, save_invstd, eps = opts.eps,
             out = bf16_out ? Tensor() : y.detach(), has_residual = residual.defined()](const Tensor& g) {
              Backend& be = backend_for(g.device());
-             Tensor dx = empty_like(x), dgamma = empty_like(gamma), dbeta = empty_like(gamma);
-             Tensor dres = has_residual ? empty_like(x) : Tensor();
+             // Over g where the backend's kernels allow it (Note [Gradients written over the
+             // output's] in autograd.cc): dx, or with a residual the masked gradient, which is
+             // the one the first pass writes as it reads g.
+             const bool over_g = be.batch_norm_backward_in_place() && gradient_reusable(g);
+             Tensor dres = has_residual ? (over_g ? g : empty_like(x)) : Tensor();
+             Tensor dx = over_g && !has_residual ? g : empty_like(x);
+             Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
              be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? fptr(out) : nullptr,
                                     relu_on, g.data<float>(), gamma.data<float>(), beta.data<float>(),
                                     save_mean.data<float>(), save_invstd.data<float>(), eps,
@@ -1108,7 +1118,7 @@ Tensor dropout(const Tensor& x, float p, bool training, std::uint64_t seed,
                                  mask.data<std::uint8_t>());
   if (needs_grad({&x})) {
     record(y, std::string(kOp), {x}, [p, mask](const Tensor& g) {
-      Tensor dx = empty_like(g);
+      Tensor dx = gradient_over(g);
       backend_for(g.device())
           .dropout_backward(g.numel(), p, mask.data<std::uint8_t>(), g.data<float>(),
                             dx.data<float>());

@@ -236,18 +236,20 @@ TEST_CASE("autograd offers an op the gradient summed so far where it alone holds
   }
 }
 
+// A CPU tensor of standard normal values from rng.
+Tensor normal_tensor(std::mt19937& rng, const Shape& shape) {
+  std::normal_distribution<float> normal;
+  std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
+  for (float& f : v) f = normal(rng);
+  return Tensor::from_host(v, shape, kCpu);
+}
+
 TEST_CASE("a convolution adds its input gradient to the sum of x's other consumers: a separate add's bits, "
           "no separate add",
           "[autograd][conv]") {
   // A ResNet block's input: read by a convolution and by the shortcut, whose gradient comes first.
-  const Device cpu = Device::cpu(0);
   std::mt19937 rng(5);
-  std::normal_distribution<float> normal;
-  auto random = [&](const Shape& shape) {
-    std::vector<float> v(static_cast<std::size_t>(shape_numel(shape)));
-    for (float& f : v) f = normal(rng);
-    return Tensor::from_host(v, shape, cpu);
-  };
+  auto random = [&](const Shape& shape) { return normal_tensor(rng, shape); };
   const Tensor x0 = random({2, 6, 7, 16}), w = random({16, 16, 3, 3}), g1 = random({2, 6, 7, 16}),
                g2 = random({2, 6, 7, 16}), scale = random({2, 6, 7, 16});
   const Tensor x_value = mul(x0, scale);
@@ -276,6 +278,80 @@ TEST_CASE("a convolution adds its input gradient to the sum of x's other consume
   for (const trace::Event& ev : trace::collect())
     if (ev.name == "axpy") ++axpys;
   CHECK(axpys == 0);  // the engine would have added the two with one
+}
+
+// y = x, recorded: its backward notes the address of the gradient it receives and hands on a
+// fresh copy of it, whose address it notes too.
+Tensor address_probe(const Tensor& x, std::vector<const float*>* received, std::vector<const float*>* handed) {
+  Tensor y = x.detach().clone();
+  record(y, "AddressProbe", {x}, [received, handed](const Tensor& g) {
+    received->push_back(g.data<float>());
+    Tensor copy = g.clone();
+    handed->push_back(copy.data<float>());
+    return std::vector<Tensor>{copy};
+  });
+  return y;
+}
+
+TEST_CASE("ReLU and batch norm write their input gradient over the output gradient where only the engine "
+          "holds it, with the same bits, and leave a gradient two nodes share as it was",
+          "[autograd]") {
+  // Note [Gradients written over the output's]. below -> op -> above: the op receives above's
+  // fresh copy, and below receives whatever the op returned.
+  std::mt19937 rng(7);
+  auto random = [&](const Shape& shape) { return normal_tensor(rng, shape); };
+  const Shape shape{2, 3, 4, 16};
+  const Tensor x0 = random(shape), k = random(shape), res0 = random(shape);
+  const Tensor gamma = random({16}), beta = random({16});
+  const std::string op = GENERATE(as<std::string>{}, "relu", "batch_norm_relu", "batch_norm",
+                                  "batch_norm_add_relu");
+  CAPTURE(op);
+  // The op on x (and the residual r), with fresh running statistics each time.
+  auto apply = [&](const Tensor& x, const Tensor& r) {
+    const Tensor rm = Tensor::zeros({16}, kCpu), rv = Tensor::full({16}, 1.0f, kCpu);
+    if (op == "relu") return relu(x);
+    if (op == "batch_norm_relu") return batch_norm_relu(x, gamma, beta, rm, rv, {});
+    if (op == "batch_norm") return batch_norm(x, gamma, beta, rm, rv, {});
+    return batch_norm_add_relu(x, r, gamma, beta, rm, rv, {});
+  };
+  struct Grads {
+    std::vector<float> x, res, other;
+  };
+  // loss = sum(op(x) * k), x = probe(x0), optionally + sum(op(x)'s gradient shared with a
+  // second input of an add: loss = sum((op(x) + o) * k), o = probe(o0) made before the op, so
+  // that the op runs first and a write over the shared gradient would reach o's.
+  auto run = [&](bool shared, std::vector<const float*>* received, std::vector<const float*>* handed) {
+    Tensor xl = x0.detach().clone().set_requires_grad(true);
+    Tensor rl = res0.detach().clone().set_requires_grad(true);
+    Tensor ol = x0.detach().clone().set_requires_grad(true);
+    std::vector<const float*> unused;
+    const Tensor o = shared ? mul(ol, k) : Tensor();
+    const Tensor x = address_probe(xl, received, &unused);
+    const Tensor r = op == "batch_norm_add_relu" ? address_probe(rl, received, &unused) : Tensor();
+    Tensor y = apply(x, r);
+    if (shared) y = add(y, o);
+    sum(mul(address_probe(y, &unused, handed), k)).backward();
+    Grads g{xl.grad().to_host()};
+    if (r.defined()) g.res = rl.grad().to_host();
+    if (shared) g.other = ol.grad().to_host();
+    return g;
+  };
+  std::vector<const float*> received, handed;
+  const Grads alone = run(false, &received, &handed);
+  REQUIRE(handed.size() == 1);
+  // Over the output gradient: the op's input gradient (the residual's, with one) is that buffer.
+  CHECK(std::count(received.begin(), received.end(), handed[0]) == 1);
+  received.clear();
+  handed.clear();
+  const Grads shared = run(true, &received, &handed);
+  REQUIRE(handed.size() == 1);
+  // Shared with the add's other input: not written over, and that input's gradient is k * k.
+  CHECK(std::count(received.begin(), received.end(), handed[0]) == 0);
+  const std::vector<float> kk = mul(k, k).to_host();
+  CHECK(shared.other == kk);
+  // In place or not, the same kernel gives the same bits.
+  CHECK(alone.x == shared.x);
+  CHECK(alone.res == shared.res);
 }
 
 TEST_CASE("autograd names each leaf once its gradient is final, while backward goes on", "[autograd]") {
