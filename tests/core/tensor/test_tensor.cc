@@ -296,8 +296,9 @@ Tensor address_probe(const Tensor& x, std::vector<const float*>* received, std::
 TEST_CASE("ReLU and batch norm write their input gradient over the output gradient where only the engine "
           "holds it, with the same bits, and leave a gradient two nodes share as it was",
           "[autograd]") {
-  // Note [Gradients written over the output's]. below -> op -> above: the op receives above's
-  // fresh copy, and below receives whatever the op returned.
+  // Note [Gradients written over the output's]. Probes around the op record addresses: the one
+  // above it hands the op a fresh output gradient, the ones below receive what the op returned
+  // for its inputs.
   std::mt19937 rng(7);
   auto random = [&](const Shape& shape) { return normal_tensor(rng, shape); };
   const Shape shape{2, 3, 4, 16};
@@ -317,9 +318,9 @@ TEST_CASE("ReLU and batch norm write their input gradient over the output gradie
   struct Grads {
     std::vector<float> x, res, other;
   };
-  // loss = sum(op(x) * k), x = probe(x0), optionally + sum(op(x)'s gradient shared with a
-  // second input of an add: loss = sum((op(x) + o) * k), o = probe(o0) made before the op, so
-  // that the op runs first and a write over the shared gradient would reach o's.
+  // loss = sum(op(x) * k); or, with the op's output gradient shared, loss = sum((op(x) + o) * k):
+  // add hands one gradient to both its inputs. o = ol * k is made before the op, so its node runs
+  // after the op's (tape order) and would read a write over the shared gradient.
   auto run = [&](bool shared, std::vector<const float*>* received, std::vector<const float*>* handed) {
     Tensor xl = x0.detach().clone().set_requires_grad(true);
     Tensor rl = res0.detach().clone().set_requires_grad(true);
