@@ -694,8 +694,8 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const In
 // candidate of the kernel choice ("winograd-avx512bf16"), taken where it measures faster than
 // oneDNN's and the direct pair kernels. On a 2-core Zen 4 EPYC (`towerflow_bench_ops --threads 2
 // --precision bf16 --filter resnet20`, its winograd_bwd_weight_bf16 rows against oneDNN's
-// conv_bwd_weight_bf16, two runs) it took 1.15-1.17 ms against 1.67-1.74 for 32->32 16x16,
-// 1.35 against 1.77-1.78 for 64->64 8x8 and 1.57-1.65 against 2.12-2.20 for 16->16 32x32.
+// conv_bwd_weight_bf16, two runs) it took 1.16-1.18 ms against 1.67-1.72 for 32->32 16x16,
+// 1.41-1.48 against 1.82-1.83 for 64->64 8x8 and 1.54-1.93 against 1.99-2.65 for 16->16 32x32.
 
 // Image `image` ([h][w][c_in] floats or bf16 bits) rounded to bf16 into dst ([hp][wp][c_in]
 // floats) at (pad_h, pad_w), zeros elsewhere.
@@ -861,7 +861,7 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
   };
   sum_weight_grad(ctx, s.n, tiles.count(), 1, plan.du_size, dup, accumulate);
 
-  winograd_weight_grad_out(s, dup, ld_m, dw);
+  winograd_weight_grad_out(ctx, s, dup, ld_m, dw);
 }
 
 // ---- the Winograd forward ------------------------------------------------------------------
@@ -877,10 +877,10 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
 // [bf16 Winograd weight gradient]), the second rounding puts the result within the bf16
 // tolerance of the other kernels rather than at their bits. Candidates of the kernel choice
 // ("winograd-avx512bf16"). On a 2-core Zen 4 EPYC (the same command's winograd_fwd_bf16 and
-// winograd_bwd_input_bf16 rows) the forward took 1.23-1.24 ms against oneDNN's 1.35-1.37 on
-// ResNet-20's 32->32 16x16 layer and 1.07 against 1.23-1.31 on its 64->64 8x8 one, the backward
-// input 1.24-1.25 against 1.36-1.37 and 1.07 against 1.18-1.19; its 16->16 32x32 layer ran
-// slower than oneDNN's (2.1-2.4 ms against 1.6-1.7), and the choice keeps oneDNN there. Short
+// winograd_bwd_input_bf16 rows) the forward took 1.20-1.23 ms against oneDNN's 1.35-1.37 on
+// ResNet-20's 32->32 16x16 layer and 1.00 against 1.25 on its 64->64 8x8 one, the backward
+// input 1.21-1.23 against 1.35-1.37 and 1.00-1.01 against 1.19-1.20; its 16->16 32x32 layer ran
+// slower than oneDNN's (2.1-2.6 ms against 1.6-1.8), and the choice keeps oneDNN there. Short
 // reductions (16 or 32 channel pairs per product) leave the pair tile less of the time than in
 // the direct kernels.
 
@@ -964,19 +964,18 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
   const int c_in = s.c_in, c_out = s.c_out, half = c_in / 2;  // c_in is even (winograd_applies)
   const int blocks = (c_out + kBlock - 1) / kBlock;
   const std::int64_t ld_m = std::int64_t{blocks} * kBlock;
-  // The transforms of the rounded weights, [xi][co][ci], then packed as pairs [xi][block][pair][lane].
+  // The transforms of the rounded weights, [xi][ci][co], then packed as pairs [xi][block][pair][lane].
   const std::int64_t per_xi = ld_m * half, plane_u = std::int64_t{c_out} * c_in;
   float* u = scratch(Scratch::kAux, static_cast<std::size_t>(kXi * plane_u));
-  for (int co = 0; co < c_out; ++co)
-    for (int ci = 0; ci < c_in; ++ci) {
-      float t[kXi];
-      detail::winograd_weight([&](int i, int j) { return std::bit_cast<float>(detail::rounded_bits(get(co, ci, i, j))); }, t);
-      for (int xi = 0; xi < kXi; ++xi) u[xi * plane_u + std::int64_t{co} * c_in + ci] = t[xi];
-    }
+  detail::winograd_weights(
+      ctx, c_out, c_in, [&](int co, int ci, int i, int j) { return std::bit_cast<float>(detail::rounded_bits(get(co, ci, i, j))); },
+      [&](int co, int ci, const detail::Vec8* t) {
+        for (int xi = 0; xi < kXi; ++xi) detail::store8(u + xi * plane_u + std::int64_t{ci} * c_out + co, t[xi]);
+      });
   Pair* wp = scratch_pairs(Scratch::kWeights, kXi * per_xi);
   for (int xi = 0; xi < kXi; ++xi)
     pack_weight_pairs(ctx, c_out, c_in, c_in, 1, 1, kBlock, wp + xi * per_xi,
-                      detail::StridedWeights{.base = u + xi * plane_u, .co_step = c_in, .ci_step = 1, .i_step = 0, .j_step = 0});
+                      detail::StridedWeights{.base = u + xi * plane_u, .co_step = 1, .ci_step = c_out, .i_step = 0, .j_step = 0});
   const WinogradTiles g(s, ld_m, detail::winograd_forward_group(c_in, ld_m, kP));
   const std::int64_t v_plane = g.group * c_in + 32;  // bf16 values
   const std::int64_t image_in = std::int64_t{s.h} * s.w * c_in;

@@ -99,7 +99,7 @@ using detail::winograd_forward_group;
 using detail::winograd_input;
 using detail::winograd_output;
 using detail::winograd_output_adjoint;
-using detail::winograd_weight;
+using detail::winograd_weights;
 using detail::winograd_weight_grad_out;
 using detail::WinogradTiles;
 using detail::WinogradWeightGradPlan;
@@ -676,14 +676,11 @@ void winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const float* x, 
   // of a 1x1 convolution, one per xi.
   const std::int64_t per_xi = ld_m * c_in;
   float* u = scratch(Scratch::kWeights, static_cast<std::size_t>(kXi * per_xi));
-  std::fill(u, u + kXi * per_xi, 0.0f);
-  for (int co = 0; co < c_out; ++co)
-    for (int ci = 0; ci < c_in; ++ci) {
-      float t[kXi];
-      winograd_weight([&](int i, int j) { return get(co, ci, i, j); }, t);
-      const std::int64_t at = (std::int64_t{co / kBlock} * c_in + ci) * kBlock + co % kBlock;
-      for (int xi = 0; xi < kXi; ++xi) u[xi * per_xi + at] = t[xi];
-    }
+  if (ld_m != c_out) std::fill(u, u + kXi * per_xi, 0.0f);  // the lanes past c_out
+  winograd_weights(ctx, c_out, c_in, get, [&](int co, int ci, const Vec8* t) {
+    const std::int64_t at = (std::int64_t{co / kBlock} * c_in + ci) * kBlock + co % kBlock;
+    for (int xi = 0; xi < kXi; ++xi) store8(u + xi * per_xi + at, t[xi]);
+  });
   const WinogradTiles g(s, ld_m, winograd_forward_group(c_in, ld_m, kP));
   std::array<std::int64_t, kP> in_offs, out_offs;
   for (int k = 0; k < kP; ++k) in_offs[k] = k * c_in, out_offs[k] = k * ld_m;
@@ -769,7 +766,7 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
   };
   sum_weight_grad(ctx, s.n, tiles.count(), 1, plan.du_size, dup, accumulate);
 
-  winograd_weight_grad_out(s, dup, ld_m, dw);
+  winograd_weight_grad_out(ctx, s, dup, ld_m, dw);
 }
 
 // winograd_conv with the channel block with_block picks for c_out; false where it does not apply.

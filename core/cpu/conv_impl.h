@@ -204,11 +204,14 @@ inline void sum_weight_grad(const CpuContext& ctx, int n, std::int64_t tiles,
       accumulate(static_cast<int>(n * g / kGroups), static_cast<int>(n * (g + 1) / kGroups), 0, tiles, dst);
     }
   });
-  std::copy(partial, partial + dw_size, dwp);
-  for (int g = 1; g < kGroups; ++g) {
-    const float* src = partial + g * dw_size;
-    for (std::int64_t e = 0; e < dw_size; ++e) dwp[e] += src[e];
-  }
+  // The partials added in group order, the elements split over the threads (the same sums).
+  ctx.parallel_for(dw_size, 4096, [&](std::int64_t e0, std::int64_t e1) {
+    std::copy(partial + e0, partial + e1, dwp + e0);
+    for (int g = 1; g < kGroups; ++g) {
+      const float* src = partial + g * dw_size;
+      for (std::int64_t e = e0; e < e1; ++e) dwp[e] += src[e];
+    }
+  });
 }
 
 // The tiles of a weight gradient summed as dwp [kh][q_len][ld_acc], q = (kernel column, input
