@@ -810,13 +810,13 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &pair_weight_tile<Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const WinogradWeightGradPlan plan(s, kBlock, kQ);  // winograd_impl.h's, the transforms stored in tile pairs
+  const WinogradWeightGradPlan plan(s, kBlock, kQ, 2);  // winograd_impl.h's, the transforms stored in tile pairs
   const std::int64_t ld_m = plan.ld_m;
   const WeightTiles& tiles = plan.tiles;
   const WinogradTiles& g = plan.g;
   float* dup = zeroed_scratch(Scratch::kWeights, plan.du_size);
-  const std::int64_t group_pairs = (g.group + 1) / 2;
-  const std::int64_t vp_plane = group_pairs * c_in + 16, mp_plane = group_pairs * ld_m + 16;
+  const std::int64_t pass_pairs = plan.images * ((g.group + 1) / 2);  // each image's tiles paired apart
+  const std::int64_t vp_plane = pass_pairs * c_in + 16, mp_plane = pass_pairs * ld_m + 16;
   const std::int64_t image_in = std::int64_t{s.h} * s.w * c_in;
 
   auto accumulate = [&](int n0, int n1, std::int64_t u0, std::int64_t u1, float* dst) {
@@ -828,28 +828,35 @@ void pair_winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, cons
     if (c_out != ld_m) std::fill(mp, mp + kXi * mp_plane, Pair{0});
     thread_local std::vector<WinogradTile> group;
     group.resize(static_cast<std::size_t>(g.group));
-    for (int n = n0; n < n1; ++n) {
-      embed_rounded(s, g, x + n * image_in, img);
-      const float* dimg = dy + std::int64_t{n} * g.oh * g.y_row;
+    // Passes of plan.images images (winograd_impl.h's WinogradWeightGradPlan).
+    for (int n = n0; n < n1; n += plan.images) {
+      const int last = std::min(n1, n + plan.images);
       for (std::int64_t k = 0; k < g.per_image; ++k) {
-        const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
-          group[t] = {patch, at, rows, cols};
-        });
-        const int pairs = (count + 1) / 2;
-        // The transforms of tiles 2q and 2q + 1 (zeros for a missing last one) as pair q.
-        for (int q = 0; q < pairs; ++q) {
-          const WinogradTile& ta = group[2 * q];
-          const WinogradTile* tb = 2 * q + 1 < count ? &group[2 * q + 1] : nullptr;
-          for (int c0 = 0; c0 < c_in; c0 += kLanes)
-            winograd_input_pairs(ta.patch, tb ? tb->patch : nullptr, g.pad_row, c_in, c0,
-                                 detail::first_lanes(c_in - c0), vp + std::int64_t{q} * c_in, vp_plane);
-          for (int c0 = 0; c0 < c_out; c0 += kLanes) {
-            const __mmask16 lanes = detail::first_lanes(c_out - c0);
-            const TileDy da(dimg + ta.at, ta.rows, ta.cols, g.y_row, c_out, c0, lanes);
-            const TileDy db(tb ? dimg + tb->at : nullptr, tb ? tb->rows : 0, tb ? tb->cols : 0, g.y_row,
-                            c_out, c0, lanes);
-            winograd_output_adjoint_pairs(da, db, c0, lanes, mp + q * ld_m, mp_plane);
+        int pairs = 0;  // the pass's tile pairs, image after image
+        for (int im = n; im < last; ++im) {
+          if (k == 0) embed_rounded(s, g, x + im * image_in, img);
+          const float* dimg = dy + std::int64_t{im} * g.oh * g.y_row;
+          const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
+            group[t] = {patch, at, rows, cols};
+          });
+          // The transforms of the image's tiles 2q and 2q + 1 (zeros for a missing last one) as
+          // the pass's pair `pairs` + q.
+          for (int q = 0; q < (count + 1) / 2; ++q) {
+            const WinogradTile& ta = group[2 * q];
+            const WinogradTile* tb = 2 * q + 1 < count ? &group[2 * q + 1] : nullptr;
+            const std::int64_t at = pairs + q;
+            for (int c0 = 0; c0 < c_in; c0 += kLanes)
+              winograd_input_pairs(ta.patch, tb ? tb->patch : nullptr, g.pad_row, c_in, c0,
+                                   detail::first_lanes(c_in - c0), vp + at * c_in, vp_plane);
+            for (int c0 = 0; c0 < c_out; c0 += kLanes) {
+              const __mmask16 lanes = detail::first_lanes(c_out - c0);
+              const TileDy da(dimg + ta.at, ta.rows, ta.cols, g.y_row, c_out, c0, lanes);
+              const TileDy db(tb ? dimg + tb->at : nullptr, tb ? tb->rows : 0, tb ? tb->cols : 0, g.y_row,
+                              c_out, c0, lanes);
+              winograd_output_adjoint_pairs(da, db, c0, lanes, mp + at * ld_m, mp_plane);
+            }
           }
+          pairs += (count + 1) / 2;
         }
         for (std::int64_t u = u0; u < u1; ++u) {
           const WeightTiles::Tile& w = tiles[u];

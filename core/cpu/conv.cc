@@ -733,31 +733,39 @@ void winograd_weight_grad(const CpuContext& ctx, const Conv2dShape& s, const flo
   constexpr int kXi = 16;
   static constexpr auto kTiles = kernel_table<kQ>([]<int Q>() { return &weight_tile<L, Q, V>; });
   const int c_in = s.c_in, c_out = s.c_out;
-  const WinogradWeightGradPlan plan(s, kBlock, kQ);
+  const WinogradWeightGradPlan plan(s, kBlock, kQ, 4);
   const std::int64_t ld_m = plan.ld_m;
   const WeightTiles& tiles = plan.tiles;
   const WinogradTiles& g = plan.g;
   float* dup = zeroed_scratch(Scratch::kWeights, plan.du_size);
 
+  const std::int64_t v_plane = plan.v_plane, m_plane = plan.m_plane;
+
   auto accumulate = [&](int n0, int n1, std::int64_t u0, std::int64_t u1, float* dst) {
-    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * g.v_plane));
-    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * g.m_plane));
+    float* vbuf = scratch(Scratch::kInput, static_cast<std::size_t>(kXi * v_plane));
+    float* mbuf = scratch(Scratch::kOutput, static_cast<std::size_t>(kXi * m_plane));
     // Not kAux: sum_weight_grad keeps the image groups' partial sums there.
     float* img = scratch(Scratch::kPacked, static_cast<std::size_t>(g.hp * g.pad_row));
     // The lanes of a partial last block past c_out, which the transforms do not write, are zero
     // (their products land in columns of dU that nothing reads).
-    if (c_out != ld_m) std::fill(mbuf, mbuf + kXi * g.m_plane, 0.0f);
-    for (int n = n0; n < n1; ++n) {
-      g.pad_image(s, x + std::int64_t{n} * s.h * s.w * c_in, img);
-      const float* dimg = dy + std::int64_t{n} * g.oh * g.y_row;
+    if (c_out != ld_m) std::fill(mbuf, mbuf + kXi * m_plane, 0.0f);
+    for (int n = n0; n < n1; n += plan.images) {
+      const int last = std::min(n1, n + plan.images);
       for (std::int64_t k = 0; k < g.per_image; ++k) {
-        const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
-          winograd_input(patch, g.pad_row, c_in, vbuf + t * c_in, g.v_plane);
-          winograd_output_adjoint(dimg + at, g.y_row, c_out, rows, cols, mbuf + t * ld_m, g.m_plane);
-        });
+        int count = 0;  // the pass's tiles, image after image
+        for (int m = n; m < last; ++m) {
+          if (k == 0) g.pad_image(s, x + std::int64_t{m} * s.h * s.w * c_in, img);
+          const float* dimg = dy + std::int64_t{m} * g.oh * g.y_row;
+          float* v = vbuf + count * c_in;
+          float* dm = mbuf + count * ld_m;
+          count += g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
+            winograd_input(patch, g.pad_row, c_in, v + t * c_in, v_plane);
+            winograd_output_adjoint(dimg + at, g.y_row, c_out, rows, cols, dm + t * ld_m, m_plane);
+          });
+        }
         for (std::int64_t u = u0; u < u1; ++u) {
           const WeightTiles::Tile& w = tiles[u];
-          kTiles[w.q - 1](vbuf + w.i * g.v_plane + w.q0, c_in, 0, mbuf + w.i * g.m_plane + w.cb * kBlock,
+          kTiles[w.q - 1](vbuf + w.i * v_plane + w.q0, c_in, 0, mbuf + w.i * m_plane + w.cb * kBlock,
                           ld_m, 0, 1, count, dst + (std::int64_t{w.i} * c_in + w.q0) * ld_m + w.cb * kBlock,
                           ld_m);
         }
