@@ -36,20 +36,20 @@ inline bool winograd_applies(const Conv2dShape& s) {
          s.pad_w <= 2 && s.c_in % 8 == 0 && s.c_out % 8 == 0;
 }
 
-// u = G g G^T for one (output channel, input channel), T float, or for each lane of a vector of
-// them, T Vec8 (the same sums): g[i][j] = get(i, j), u[xi], xi = 4 r + c.
-template <typename T = float, typename Get>
-void winograd_weight(Get get, T* u) {
-  T gg[4][3];  // G g
+// u = G g G^T for 8 (output channel, input channel) pairs, one a lane: g[i][j] = get(i, j),
+// u[xi], xi = 4 r + c.
+template <typename Get>
+void winograd_weight(Get get, Vec8* u) {
+  Vec8 gg[4][3];  // G g
   for (int j = 0; j < 3; ++j) {
-    const T a = get(0, j), b = get(1, j), c = get(2, j);
+    const Vec8 a = get(0, j), b = get(1, j), c = get(2, j);
     gg[0][j] = a;
     gg[1][j] = 0.5f * (a + b + c);
     gg[2][j] = 0.5f * (a - b + c);
     gg[3][j] = c;
   }
   for (int r = 0; r < 4; ++r) {
-    const T a = gg[r][0], b = gg[r][1], c = gg[r][2];
+    const Vec8 a = gg[r][0], b = gg[r][1], c = gg[r][2];
     u[4 * r + 0] = a;
     u[4 * r + 1] = 0.5f * (a + b + c);
     u[4 * r + 2] = 0.5f * (a - b + c);
@@ -61,13 +61,12 @@ void winograd_weight(Get get, T* u) {
 // The weights are transformed at every call (they change at every step, and the backward input
 // runs on the flipped kernel): c_out * c_in transforms, which one at a time on the calling
 // thread, the other threads waiting, took about a sixth of the bf16 forward on ResNet-20's
-// 64->64 8x8 layer. They run 8 output channels to a vector (the same sums, lane by lane, as one
-// at a time), the output channels split over the threads; so does the weight gradient's last
-// step, dw = G^T dU G. On a 2-core Zen 4 EPYC (`towerflow_bench_ops --threads 2 --precision
-// both --filter 64->64`, three runs alternating with the transforms one at a time) that layer's
-// bf16 forward went from 1.07-1.14 ms to 0.89-1.00, its bf16 weight gradient from 1.31-1.33 to
-// 1.15 (in two runs of three), its fp32 forward from 1.60-1.75 to 1.49 and its fp32 weight
-// gradient from 1.89-1.93 to 1.73-1.74.
+// 64->64 8x8 layer. They run 8 output channels to a vector, the output channels split over the
+// threads; so does the weight gradient's last step, dw = G^T dU G. On a 2-core Zen 4 EPYC
+// (`towerflow_bench_ops --threads 2 --precision both --filter 64->64`, three runs alternating
+// with the transforms one at a time) that layer's bf16 forward went from 1.07-1.14 ms to
+// 0.89-1.00, its bf16 weight gradient from 1.31-1.33 to 1.15 (in two runs of three), its fp32
+// forward from 1.60-1.75 to 1.49 and its fp32 weight gradient from 1.89-1.93 to 1.73-1.74.
 
 // Calls put(co, ci, u) with u[16] = G g G^T of output channels [co, co + 8) and input channel ci,
 // lane l for output channel co + l, for every co a multiple of 8 below c_out (a multiple of 8,
@@ -80,7 +79,7 @@ void winograd_weights(const CpuContext& ctx, int c_out, int c_in, Get get, Put p
       const int co = static_cast<int>(8 * b);
       for (int ci = 0; ci < c_in; ++ci) {
         Vec8 u[16];
-        winograd_weight<Vec8>(
+        winograd_weight(
             [&](int i, int j) {
               Vec8 g;
               for (int l = 0; l < 8; ++l) g[l] = get(co + l, ci, i, j);
@@ -206,13 +205,13 @@ inline void winograd_output_adjoint(const float* __restrict y, std::int64_t row,
   }
 }
 
-// dw = G^T dU G for one (output channel, input channel): dU[xi] = du(xi), dw[i][j] written by
-// set(i, j, value). The adjoint of winograd_weight; T as there.
-template <typename T = float, typename Get, typename Set>
+// dw = G^T dU G for 8 (output channel, input channel) pairs, one a lane: dU[xi] = du(xi), dw[i][j]
+// written by set(i, j, value). The adjoint of winograd_weight.
+template <typename Get, typename Set>
 void winograd_weight_adjoint(Get du, Set set) {
-  T t[3][4];  // G^T dU
+  Vec8 t[3][4];  // G^T dU
   for (int c = 0; c < 4; ++c) {
-    const T d0 = du(c), d1 = du(4 + c), d2 = du(8 + c), d3 = du(12 + c);
+    const Vec8 d0 = du(c), d1 = du(4 + c), d2 = du(8 + c), d3 = du(12 + c);
     t[0][c] = d0 + 0.5f * (d1 + d2);
     t[1][c] = 0.5f * (d1 - d2);
     t[2][c] = 0.5f * (d1 + d2) + d3;
@@ -234,7 +233,7 @@ inline void winograd_weight_grad_out(const CpuContext& ctx, const Conv2dShape& s
     for (std::int64_t ci = ci0; ci < ci1; ++ci)
       for (int co = 0; co < s.c_out; co += 8) {
         float* out = dw + co * co_step + ci * 9;
-        winograd_weight_adjoint<Vec8>(
+        winograd_weight_adjoint(
             [&](int xi) { return load8(du + (xi * s.c_in + ci) * ld_m + co); },
             [&](int i, int j, Vec8 v) {
               for (int l = 0; l < 8; ++l) out[l * co_step + i * 3 + j] = v[l];
