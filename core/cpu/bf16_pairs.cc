@@ -694,8 +694,8 @@ void pair_weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const In
 // candidate of the kernel choice ("winograd-avx512bf16"), taken where it measures faster than
 // oneDNN's and the direct pair kernels. On a 2-core Zen 4 EPYC (`towerflow_bench_ops --threads 2
 // --precision bf16 --filter resnet20`, its winograd_bwd_weight_bf16 rows against oneDNN's
-// conv_bwd_weight_bf16, two runs) it took 1.16-1.18 ms against 1.67-1.72 for 32->32 16x16,
-// 1.41-1.48 against 1.82-1.83 for 64->64 8x8 and 1.54-1.93 against 1.99-2.65 for 16->16 32x32.
+// conv_bwd_weight_bf16, two runs) it took 1.13 ms against 1.66-1.76 for 32->32 16x16,
+// 1.19-1.21 against 1.84 for 64->64 8x8 and 1.50-1.60 against 1.99-2.14 for 16->16 32x32.
 
 // Image `image` ([h][w][c_in] floats or bf16 bits) rounded to bf16 into dst ([hp][wp][c_in]
 // floats) at (pad_h, pad_w), zeros elsewhere.

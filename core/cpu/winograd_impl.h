@@ -261,9 +261,10 @@ inline std::int64_t winograd_forward_group(int c_in, std::int64_t ld_m, int min_
 // images (`images`, all of one image group's), one image after the other: the register tiles
 // then load and store their accumulators once per pass rather than once per image, and sum the
 // same tiles in the same order (the same bits). On ResNet-20's 64->64 8x8 layer (16 tiles an
-// image; two images a pass in fp32, four in bf16) the bf16 weight gradient went from 1.12
-// ms to 0.92-0.94 on a 2-core Zen 4 EPYC (a standalone program, medians of 200-300 calls,
-// alternating).
+// image; two images a pass in fp32, four in bf16) the bf16 weight gradient went from 1.12-1.15
+// ms to 0.92-1.02 on a 2-core Zen 4 EPYC (`towerflow_bench_ops --threads 2 --precision bf16
+// --filter resnet20`, its winograd_bwd_weight_bf16 row, three runs alternating with one image
+// a pass).
 struct WinogradWeightGradPlan {
   std::int64_t ld_m, du_size;
   WeightTiles tiles;
