@@ -42,15 +42,16 @@ BasicBlock::BasicBlock(const Device& device, int in_channels, int out_channels, 
 Tensor BasicBlock::forward(const Tensor& x) {
   // relu(bn1(conv1(x))) and relu(bn2(conv2(.)) + shortcut) each run as one fused batch-norm
   // pass, forward and backward: the block touches each activation twice less than unfused. Only
-  // conv2 reads bn1's output, which bf16 precision may therefore store in bf16.
+  // conv2 reads bn1's output, and only a batch norm each convolution's, which bf16 precision
+  // may therefore store in bf16.
   // The projection shortcut runs first, so that its backward runs last: it then adds its input
   // gradient to conv1's as it stores it (Note [Gradients summed in place] in
   // core/tensor/autograd.cc), touching only the quarter of the pixels its 1x1 stride-2 kernel
   // reaches, where run the other way round it would write zeros to the other three quarters
   // for conv1 to add to.
-  Tensor shortcut = down_conv_ ? down_bn_->forward(down_conv_->forward(x)) : x;
-  Tensor out = bn1_->forward_relu(conv1_->forward(x), OutputReaders::kConvolutions);
-  out = conv2_->forward(out);
+  Tensor shortcut = down_conv_ ? down_bn_->forward(down_conv_->forward(x, OutputReaders::kBatchNorm)) : x;
+  Tensor out = bn1_->forward_relu(conv1_->forward(x, OutputReaders::kBatchNorm), OutputReaders::kConvolutions);
+  out = conv2_->forward(out, OutputReaders::kBatchNorm);
   return bn2_->forward_add_relu(out, shortcut);
 }
 
@@ -88,7 +89,7 @@ CifarResNet::CifarResNet(const Device& device, int depth, int num_classes, nn::I
 Tensor CifarResNet::forward(const Tensor& x) {
   if (x.ndim() != 4 || x.dim(3) != 3)
     raise<InvalidArgument>("ResNet input must be NHWC [n, h, w, 3], got ", x.describe());
-  Tensor y = bn1_->forward_relu(conv1_->forward(x));
+  Tensor y = bn1_->forward_relu(conv1_->forward(x, OutputReaders::kBatchNorm));
   y = layer3_->forward(layer2_->forward(layer1_->forward(y)));
   {
     OpScope scope("avgpool");

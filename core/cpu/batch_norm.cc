@@ -1,5 +1,7 @@
 #include "core/cpu/batch_norm.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -52,6 +54,25 @@ inline T pre_relu(T x, T mean, T scale, T shift) {
 // invstd (training_stats) and both sides evaluate pre_relu(), so the mask is the forward's own,
 // bit for bit (a test checks it against the mask read from y). The add variant's mask needs the
 // residual as well, so it reads y.
+
+// Inputs x: floats, or bf16 bits (std::uint16_t, the top half of a float32's: a convolution's
+// output stored for the batch norm after it, Note [bf16 convolution outputs] in
+// core/tensor/ops.cc), widened exactly to the floats they stand for. Eight at a time, or one.
+// With AVX2, by its widening instruction: GCC makes the vector extensions' conversion from four
+// lanes at a time.
+inline Vec8 load_x8(const float* p) { return load8(p); }
+inline Vec8 load_x8(const std::uint16_t* p) {
+#if defined(__AVX2__)
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return std::bit_cast<Vec8>(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+#else
+  typedef std::uint16_t Vec8h __attribute__((vector_size(16), aligned(2), may_alias));
+  typedef std::uint32_t Vec8u __attribute__((vector_size(32)));
+  return std::bit_cast<Vec8>(__builtin_convertvector(*reinterpret_cast<const Vec8h*>(p), Vec8u) << 16);
+#endif
+}
+inline float load_x(const float* p) { return *p; }
+inline float load_x(const std::uint16_t* p) { return std::bit_cast<float>(std::uint32_t{*p} << 16); }
 
 constexpr std::int64_t kRowsPerBlock = 512;
 
@@ -116,8 +137,8 @@ void for_vector_groups(int c, Group group) {
 }
 
 // shifted_sums over rows [r0, r1) for channels [ch, ch + NV * kLanes) (Note [Sums in registers]).
-template <int NV>
-void shifted_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const float* x,
+template <int NV, typename X>
+void shifted_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const X* x,
                        const float* k, float* acc) {
   Vec8 s1[NV], s2[NV], kv[NV];
   for (int j = 0; j < NV; ++j) {
@@ -126,7 +147,7 @@ void shifted_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const fl
   }
   for (std::int64_t r = r0; r < r1; ++r)
     for (int j = 0; j < NV; ++j) {
-      const Vec8 d = load8(x + r * c + ch + j * kLanes) - kv[j];
+      const Vec8 d = load_x8(x + r * c + ch + j * kLanes) - kv[j];
       s1[j] += d;
       s2[j] += d * d;
     }
@@ -136,9 +157,15 @@ void shifted_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const fl
   }
 }
 
-// sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k = the first row.
-void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* sums) {
-  const float* k = x;
+// The first row of x as floats, into k[0, c).
+template <typename X>
+void first_row(int c, const X* x, float* k) {
+  for (int ch = 0; ch < c; ++ch) k[ch] = load_x(x + ch);
+}
+
+// sums[0..c) = sum(x - k), sums[c..2c) = sum((x - k)^2), k[0, c) the first row (first_row's).
+template <typename X>
+void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x, const float* k, double* sums) {
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
     if (c % kLanes == 0)
       return for_vector_groups<4>(c, [&]<int NV>(int ch) { shifted_sums_rows<NV>(r0, r1, c, ch, x, k, acc); });
@@ -146,9 +173,9 @@ void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* 
     float* __restrict s2 = acc + c;
     const float* __restrict kr = k;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* __restrict row = x + r * c;
+      const X* __restrict row = x + r * c;
       for (int ch = 0; ch < c; ++ch) {
-        const float d = row[ch] - kr[ch];
+        const float d = load_x(row + ch) - kr[ch];
         s1[ch] += d;
         s2[ch] += d * d;
       }
@@ -158,12 +185,14 @@ void shifted_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* 
 
 // Per-channel scale and shift of the training forward: y = (x - mean) * scale + shift. Centring
 // first (rather than folding the mean into the shift) keeps y accurate when |mean| >> std.
-void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+template <typename X>
+void training_stats(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
                     const float* gamma, const float* beta, float eps, float* save_mean,
                     float* save_invstd, float* scale, float* shift) {
-  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  const float* k = x;
-  shifted_sums(ctx, rows, c, x, sums);
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c) + std::size_t(c)));
+  float* k = reinterpret_cast<float*>(sums + 2 * c);
+  first_row(c, x, k);
+  shifted_sums(ctx, rows, c, x, k, sums);
   for (int ch = 0; ch < c; ++ch) {
     const double m = sums[ch] / rows;
     const double var = std::max(0.0, sums[c + ch] / rows - m * m);
@@ -188,9 +217,20 @@ float* affine_scratch(int c) { return scratch(Scratch::kOutput, 2 * std::size_t(
 inline void store_out8(float* p, Vec8 v) { store8(p, v); }
 inline void store_out8(std::uint16_t* p, Vec8 v) {
   typedef std::uint32_t Vec8u __attribute__((vector_size(32)));
-  typedef std::uint16_t Vec8h __attribute__((vector_size(16), aligned(2), may_alias));
   const Vec8u b = std::bit_cast<Vec8u>(v);
-  *reinterpret_cast<Vec8h*>(p) = __builtin_convertvector((b + 0x7fffu + ((b >> 16) & 1u)) >> 16, Vec8h);
+  const Vec8u r = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  // Narrowed by the instruction sets' own narrowing (the values fit 16 bits): GCC makes the vector
+  // extensions' conversion from a two-register permute.
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtepi32_epi16(std::bit_cast<__m256i>(r)));
+#elif defined(__AVX2__)
+  const __m256i w = std::bit_cast<__m256i>(r);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+#else
+  typedef std::uint16_t Vec8h __attribute__((vector_size(16), aligned(2), may_alias));
+  *reinterpret_cast<Vec8h*>(p) = __builtin_convertvector(r, Vec8h);
+#endif
 }
 inline void store_out(float* p, float v) { *p = v; }
 inline void store_out(std::uint16_t* p, float v) {
@@ -203,8 +243,8 @@ inline void store_out(std::uint16_t* p, float v) {
 // the same floats. With vectors where c is a multiple of kLanes: left to the auto-vectoriser,
 // each row's loop checks every pointer against y at run time (y may be x), which at ResNet's 16
 // channels costs about as much as the row's work.
-template <bool kRelu, bool kResidual, typename Out>
-void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* residual,
+template <bool kRelu, bool kResidual, typename X, typename Out>
+void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const float* residual,
                   const float* mean, const float* scale, const float* shift, Out* y) {
   static_assert(kRelu || std::is_same_v<Out, float>, "bf16 outputs come from a ReLU (no NaN)");
   if (c % kLanes == 0) {
@@ -212,7 +252,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t o = r * c;
       for (int ch = 0; ch < c; ch += kLanes) {
-        Vec8 v = pre_relu(load8(x + o + ch), load8(mean + ch), load8(scale + ch), load8(shift + ch));
+        Vec8 v = pre_relu(load_x8(x + o + ch), load8(mean + ch), load8(scale + ch), load8(shift + ch));
         if constexpr (kResidual) v += load8(residual + o + ch);
         store_out8(y + o + ch, kRelu ? max8(v, zero) : v);
       }
@@ -221,7 +261,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const
   }
   for (std::int64_t r = r0; r < r1; ++r)
     for (int ch = 0; ch < c; ++ch) {
-      float v = pre_relu(x[r * c + ch], mean[ch], scale[ch], shift[ch]);
+      float v = pre_relu(load_x(x + r * c + ch), mean[ch], scale[ch], shift[ch]);
       if constexpr (kResidual) v += residual[r * c + ch];
       store_out(y + r * c + ch, kRelu ? std::max(0.0f, v) : v);
     }
@@ -233,9 +273,9 @@ namespace {
 
 // The training forwards: statistics, then the elementwise pass with the saved mean and the scale
 // and shift they give (kernel names the caller in errors).
-template <bool kRelu, bool kResidual, typename Out>
+template <bool kRelu, bool kResidual, typename X, typename Out>
 void training_forward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c,
-                      const float* x, const float* residual, const float* gamma,
+                      const X* x, const float* residual, const float* gamma,
                       const float* beta, float eps, Out* y, float* save_mean,
                       float* save_invstd) {
   check_args(kernel, rows, c, eps);
@@ -279,22 +319,74 @@ void batch_norm_add_relu_forward_training(const CpuContext& ctx, std::int64_t ro
                                gamma, beta, eps, y, save_mean, save_invstd);
 }
 
-void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                                  const float* gamma, const float* beta,
-                                  const float* running_mean, const float* running_var, float eps,
-                                  float* y) {
-  check_args("batch_norm_forward_inference", rows, c, eps);
+void batch_norm_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                            const std::uint16_t* x, const float* gamma,
+                                            const float* beta, float eps, float* y,
+                                            float* save_mean, float* save_invstd) {
+  training_forward<false, false>("batch_norm_forward_training_bf16_input", ctx, rows, c, x, nullptr,
+                                 gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                                 const std::uint16_t* x, const float* gamma,
+                                                 const float* beta, float eps, float* y,
+                                                 float* save_mean, float* save_invstd) {
+  training_forward<true, false>("batch_norm_relu_forward_training_bf16_input", ctx, rows, c, x,
+                                nullptr, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_t rows, int c,
+                                              const std::uint16_t* x, const float* gamma,
+                                              const float* beta, float eps, std::uint16_t* y,
+                                              float* save_mean, float* save_invstd) {
+  training_forward<true, false>("batch_norm_relu_forward_training_bf16_io", ctx, rows, c, x,
+                                nullptr, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows,
+                                                     int c, const std::uint16_t* x,
+                                                     const float* residual, const float* gamma,
+                                                     const float* beta, float eps, float* y,
+                                                     float* save_mean, float* save_invstd) {
+  training_forward<true, true>("batch_norm_add_relu_forward_training_bf16_input", ctx, rows, c, x,
+                               residual, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+namespace {
+
+template <typename X>
+void inference_forward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c,
+                       const X* x, const float* gamma, const float* beta,
+                       const float* running_mean, const float* running_var, float eps, float* y) {
+  check_args(kernel, rows, c, eps);
   float* scale = affine_scratch(c);
   for (int ch = 0; ch < c; ++ch) {
     if (!(running_var[ch] + eps > 0.0f))
-      raise<InvalidArgument>("batch_norm_forward_inference: running_var[", ch, "] + eps = ",
-                             running_var[ch] + eps,
+      raise<InvalidArgument>(kernel, ": running_var[", ch, "] + eps = ", running_var[ch] + eps,
                              " must be positive; the running statistics are corrupt or eps is 0");
     scale[ch] = static_cast<float>(gamma[ch] / std::sqrt(static_cast<double>(running_var[ch]) + eps));
   }
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
     forward_rows<false, false>(r0, r1, c, x, nullptr, running_mean, scale, beta, y);
   });
+}
+
+}  // namespace
+
+void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                  const float* gamma, const float* beta,
+                                  const float* running_mean, const float* running_var, float eps,
+                                  float* y) {
+  inference_forward("batch_norm_forward_inference", ctx, rows, c, x, gamma, beta, running_mean,
+                    running_var, eps, y);
+}
+
+void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                             const std::uint16_t* x, const float* gamma,
+                                             const float* beta, const float* running_mean,
+                                             const float* running_var, float eps, float* y) {
+  inference_forward("batch_norm_forward_inference_bf16_input", ctx, rows, c, x, gamma, beta,
+                    running_mean, running_var, eps, y);
 }
 
 namespace {
@@ -323,8 +415,8 @@ inline Vec8 masked_grad8(Vec8 g, Vec8 xv, Vec8 m, const float* y, std::int64_t o
 // (Note [Sums in registers]): acc[0..c) = sum of g, acc[c..2c) = sum of g * (x - mean), g = dy
 // masked as kMask says (and stored in dr when kStore; dr may be dy). The same per-channel order
 // of operations as the scalar loop.
-template <Mask kMask, bool kStore, int NV>
-void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const float* x,
+template <Mask kMask, bool kStore, int NV, typename X>
+void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const X* x,
                         const float* y, const float* dy, const float* mean, Affine f, float* acc,
                         float* dr) {
   const Vec8 zero = splat8(0.0f);
@@ -340,7 +432,7 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const f
   for (std::int64_t r = r0; r < r1; ++r)
     for (int j = 0; j < NV; ++j) {
       const std::int64_t o = r * c + ch + j * kLanes;
-      const Vec8 xv = load8(x + o);
+      const Vec8 xv = load_x8(x + o);
       const Vec8 g = masked_grad8<kMask>(load8(dy + o), xv, m[j], y, o, scale[j], shift[j]);
       if constexpr (kStore) store8(dr + o, g);
       s1[j] += g;
@@ -353,18 +445,18 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const f
 }
 
 // The gradient of element ch of row r under the mask (scalar loops).
-template <Mask kMask>
-inline float masked_grad(const float* xr, const float* yr, const float* gr, const float* mean, Affine f, int ch) {
+template <Mask kMask, typename X>
+inline float masked_grad(const X* xr, const float* yr, const float* gr, const float* mean, Affine f, int ch) {
   if constexpr (kMask == Mask::kFromY) return relu_grad(yr[ch], gr[ch]);
   if constexpr (kMask == Mask::kFromX)
-    return pre_relu(xr[ch], mean[ch], f.scale[ch], f.shift[ch]) > 0.0f ? gr[ch] : 0.0f;
+    return pre_relu(load_x(xr + ch), mean[ch], f.scale[ch], f.shift[ch]) > 0.0f ? gr[ch] : 0.0f;
   return gr[ch];
 }
 
 // The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
 // gradient masked as kMask says (and then stored in d_pre_relu when that is not null).
-template <Mask kMask>
-void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+template <Mask kMask, typename X>
+void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
                    const float* y, const float* dy, const float* save_mean, Affine f, double* sums,
                    float* d_pre_relu) {
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
@@ -383,7 +475,7 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
     float* __restrict s2 = acc + c;
     const float* __restrict mean = save_mean;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* __restrict xr = x + r * c;
+      const X* __restrict xr = x + r * c;
       const float* gr = dy + r * c;
       const float* yr = y ? y + r * c : nullptr;
       if (kMask != Mask::kNone && d_pre_relu) {
@@ -392,13 +484,13 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
           const float g = masked_grad<kMask>(xr, yr, gr, mean, f, ch);
           dr[ch] = g;
           s1[ch] += g;
-          s2[ch] += g * (xr[ch] - mean[ch]);
+          s2[ch] += g * (load_x(xr + ch) - mean[ch]);
         }
       } else {
         for (int ch = 0; ch < c; ++ch) {
           const float g = masked_grad<kMask>(xr, yr, gr, mean, f, ch);
           s1[ch] += g;
-          s2[ch] += g * (xr[ch] - mean[ch]);
+          s2[ch] += g * (load_x(xr + ch) - mean[ch]);
         }
       }
     }
@@ -406,14 +498,14 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const float*
 }
 
 // backward_dx over rows [r0, r1) for c a multiple of kLanes, the same operations per element.
-template <Mask kMask>
-void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, const float* y,
+template <Mask kMask, typename X>
+void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const float* y,
                       const float* dy, const float* mean, Affine f, const float* a,
                       const float* mean_g, const float* b, float* dx) {
   for (std::int64_t r = r0; r < r1; ++r) {
     const std::int64_t o = r * c;
     for (int ch = 0; ch < c; ch += kLanes) {
-      const Vec8 xv = load8(x + o + ch), m = load8(mean + ch);
+      const Vec8 xv = load_x8(x + o + ch), m = load8(mean + ch);
       Vec8 scale{}, shift{};
       if constexpr (kMask == Mask::kFromX) {
         scale = load8(f.scale + ch);
@@ -427,8 +519,8 @@ void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const float* x, c
 
 // The backward's elementwise pass: dx = a * ((g - mean_g) - (x - mean) * b), g as in
 // backward_sums.
-template <Mask kMask>
-void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x, const float* y,
+template <Mask kMask, typename X>
+void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const X* x, const float* y,
                  const float* dy, const float* save_mean, Affine f, const float* a,
                  const float* mean_g, const float* b, float* dx) {
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
@@ -437,13 +529,13 @@ void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x
     // which costs more than the row's work at ResNet's 16 and 32 channels.
     if (c % kLanes == 0) return backward_dx_rows<kMask>(r0, r1, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * c;
+      const X* xr = x + r * c;
       const float* gr = dy + r * c;
       const float* yr = y ? y + r * c : nullptr;
       float* dr = dx + r * c;
       for (int ch = 0; ch < c; ++ch) {
         const float g = masked_grad<kMask>(xr, yr, gr, save_mean, f, ch);
-        dr[ch] = a[ch] * ((g - mean_g[ch]) - (xr[ch] - save_mean[ch]) * b[ch]);
+        dr[ch] = a[ch] * ((g - mean_g[ch]) - (load_x(xr + ch) - save_mean[ch]) * b[ch]);
       }
     }
   });
@@ -451,8 +543,8 @@ void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const float* x
 
 // Shared by the plain and the ReLU backward. The incoming gradient is masked as kMask says (and
 // stored in d_pre_relu when that is not null) before batch norm's own backward; kFromX reads beta.
-template <Mask kMask>
-void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+template <Mask kMask, typename X>
+void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
                    const float* y, const float* dy, const float* gamma, const float* beta,
                    const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
                    float* dbeta, float* d_pre_relu) {
@@ -483,6 +575,26 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const float*
 
 }  // namespace
 
+namespace {
+
+template <typename X>
+void relu_backward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c, const X* x,
+                   const float* y, const float* dy, const float* gamma, const float* beta,
+                   const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
+                   float* dbeta, float* d_pre_relu) {
+  check_args(kernel, rows, c, 0.0f);
+  if (!y && !beta)
+    raise<InvalidArgument>(kernel, ": y and beta are both null; the ReLU mask needs the forward's "
+                           "output y or beta to recompute it from x");
+  if (y)
+    return backward_impl<Mask::kFromY>(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd,
+                                       dx, dgamma, dbeta, d_pre_relu);
+  backward_impl<Mask::kFromX>(ctx, rows, c, x, nullptr, dy, gamma, beta, save_mean, save_invstd,
+                              dx, dgamma, dbeta, d_pre_relu);
+}
+
+}  // namespace
+
 void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                          const float* dy, const float* gamma, const float* save_mean,
                          const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
@@ -491,19 +603,31 @@ void batch_norm_backward(const CpuContext& ctx, std::int64_t rows, int c, const 
                              dx, dgamma, dbeta, nullptr);
 }
 
+void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                    const std::uint16_t* x, const float* dy, const float* gamma,
+                                    const float* save_mean, const float* save_invstd, float* dx,
+                                    float* dgamma, float* dbeta) {
+  check_args("batch_norm_backward_bf16_input", rows, c, 0.0f);
+  backward_impl<Mask::kNone>(ctx, rows, c, x, nullptr, dy, gamma, nullptr, save_mean, save_invstd,
+                             dx, dgamma, dbeta, nullptr);
+}
+
 void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                               const float* y, const float* dy, const float* gamma,
                               const float* beta, const float* save_mean, const float* save_invstd,
                               float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
-  check_args("batch_norm_relu_backward", rows, c, 0.0f);
-  if (!y && !beta)
-    raise<InvalidArgument>("batch_norm_relu_backward: y and beta are both null; the ReLU mask "
-                           "needs the forward's output y or beta to recompute it from x");
-  if (y)
-    return backward_impl<Mask::kFromY>(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd,
-                                       dx, dgamma, dbeta, d_pre_relu);
-  backward_impl<Mask::kFromX>(ctx, rows, c, x, nullptr, dy, gamma, beta, save_mean, save_invstd,
-                              dx, dgamma, dbeta, d_pre_relu);
+  relu_backward("batch_norm_relu_backward", ctx, rows, c, x, y, dy, gamma, beta, save_mean,
+                save_invstd, dx, dgamma, dbeta, d_pre_relu);
+}
+
+void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                         const std::uint16_t* x, const float* y, const float* dy,
+                                         const float* gamma, const float* beta,
+                                         const float* save_mean, const float* save_invstd,
+                                         float* dx, float* dgamma, float* dbeta,
+                                         float* d_pre_relu) {
+  relu_backward("batch_norm_relu_backward_bf16_input", ctx, rows, c, x, y, dy, gamma, beta,
+                save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 
 // ---- phases ------------------------------------------------------------------------------------
@@ -511,11 +635,13 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
 void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
                         double* mean, double* m2) {
   check_args("batch_norm_moments", rows, c, 0.0f);
-  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  shifted_sums(ctx, rows, c, x, sums);
+  double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c) + std::size_t(c)));
+  float* k = reinterpret_cast<float*>(sums + 2 * c);
+  first_row(c, x, k);
+  shifted_sums(ctx, rows, c, x, k, sums);
   for (int ch = 0; ch < c; ++ch) {
     const double s1 = sums[ch], s2 = sums[c + ch];
-    mean[ch] = x[ch] + s1 / rows;
+    mean[ch] = k[ch] + s1 / rows;
     m2[ch] = std::max(0.0, s2 - s1 * s1 / rows);
   }
 }

@@ -67,6 +67,46 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
                               const float* beta, const float* save_mean, const float* save_invstd,
                               float* dx, float* dgamma, float* dbeta, float* d_pre_relu);
 
+// ---- bf16 inputs ------------------------------------------------------------------------------
+// The kernels above with x stored as bfloat16 bits (the top half of a float32's): a
+// convolution's output rounded for the batch norm that alone reads it (Note [bf16 convolution
+// outputs] in core/tensor/ops.cc). Each value is widened exactly to the float it stands for, so
+// every output is the float kernel's on x widened, bit for bit. In the backward, x is the
+// forward's input as stored.
+
+void batch_norm_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                            const std::uint16_t* x, const float* gamma,
+                                            const float* beta, float eps, float* y,
+                                            float* save_mean, float* save_invstd);
+void batch_norm_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                                 const std::uint16_t* x, const float* gamma,
+                                                 const float* beta, float eps, float* y,
+                                                 float* save_mean, float* save_invstd);
+// y stored as bf16 too, as batch_norm_relu_forward_training_bf16 stores it.
+void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_t rows, int c,
+                                              const std::uint16_t* x, const float* gamma,
+                                              const float* beta, float eps, std::uint16_t* y,
+                                              float* save_mean, float* save_invstd);
+void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows,
+                                                     int c, const std::uint16_t* x,
+                                                     const float* residual, const float* gamma,
+                                                     const float* beta, float eps, float* y,
+                                                     float* save_mean, float* save_invstd);
+void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                             const std::uint16_t* x, const float* gamma,
+                                             const float* beta, const float* running_mean,
+                                             const float* running_var, float eps, float* y);
+void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                    const std::uint16_t* x, const float* dy, const float* gamma,
+                                    const float* save_mean, const float* save_invstd, float* dx,
+                                    float* dgamma, float* dbeta);
+void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
+                                         const std::uint16_t* x, const float* y, const float* dy,
+                                         const float* gamma, const float* beta,
+                                         const float* save_mean, const float* save_invstd,
+                                         float* dx, float* dgamma, float* dbeta,
+                                         float* d_pre_relu);
+
 // ---- phases, for synchronised batch norm -----------------------------------------------------
 // The training forward and backward cut at their per-channel reductions, so that a caller can
 // combine the reductions of several devices' slices in between (statistics over a global batch).

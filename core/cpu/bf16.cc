@@ -196,6 +196,19 @@ const float* widened(const CpuContext& ctx, const std::uint16_t* x, std::int64_t
   return out;
 }
 
+// y (bf16 bits) from the forward's fp32 result: fn(buffer) writes it into this thread's fourth
+// scratch buffer, which is then rounded into y (bf16.h's bf16 outputs). fn's result is returned,
+// and y written only where it is true.
+template <typename Fn>
+bool narrowed(const CpuContext& ctx, std::int64_t n, std::uint16_t* y, Fn fn) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<std::int64_t>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
+  float* out = scratch.data();
+  if (!fn(out)) return false;
+  ctx.parallel_for(n, 1 << 14, [&](std::int64_t b, std::int64_t e) { narrow_to_bf16(e - b, out + b, y + b); });
+  return true;
+}
+
 std::int64_t x_size(const Conv2dShape& s) { return std::int64_t(s.n) * s.h * s.w * s.c_in; }
 std::int64_t w_size(const Conv2dShape& s) { return std::int64_t(s.c_out) * s.c_in * s.kh * s.kw; }
 std::int64_t y_size(const Conv2dShape& s) {
@@ -240,6 +253,11 @@ float round_to_bf16(float x) {
 void round_to_bf16(std::int64_t n, const float* x, float* y) {
   for (std::int64_t i = 0; i < n; ++i)
     y[i] = std::bit_cast<float>(bf16_bits(std::bit_cast<std::uint32_t>(x[i])));
+}
+
+void narrow_to_bf16(std::int64_t n, const float* x, std::uint16_t* y) {
+  for (std::int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<std::uint16_t>(bf16_bits(std::bit_cast<std::uint32_t>(x[i])) >> 16);
 }
 
 void widen_bf16(std::int64_t n, const std::uint16_t* x, float* y) {
@@ -479,6 +497,42 @@ bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx
   return true;
 }
 
+bool conv2d_forward_bf16_output_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const float* x, const float* w, const float* bias_or_null,
+                                     std::uint16_t* y) {
+  s.validate();
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y);
+  return narrowed(ctx, y_size(s), y, [&](float* out) {
+    return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, out);
+  });
+}
+
+bool conv2d_forward_bf16_output_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const std::uint16_t* x, const float* w,
+                                     const float* bias_or_null, std::uint16_t* y) {
+  s.validate();
+  if (k == Bf16Kernels::OneDnn) return onednn::conv2d_forward(ctx, s, x, w, bias_or_null, y);
+  return narrowed(ctx, y_size(s), y, [&](float* out) {
+    return conv2d_forward_bf16_input_with(k, ctx, s, x, w, bias_or_null, out);
+  });
+}
+
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const float* x, const float* w, const float* bias_or_null,
+                                       std::uint16_t* y) {
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) {
+    return t.winograd_forward_bf16_output(ctx, s, x, w, bias_or_null, y);
+  });
+}
+
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, std::uint16_t* y) {
+  return on_own_kernels(k, s, [&](const Bf16KernelTable& t) {
+    return t.winograd_forward_bf16_io(ctx, s, x, w, bias_or_null, y);
+  });
+}
+
 bool conv2d_backward_weight_bf16_dy_rows_with(Bf16Kernels k, const CpuContext& ctx,
                                               const Conv2dShape& s, const float* x,
                                               const DyRows& rows, float* dw) {
@@ -515,6 +569,18 @@ void conv2d_forward_bf16_input(const CpuContext& ctx, const Conv2dShape& s,
                                float* y) {
   if (!conv2d_forward_bf16_input_with(active_bf16_kernels(), ctx, s, x, w, bias_or_null, y))
     conv2d_forward_bf16_input_with(Bf16Kernels::Emulated, ctx, s, x, w, bias_or_null, y);
+}
+
+void conv2d_forward_bf16_output(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                const float* w, const float* bias_or_null, std::uint16_t* y) {
+  if (!conv2d_forward_bf16_output_with(active_bf16_kernels(), ctx, s, x, w, bias_or_null, y))
+    conv2d_forward_bf16_output_with(Bf16Kernels::Emulated, ctx, s, x, w, bias_or_null, y);
+}
+
+void conv2d_forward_bf16_output(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                                const float* w, const float* bias_or_null, std::uint16_t* y) {
+  if (!conv2d_forward_bf16_output_with(active_bf16_kernels(), ctx, s, x, w, bias_or_null, y))
+    conv2d_forward_bf16_output_with(Bf16Kernels::Emulated, ctx, s, x, w, bias_or_null, y);
 }
 
 void conv2d_backward_weight_bf16_input(const CpuContext& ctx, const Conv2dShape& s,

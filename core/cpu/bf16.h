@@ -181,4 +181,34 @@ bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx
                                             const Conv2dShape& s, const std::uint16_t* x,
                                             const float* dy, float* dw);
 
+// ---- bf16 outputs ---------------------------------------------------------------------------
+// The forward with y stored as bf16 bits: the fp32 result rounded to nearest, ties to even, for a
+// batch norm that alone reads it (Note [bf16 convolution outputs] in core/tensor/ops.cc), x as
+// floats or as bf16 bits (above). oneDNN rounds its sums as it stores them, and towerflow's
+// Winograd kernels theirs (vcvtneps2bf16 on the instruction's build, which flushes denormals to
+// zero); the other kernels (the pair and AMX kernels' direct paths, the emulated path) write the
+// fp32 result into a scratch buffer that is then rounded (narrow_to_bf16). So on each kernel,
+// y is that kernel's fp32 y rounded, but for denormals, which may become zeros.
+
+// y[i] = the bits of round_to_bf16(x[i]) (its top half), for i < n.
+void narrow_to_bf16(std::int64_t n, const float* x, std::uint16_t* y);
+
+void conv2d_forward_bf16_output(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                const float* w, const float* bias_or_null, std::uint16_t* y);
+void conv2d_forward_bf16_output(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                                const float* w, const float* bias_or_null, std::uint16_t* y);
+bool conv2d_forward_bf16_output_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const float* x, const float* w, const float* bias_or_null,
+                                     std::uint16_t* y);
+bool conv2d_forward_bf16_output_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                     const std::uint16_t* x, const float* w,
+                                     const float* bias_or_null, std::uint16_t* y);
+// The Winograd forward (conv2d_forward_bf16_winograd_with) with bf16 outputs.
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const float* x, const float* w, const float* bias_or_null,
+                                       std::uint16_t* y);
+bool conv2d_forward_bf16_winograd_with(Bf16Kernels k, const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, std::uint16_t* y);
+
 }  // namespace towerflow::cpu

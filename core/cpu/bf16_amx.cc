@@ -742,8 +742,8 @@ struct AmxDrivers {
   static bool winograd_backward_weight(const CpuContext&, const Conv2dShape&, const In*, const float*, float*) {
     return false;
   }
-  template <typename In, typename Get>
-  static bool winograd_conv(const CpuContext&, const Conv2dShape&, const In*, const float*, float*, Get) {
+  template <typename In, typename Out, typename Get>
+  static bool winograd_conv(const CpuContext&, const Conv2dShape&, const In*, const float*, Out*, Get) {
     return false;
   }
   // dx += the backward input, added as the tiles' results are copied out.

@@ -490,9 +490,9 @@ struct Bf16Table {
                                      const float* dy, float* dw) {
     D::backward_weight(ctx, s, x, dy, dw);
   }
-  template <typename In>
+  template <typename In, typename Out>
   static bool winograd_forward(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* w,
-                               const float* bias_or_null, float* y) {
+                               const float* bias_or_null, Out* y) {
     return D::winograd_conv(ctx, s, x, bias_or_null, y,
                             StridedWeights{.base = w, .co_step = std::int64_t{s.c_in} * s.kh * s.kw,
                                            .ci_step = std::int64_t{s.kh} * s.kw, .i_step = s.kw, .j_step = 1});
@@ -519,8 +519,10 @@ struct Bf16Table {
       .backward_weight_bf16_input = &conv2d_backward_weight_bf16_input,
       .winograd_backward_weight = &D::template winograd_backward_weight<float>,
       .winograd_backward_weight_bf16_input = &D::template winograd_backward_weight<std::uint16_t>,
-      .winograd_forward = &winograd_forward<float>,
-      .winograd_forward_bf16_input = &winograd_forward<std::uint16_t>,
+      .winograd_forward = &winograd_forward<float, float>,
+      .winograd_forward_bf16_input = &winograd_forward<std::uint16_t, float>,
+      .winograd_forward_bf16_output = &winograd_forward<float, std::uint16_t>,
+      .winograd_forward_bf16_io = &winograd_forward<std::uint16_t, std::uint16_t>,
       .winograd_backward_input = &winograd_backward_input,
       .backward_weight_dy_rows = &D::backward_weight_dy_rows,
       .backward_input_add = &D::backward_input_add,

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -928,10 +929,12 @@ inline void winograd_input_bf16(const float* __restrict p, std::int64_t row, int
 
 // winograd_output (winograd_impl.h) on 16-lane vectors, the same sums in the same order: the
 // output transform Y = A^T m A of one tile's c_out channels, m[xi] at m + xi * plane, its rows x
-// cols outputs inside the image written at y (rows `row` floats apart, pixels c_out apart), or
-// added to with Store::kAdd, plus bias (nullable).
+// cols outputs inside the image written at y (rows `row` values apart, pixels c_out apart), or
+// added to with Store::kAdd, plus bias (nullable). Out float, or std::uint16_t for bf16 bits
+// (store_bf16's rounding; overwritten only).
+template <typename Out>
 inline void winograd_output16(const float* __restrict m, std::int64_t plane, int c_out, const float* bias,
-                              detail::Store store, float* __restrict y, std::int64_t row, int rows, int cols) {
+                              detail::Store store, Out* __restrict y, std::int64_t row, int rows, int cols) {
   for (int c0 = 0; c0 < c_out; c0 += kLanes) {
     const __mmask16 lanes = detail::first_lanes(c_out - c0);
     __m512 s0[4], s1[4];  // A^T m
@@ -952,9 +955,13 @@ inline void winograd_output16(const float* __restrict m, std::int64_t plane, int
     }
     for (int a = 0; a < rows; ++a)
       for (int b = 0; b < cols; ++b) {
-        float* o = y + a * row + b * c_out + c0;
-        const __m512 v = store == detail::Store::kAdd ? _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, o), out[a][b]) : out[a][b];
-        _mm512_mask_storeu_ps(o, lanes, v);
+        Out* o = y + a * row + b * c_out + c0;
+        if constexpr (std::is_same_v<Out, std::uint16_t>) {  // overwritten, never added to
+          store_bf16(o, lanes, out[a][b]);
+        } else {
+          const __m512 v = store == detail::Store::kAdd ? _mm512_add_ps(_mm512_maskz_loadu_ps(lanes, o), out[a][b]) : out[a][b];
+          _mm512_mask_storeu_ps(o, lanes, v);
+        }
       }
   }
 }
@@ -962,9 +969,9 @@ inline void winograd_output16(const float* __restrict m, std::int64_t plane, int
 // y = conv(x, w) + bias (y += it with Store::kAdd) for s with winograd_applies(s), by Note [bf16
 // Winograd convolution]; get(co, ci, i, j) gives the weights, bias (nullable) c_out values; V
 // vectors of output channels per block.
-template <int V, typename In, typename Get>
+template <int V, typename In, typename Out, typename Get>
 void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
-                        float* y, Get get, detail::Store store) {
+                        Out* y, Get get, detail::Store store) {
   constexpr int kBlock = kLanes * V;
   constexpr int kP = kMaxPixels<V>;
   constexpr int kXi = 16;
@@ -1000,12 +1007,13 @@ void pair_winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x
         embed_rounded(s, g, x + n * image_in, img);
         padded = n;
       }
-      float* out = y + n * g.oh * g.y_row;
+      Out* out = y + n * g.oh * g.y_row;
       const int count = g.for_each_tile(k, img, [&](int t, const float* patch, std::int64_t at, int rows, int cols) {
         winograd_input_bf16(patch, g.pad_row, c_in, vbuf + std::int64_t{t} * c_in, v_plane);
-        if (store == detail::Store::kAdd)  // Note [Prefetching what a tile adds to]
-          for (int a = 0; a < rows; ++a)
-            detail::prefetch_floats(out + at + a * g.y_row, std::int64_t{cols} * c_out);
+        if constexpr (std::is_same_v<Out, float>)
+          if (store == detail::Store::kAdd)  // Note [Prefetching what a tile adds to]
+            for (int a = 0; a < rows; ++a)
+              detail::prefetch_floats(out + at + a * g.y_row, std::int64_t{cols} * c_out);
       });
       // The products: mbuf[xi][t][ld_m] = vbuf[xi][t][c_in] x u[xi].
       for (int xi = 0; xi < kXi; ++xi) {
@@ -1073,9 +1081,9 @@ struct PairDrivers {
   }
   // The Winograd convolution y = conv(x, w) (+ bias) for s, weights read through get: false
   // where it does not apply.
-  template <typename In, typename Get>
+  template <typename In, typename Out, typename Get>
   static bool winograd_conv(const CpuContext& ctx, const Conv2dShape& s, const In* x, const float* bias,
-                            float* y, Get get) {
+                            Out* y, Get get) {
     if (!winograd_applies(s)) return false;
     with_block(s.c_out, [&]<int V>() { pair_winograd_conv<V>(ctx, s, x, bias, y, get, detail::Store::kOverwrite); });
     return true;

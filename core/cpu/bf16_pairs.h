@@ -34,6 +34,11 @@ struct Bf16KernelTable {
                            const float* bias_or_null, float* y);
   bool (*winograd_forward_bf16_input)(const CpuContext&, const Conv2dShape&, const std::uint16_t* x,
                                       const float* w, const float* bias_or_null, float* y);
+  // The forward with y stored as bf16 bits (bf16.h's bf16 outputs), x as floats or bf16 bits.
+  bool (*winograd_forward_bf16_output)(const CpuContext&, const Conv2dShape&, const float* x,
+                                       const float* w, const float* bias_or_null, std::uint16_t* y);
+  bool (*winograd_forward_bf16_io)(const CpuContext&, const Conv2dShape&, const std::uint16_t* x,
+                                   const float* w, const float* bias_or_null, std::uint16_t* y);
   bool (*winograd_backward_input)(const CpuContext&, const Conv2dShape&, const float* dy,
                                   const float* w, float* dx);
   // The weight gradient with dy read through rows (bf16.h's DyRows): false, with nothing written,

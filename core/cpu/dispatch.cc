@@ -106,6 +106,34 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
   kernels().batch_norm_relu_backward(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 
+void batch_norm_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* gamma, const float* beta, float eps, float* y, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_forward_training_bf16_input(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* gamma, const float* beta, float eps, float* y, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_relu_forward_training_bf16_input(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* gamma, const float* beta, float eps, std::uint16_t* y, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_relu_forward_training_bf16_io(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* residual, const float* gamma, const float* beta, float eps, float* y, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean, save_invstd);
+}
+
+void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* gamma, const float* beta, const float* running_mean, const float* running_var, float eps, float* y) {
+  kernels().batch_norm_forward_inference_bf16_input(ctx, rows, c, x, gamma, beta, running_mean, running_var, eps, y);
+}
+
+void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* dy, const float* gamma, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
+  kernels().batch_norm_backward_bf16_input(ctx, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+}
+
+void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* y, const float* dy, const float* gamma, const float* beta, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
+  kernels().batch_norm_relu_backward_bf16_input(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
+}
+
 void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* mean, double* m2) {
   kernels().batch_norm_moments(ctx, rows, c, x, mean, m2);
 }

@@ -520,15 +520,18 @@ bool bf16_weight_grad(const std::string& name, bool is_fixed, const CpuContext& 
       });
 }
 
-// The bf16 forward on candidate `name`. x: floats or bf16 bits.
-template <typename In>
+// The bf16 forward on candidate `name`. x and y: floats or bf16 bits.
+template <typename In, typename Out>
 bool bf16_forward(const std::string& name, bool is_fixed, const CpuContext& ctx, const Conv2dShape& s,
-                  const In* x, const float* w, const float* bias_or_null, float* y) {
+                  const In* x, const float* w, const float* bias_or_null, Out* y) {
   return bf16_conv(
       name, is_fixed,
       [&](Bf16Kernels k) { return conv2d_forward_bf16_winograd_with(k, ctx, s, x, w, bias_or_null, y); },
       [&](Bf16Kernels k) {
-        if constexpr (std::is_same_v<In, float>) return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
+        if constexpr (std::is_same_v<Out, std::uint16_t>)
+          return conv2d_forward_bf16_output_with(k, ctx, s, x, w, bias_or_null, y);
+        else if constexpr (std::is_same_v<In, float>)
+          return conv2d_forward_bf16_with(k, ctx, s, x, w, bias_or_null, y);
         else return conv2d_forward_bf16_input_with(k, ctx, s, x, w, bias_or_null, y);
       });
 }
@@ -700,6 +703,38 @@ void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& 
   run_chosen(p, layer, c, [&](const std::string& name) {
     return bf16_forward(name, name == c.front(), ctx, s, x, w, bias_or_null, y);
   });
+}
+
+namespace {
+template <typename In>
+void forward_bf16_output_chosen(const CpuContext& ctx, const Conv2dShape& s, const In* x,
+                                const float* w, const float* bias_or_null, std::uint16_t* y,
+                                std::string_view layer) {
+  const std::vector<std::string>& c = candidates(true);
+  if (kernel_choice() == KernelChoice::kFixed || c.size() < 2)
+    return conv2d_forward_bf16_output(ctx, s, x, w, bias_or_null, y);
+  const std::string problem =
+      s.describe() + (std::is_same_v<In, std::uint16_t> ? ", bf16 input" : "") + ", bf16 output";
+  const ChoiceProblem p{.key = "conv forward " + problem + (bias_or_null ? " +bias" : ""),
+                        .pass = "forward", .problem = problem, .bf16 = true,
+                        .threads = ctx.threads()};
+  run_chosen(p, layer, c, [&](const std::string& name) {
+    return bf16_forward(name, name == c.front(), ctx, s, x, w, bias_or_null, y);
+  });
+}
+}  // namespace
+
+void conv2d_forward_bf16_output_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                       const float* w, const float* bias_or_null, std::uint16_t* y,
+                                       std::string_view layer) {
+  forward_bf16_output_chosen(ctx, s, x, w, bias_or_null, y, layer);
+}
+
+void conv2d_forward_bf16_output_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, std::uint16_t* y,
+                                       std::string_view layer) {
+  forward_bf16_output_chosen(ctx, s, x, w, bias_or_null, y, layer);
 }
 
 void conv2d_backward_weight_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,

@@ -61,6 +61,16 @@ void conv2d_forward_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& 
 void conv2d_backward_weight_bf16_input_chosen(const CpuContext& ctx, const Conv2dShape& s,
                                               const std::uint16_t* x, const float* dy, float* dw,
                                               std::string_view layer);
+// The bf16 forward with y stored as bf16 bits (bf16.h's bf16 outputs), x as floats or bf16 bits:
+// problems of their own ("..., bf16 output"), since writing half the bytes of y, and rounding
+// it, may change which kernels are fastest.
+void conv2d_forward_bf16_output_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* x,
+                                       const float* w, const float* bias_or_null, std::uint16_t* y,
+                                       std::string_view layer);
+void conv2d_forward_bf16_output_chosen(const CpuContext& ctx, const Conv2dShape& s,
+                                       const std::uint16_t* x, const float* w,
+                                       const float* bias_or_null, std::uint16_t* y,
+                                       std::string_view layer);
 // c = op(a) op(b) (alpha 1, beta 0).
 void gemm_chosen(const CpuContext& ctx, bool trans_a, bool trans_b, int m, int n, int k,
                  const float* a, int lda, const float* b, int ldb, float* c, int ldc, bool bf16,

@@ -117,11 +117,13 @@ ThreadState& state(int threads) {
 
 dt operand_type(Operands op) { return op == Operands::kBf16 ? dt::bf16 : dt::f32; }
 
-// x_type: how x is stored (f32, or bf16 for the bf16 inputs of onednn_impl.h).
+// x_type: how x is stored (f32, or bf16 for the bf16 inputs of onednn_impl.h); y_type, how the
+// forward's y is (f32, or bf16 for its bf16 outputs).
 Key conv_key(Kind kind, const Conv2dShape& s, int threads, bool bias, Operands op,
-             dt x_type = dt::f32) {
+             dt x_type = dt::f32, dt y_type = dt::f32) {
   return {kind, s.n, s.h, s.w, s.c_in, s.c_out, s.kh, s.kw, s.stride_h, s.stride_w, s.pad_h,
-          s.pad_w, threads, bias ? 1 : 0, static_cast<int>(op), x_type == dt::bf16 ? 1 : 0, 0};
+          s.pad_w, threads, bias ? 1 : 0, static_cast<int>(op), x_type == dt::bf16 ? 1 : 0,
+          y_type == dt::bf16 ? 1 : 0};
 }
 
 struct ConvDescs {
@@ -148,9 +150,10 @@ ConvDescs conv_descs(const Conv2dShape& s) {
 
 // The primitive descriptors, in oneDNN 3's form (engine first, no operation descriptor) or in
 // oneDNN 2's (an operation descriptor, then the engine).
-dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias, dt op) {
+dnnl::convolution_forward::primitive_desc forward_hint(const ConvDescs& d, bool bias, dt op,
+                                                        dt y_type = dt::f32) {
   const memory::desc src(d.src, op, tag::nhwc), wei(d.weights, op, tag::any),
-      dst(d.dst, dt::f32, tag::nhwc);
+      dst(d.dst, y_type, tag::nhwc);
   const memory::desc bias_md = bias ? memory::desc(d.bias, dt::f32, tag::a) : memory::desc();
 #if DNNL_VERSION_MAJOR >= 3
   return {engine(), dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src,
@@ -196,11 +199,11 @@ dnnl::matmul::primitive_desc matmul_desc(const memory::desc& a, const memory::de
 #endif
 }
 
-Problem make_forward(const Conv2dShape& s, bool bias, dt op, dt x_type) {
+Problem make_forward(const Conv2dShape& s, bool bias, dt op, dt x_type, dt y_type) {
   Problem p;
   const ConvDescs d = conv_descs(s);
   if (!d.valid) return Problem{.reference = true};
-  const auto pd = forward_hint(d, bias, op);
+  const auto pd = forward_hint(d, bias, op, y_type);
   if (is_reference(pd.impl_info_str())) return Problem{.reference = true};
   p.primitive = dnnl::convolution_forward(pd);
   p.a = Conversion(memory::desc(d.src, x_type, tag::nhwc), pd.src_desc());
@@ -313,20 +316,20 @@ bool jit_bf16() { return has_bits(dnnl_cpu_isa_avx512_core); }
 
 namespace {
 
-// x stored as x_type (f32, or bf16 with op kBf16).
+// x stored as x_type and y as y_type (f32, or bf16 with op kBf16).
 bool forward(int threads, const Conv2dShape& s, const void* x, dt x_type, const float* w,
-             const float* bias_or_null, float* y, Operands op) {
+             const float* bias_or_null, void* y, dt y_type, Operands op) {
   ThreadState& t = state(threads);
   const bool bias = bias_or_null != nullptr;
-  Problem& p = problem(t, conv_key(kForward, s, threads, bias, op, x_type),
-                       [&] { return make_forward(s, bias, operand_type(op), x_type); });
+  Problem& p = problem(t, conv_key(kForward, s, threads, bias, op, x_type, y_type),
+                       [&] { return make_forward(s, bias, operand_type(op), x_type, y_type); });
   if (p.reference) return false;
   checked(what(op, kForward), [&] {
     const ConvDescs d = conv_descs(s);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, p.a.in(t.stream, x)},
         {DNNL_ARG_WEIGHTS, p.b.in(t.stream, w)},
-        {DNNL_ARG_DST, memory(memory::desc(d.dst, dt::f32, tag::nhwc), engine(), y)}};
+        {DNNL_ARG_DST, memory(memory::desc(d.dst, y_type, tag::nhwc), engine(), y)}};
     if (bias)
       args.emplace(DNNL_ARG_BIAS, memory(memory::desc(d.bias, dt::f32, tag::a), engine(),
                                          const_cast<float*>(bias_or_null)));
@@ -359,12 +362,22 @@ bool backward_weight(int threads, const Conv2dShape& s, const void* x, dt x_type
 
 bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
                     const float* bias_or_null, float* y, Operands op) {
-  return forward(threads, s, x, dt::f32, w, bias_or_null, y, op);
+  return forward(threads, s, x, dt::f32, w, bias_or_null, y, dt::f32, op);
 }
 
 bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, const float* w,
                     const float* bias_or_null, float* y) {
-  return forward(threads, s, x, dt::bf16, w, bias_or_null, y, Operands::kBf16);
+  return forward(threads, s, x, dt::bf16, w, bias_or_null, y, dt::f32, Operands::kBf16);
+}
+
+bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y) {
+  return forward(threads, s, x, dt::f32, w, bias_or_null, y, dt::bf16, Operands::kBf16);
+}
+
+bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y) {
+  return forward(threads, s, x, dt::bf16, w, bias_or_null, y, dt::bf16, Operands::kBf16);
 }
 
 bool conv2d_backward_input(int threads, const Conv2dShape& s, const float* dy,

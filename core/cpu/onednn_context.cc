@@ -53,10 +53,10 @@ std::int64_t image_out(const Conv2dShape& s) { return std::int64_t{s.out_h()} * 
 
 namespace {
 
-// x: float, or bf16 bits.
-template <typename T, typename... Op>
+// x and y: float, or bf16 bits.
+template <typename T, typename Out, typename... Op>
 bool forward_on_slices(const CpuContext& ctx, const Conv2dShape& s, const T* x, const float* w,
-                       const float* bias_or_null, float* y, Op... op) {
+                       const float* bias_or_null, Out* y, Op... op) {
   const std::int64_t in = image_in(s), out = image_out(s);
   return on_slices(ctx, slices(ctx, s.n, 1), s.n, [&](int, std::int64_t b, std::int64_t e) {
     return conv2d_forward(1, with_images(s, e - b), x + b * in, w, bias_or_null, y + b * out, op...);
@@ -94,6 +94,16 @@ bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x,
 
 bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
                     const float* w, const float* bias_or_null, float* y) {
+  return forward_on_slices(ctx, s, x, w, bias_or_null, y);
+}
+
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y) {
+  return forward_on_slices(ctx, s, x, w, bias_or_null, y);
+}
+
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                    const float* w, const float* bias_or_null, std::uint16_t* y) {
   return forward_on_slices(ctx, s, x, w, bias_or_null, y);
 }
 

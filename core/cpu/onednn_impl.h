@@ -43,6 +43,12 @@ bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, c
                     const float* bias_or_null, float* y);
 bool conv2d_backward_weight(int threads, const Conv2dShape& s, const std::uint16_t* x,
                             const float* dy, float* dw);
+// The bf16 forward with y stored as bf16 bits (bf16.h's bf16 outputs), rounded by oneDNN from
+// its fp32 sums as it stores them, x as floats or bf16 bits.
+bool conv2d_forward(int threads, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y);
+bool conv2d_forward(int threads, const Conv2dShape& s, const std::uint16_t* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y);
 
 // The same kernels on ctx's threads (onednn_context.cc): each thread runs the kernel above on one
 // OpenMP thread, itself, over a slice of the problem (Note [oneDNN on the context's threads]).
@@ -59,5 +65,9 @@ bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint
                     const float* w, const float* bias_or_null, float* y);
 bool conv2d_backward_weight(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
                             const float* dy, float* dw);
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const float* x, const float* w,
+                    const float* bias_or_null, std::uint16_t* y);
+bool conv2d_forward(const CpuContext& ctx, const Conv2dShape& s, const std::uint16_t* x,
+                    const float* w, const float* bias_or_null, std::uint16_t* y);
 
 }  // namespace towerflow::cpu::onednn

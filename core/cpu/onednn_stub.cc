@@ -26,6 +26,14 @@ bool conv2d_forward(int, const Conv2dShape&, const std::uint16_t*, const float*,
                     float*) {
   return false;
 }
+bool conv2d_forward(int, const Conv2dShape&, const float*, const float*, const float*,
+                    std::uint16_t*) {
+  return false;
+}
+bool conv2d_forward(int, const Conv2dShape&, const std::uint16_t*, const float*, const float*,
+                    std::uint16_t*) {
+  return false;
+}
 bool conv2d_backward_weight(int, const Conv2dShape&, const std::uint16_t*, const float*, float*) {
   return false;
 }

@@ -25,9 +25,11 @@ Conv2d::Conv2d(const Device& device, Conv2dSpec spec, InitRng& rng) : Module(dev
   }
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
+Tensor Conv2d::forward(const Tensor& x) { return forward(x, OutputReaders::kAny); }
+
+Tensor Conv2d::forward(const Tensor& x, OutputReaders readers) {
   OpScope scope(path());
-  return conv2d(x, weight_, bias_, {.stride = spec_.stride, .padding = spec_.padding});
+  return conv2d(x, weight_, bias_, {.stride = spec_.stride, .padding = spec_.padding, .readers = readers});
 }
 
 Tensor Conv2d::forward_max_pool_relu(const Tensor& x, Pool2dOptions pool) {

@@ -35,6 +35,9 @@ class Conv2d : public Module {
  public:
   Conv2d(const Device& device, Conv2dSpec spec, InitRng& rng);
   Tensor forward(const Tensor& x) override;
+  // With OutputReaders::kBatchNorm (only a batch norm reads the result), bf16 precision may store
+  // it in bf16 (Conv2dOptions::readers).
+  Tensor forward(const Tensor& x, OutputReaders readers);
   // max_pool2d_relu(forward(x), pool) as one op (conv2d_max_pool2d_relu): the bias's gradient
   // comes from the pool's backward pass.
   Tensor forward_max_pool_relu(const Tensor& x, Pool2dOptions pool);

@@ -332,6 +332,15 @@ class CpuBackend final : public Backend {
     cpu::conv2d_backward_weight_bf16_input_chosen(
         ctx_, s, reinterpret_cast<const std::uint16_t*>(x), dy, dw, OpScope::current());
   }
+  void conv2d_forward_bf16_output(const Conv2dShape& s, const float* x, const bfloat16* x_bf16,
+                                  const float* w, const float* bias, bfloat16* y) override {
+    count_conv("conv forward", s);
+    auto* out = reinterpret_cast<std::uint16_t*>(y);
+    if (x_bf16)
+      return cpu::conv2d_forward_bf16_output_chosen(ctx_, s, reinterpret_cast<const std::uint16_t*>(x_bf16),
+                                                    w, bias, out, OpScope::current());
+    cpu::conv2d_forward_bf16_output_chosen(ctx_, s, x, w, bias, out, OpScope::current());
+  }
   void gemm_half(Precision p, bool trans_a, bool trans_b, int m, int n, int k, const float* a,
                  int lda, const float* b, int ldb, float* c, int ldc) override {
     if (p != Precision::Bf16) no_half_products(p, "gemm_half");
@@ -444,6 +453,37 @@ class CpuBackend final : public Backend {
                                                save_invstd);
     update_running(rows, c, eps, momentum, save_mean, save_invstd, running_mean, running_var);
   }
+  void batch_norm_forward_training_bf16_input(std::int64_t rows, int c, const bfloat16* xb,
+                                              const float* residual, bool relu, const float* gamma,
+                                              const float* beta, float eps, float momentum,
+                                              float* running_mean, float* running_var, float* y,
+                                              bfloat16* y_bf16, float* save_mean,
+                                              float* save_invstd) override {
+    // x read twice in half a float each, the residual read, y written (in half a float as bf16).
+    const auto span = kernel_span(residual ? "batch_norm_add_relu_forward_bf16_input"
+                                  : y_bf16 ? "batch_norm_relu_forward_bf16_io"
+                                  : relu   ? "batch_norm_relu_forward_bf16_input"
+                                           : "batch_norm_forward_bf16_input",
+                                  (1.0 + (residual ? 1.0 : 0.0) + (y_bf16 ? 0.5 : 1.0)) * rows * c);
+    const auto* x = reinterpret_cast<const std::uint16_t*>(xb);
+    if (y_bf16) {
+      TW_CHECK(relu && !residual && !y, "batch norm stores bf16 only after a ReLU, without a residual");
+      cpu::batch_norm_relu_forward_training_bf16_io(ctx_, rows, c, x, gamma, beta, eps,
+                                                    reinterpret_cast<std::uint16_t*>(y_bf16),
+                                                    save_mean, save_invstd);
+    } else if (residual) {
+      TW_CHECK(relu, "batch norm with a residual is only fused with relu");
+      cpu::batch_norm_add_relu_forward_training_bf16_input(ctx_, rows, c, x, residual, gamma, beta,
+                                                           eps, y, save_mean, save_invstd);
+    } else if (relu) {
+      cpu::batch_norm_relu_forward_training_bf16_input(ctx_, rows, c, x, gamma, beta, eps, y,
+                                                       save_mean, save_invstd);
+    } else {
+      cpu::batch_norm_forward_training_bf16_input(ctx_, rows, c, x, gamma, beta, eps, y,
+                                                  save_mean, save_invstd);
+    }
+    update_running(rows, c, eps, momentum, save_mean, save_invstd, running_mean, running_var);
+  }
   // The running statistics (where running_mean is not null) from a training forward's.
   static void update_running(std::int64_t rows, int c, float eps, float momentum,
                              const float* save_mean, const float* save_invstd,
@@ -515,6 +555,27 @@ class CpuBackend final : public Backend {
     } else {
       cpu::batch_norm_backward(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma,
                                dbeta);
+    }
+  }
+
+  void batch_norm_backward_bf16_input(std::int64_t rows, int c, const bfloat16* xb, const float* y,
+                                      bool relu, const float* dy, const float* gamma,
+                                      const float* beta, const float* save_mean,
+                                      const float* save_invstd, float /*eps*/, float* dx,
+                                      float* dgamma, float* dbeta, float* d_pre_relu) override {
+    // batch_norm_backward's passes, x read in half a float each time.
+    const auto span = kernel_span(!relu ? "batch_norm_backward_bf16_input"
+                                  : d_pre_relu ? "batch_norm_add_relu_backward_bf16_input"
+                                               : "batch_norm_relu_backward_bf16_input",
+                                  (relu && d_pre_relu ? 6.0 : 4.0) * rows * c);
+    const auto* x = reinterpret_cast<const std::uint16_t*>(xb);
+    if (relu) {
+      cpu::batch_norm_relu_backward_bf16_input(ctx_, rows, c, x, d_pre_relu ? y : nullptr, dy, gamma,
+                                               beta, save_mean, save_invstd, dx, dgamma, dbeta,
+                                               d_pre_relu);
+    } else {
+      cpu::batch_norm_backward_bf16_input(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx,
+                                          dgamma, dbeta);
     }
   }
 

@@ -95,9 +95,9 @@ const Device& common_device(std::string_view op, std::initializer_list<const Ten
 void check_float(std::string_view op, const char* what, const Tensor& t) {
   if (t.defined() && t.dtype() == DType::kBFloat16)
     raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32: only Conv2D "
-                           "reads bfloat16 (a batch norm's or max pool's output stored for convolutions "
-                           "alone, BatchNormOptions::readers or Pool2dOptions::readers); give this "
-                           "op's input OutputReaders::kAny");
+                           "and batch norm inputs read bfloat16 (an output stored for those readers "
+                           "alone, BatchNormOptions::readers, Pool2dOptions::readers or "
+                           "Conv2dOptions::readers); give this op's input OutputReaders::kAny");
   if (t.defined() && t.dtype() != DType::kFloat32)
     raise<InvalidArgument>(op, ": ", what, " ", t.describe(), " must be float32");
 }
@@ -176,11 +176,34 @@ Tensor operand(const Tensor& t, Products p) {
 // the float32 copy that it would otherwise have rounded (the CPU's emulated bf16). GPUs keep
 // float32 activations (no kernels for bf16 storage there yet).
 
+// Note [bf16 convolution outputs]
+// PyTorch's autocast stores a convolution's output in bf16 and its batch norm reads that. Under
+// bf16 precision conv2d does the same where its caller says only a batch norm reads the output
+// (Conv2dOptions::readers = kBatchNorm: ResNet's conv1, conv2 and shortcut convolutions) and the
+// device supports(kBf16Activations): the kernels round their float32 sums to bf16 as they store
+// them (oneDNN's and the Winograd kernels; the others, the emulated path among them, round
+// their float32 output in a pass of their own, Backend::conv2d_forward_bf16_output, which also
+// rounds the operands emulated bf16 has rounded already, to the same values), and the batch norm widens each value as it
+// reads it (Backend::batch_norm_forward_training_bf16_input), computing in float32 as before, so
+// that the convolution writes, the batch norm reads twice and the graph keeps half the bytes.
+// Unlike bf16 activations (above), this is a rounding of its own: the batch norm normalises the
+// rounded values, as on GPUs (whose convolutions round their outputs to bf16 and back,
+// docs/precision.md) and under autocast. The gradients stay float32. A batch
+// norm in inference, or synchronised over towers, widens such an input into a float32 copy
+// first.
+
 // A bfloat16 tensor widened to float32 on its device (exact: what rounding its float32
 // original to bf16 would give).
 Tensor widened(const Tensor& t) {
   Tensor r = Tensor::empty(t.shape(), t.device());
   backend_for(t.device()).widen_bf16(t.numel(), t.data<bfloat16>(), r.data<float>());
+  return r;
+}
+
+// widened(t) in the graph: t's gradient is the copy's, unchanged (op "Cast").
+Tensor widened_recorded(const Tensor& t) {
+  Tensor r = widened(t);
+  if (needs_grad({&t})) record(r, "Cast", {t}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return r;
 }
 
@@ -208,13 +231,12 @@ void product(Backend& be, Products p, bool trans_a, bool trans_b, int m, int n, 
 
 namespace {
 
-// A convolution's forward: its shape, the operands as its kernels read them, and y.
+// A convolution's forward: its shape and the operands as its kernels read them.
 struct ConvForward {
   Conv2dShape s;
   Tensor xo, wo;
   Products p;
   bool reads_bf16;
-  Tensor y;
 };
 
 // The checks of op's inputs (Conv2D's rules).
@@ -268,15 +290,6 @@ void conv_images(Backend& be, const ConvForward& f, int begin, int end, const Te
     be.conv2d_forward_half(half_type(f.p), s, f.xo.data<float>() + offset, f.wo.data<float>(), fptr(bias), y);
   else
     be.conv2d_forward(s, f.xo.data<float>() + offset, f.wo.data<float>(), fptr(bias), y);
-}
-
-// y = the convolution of x and w plus bias on device d, unrecorded.
-ConvForward conv_forward(const Device& d, const Tensor& x, const Tensor& w, const Tensor& bias,
-                         Conv2dOptions opts) {
-  ConvForward f = conv_operands(d, x, w, opts);
-  f.y = Tensor::empty({f.s.n, f.s.out_h(), f.s.out_w(), f.s.c_out}, d);
-  conv_images(backend_for(d), f, 0, f.s.n, bias, f.y.data<float>());
-  return f;
 }
 
 // The gradients {dx, dw, db} of the convolution f (its y left out) for y's gradient g: dx where
@@ -336,10 +349,25 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
   const trace::Span trace_span("op", kOp, OpScope::current());
   const Device d = common_device(kOp, {&x, &w, &bias});
   check_conv_inputs(kOp, x, w, bias, opts);
-  if (run_on_cpu_instead(kOp, OpKind::kConv2d, d))
-    return conv2d(to_cpu(x), to_cpu(w), to_cpu(bias), opts).to(d);
-  ConvForward f = conv_forward(d, x, w, bias, opts);
-  Tensor y = std::move(f.y);
+  if (run_on_cpu_instead(kOp, OpKind::kConv2d, d)) {
+    Conv2dOptions on_cpu = opts;  // float32 for d, which may not read bf16
+    on_cpu.readers = OutputReaders::kAny;
+    return conv2d(to_cpu(x), to_cpu(w), to_cpu(bias), on_cpu).to(d);
+  }
+  ConvForward f = conv_operands(d, x, w, opts);
+  Backend& be = backend_for(d);
+  Tensor y;
+  if (opts.readers == OutputReaders::kBatchNorm &&
+      (f.p == Products::Bf16Kernels || f.p == Products::Bf16Rounded) &&
+      be.supports(OpKind::kBf16Activations)) {  // Note [bf16 convolution outputs]
+    y = Tensor::empty({f.s.n, f.s.out_h(), f.s.out_w(), f.s.c_out}, d, DType::kBFloat16);
+    be.conv2d_forward_bf16_output(f.s, f.reads_bf16 ? nullptr : f.xo.data<float>(),
+                                  f.reads_bf16 ? f.xo.data<bfloat16>() : nullptr, f.wo.data<float>(),
+                                  fptr(bias), y.data<bfloat16>());
+  } else {
+    y = Tensor::empty({f.s.n, f.s.out_h(), f.s.out_w(), f.s.c_out}, d);
+    conv_images(be, f, 0, f.s.n, bias, y.data<float>());
+  }
   if (needs_grad({&x, &w, &bias})) {
     record_summing(y, std::string(kOp), {x, w, bias},
                    [f = std::move(f), bias, need_dx = x.requires_grad(), need_dw = w.requires_grad()](
@@ -935,7 +963,8 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                        const Tensor& running_var, BatchNormOptions opts) {
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x, &residual, &gamma, &beta, &running_mean, &running_var});
-  for (const Tensor* t : {&x, &residual, &gamma, &beta, &running_mean, &running_var})
+  if (x.dtype() != DType::kBFloat16) check_float(op, "input", x);  // Note [bf16 convolution outputs]
+  for (const Tensor* t : {&residual, &gamma, &beta, &running_mean, &running_var})
     check_float(op, "argument", *t);
   if (x.ndim() < 1 || x.numel() == 0)
     raise<InvalidArgument>(op, ": input ", x.describe(), " must be non-empty [..., c]");
@@ -979,6 +1008,11 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   }
 
   Backend& be = backend_for(d);
+  const bool bf16_in = x.dtype() == DType::kBFloat16;
+  // A bf16 input where no kernel reads it as it is: widened (Note [bf16 convolution outputs]).
+  if (bf16_in && (!opts.training || synced || !be.supports(OpKind::kBf16Activations)))
+    return batch_norm_impl(op, widened_recorded(x), residual, relu_on, gamma, beta, running_mean,
+                           running_var, opts);
   if (!opts.training) {
     Tensor y = empty_like(x);
     be.batch_norm_forward_inference(rows, c, x.data<float>(), gamma.data<float>(),
@@ -1011,10 +1045,16 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                         opts.readers == OutputReaders::kConvolutions &&
                         current_precision() == Precision::Bf16 &&
                         be.supports(OpKind::kBf16Activations);
-  Tensor y = bf16_out ? Tensor::empty(x.shape(), d, DType::kBFloat16) : empty_like(x);
+  Tensor y = Tensor::empty(x.shape(), d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
   {
     NoGradGuard no_grad;  // running statistics are state, not part of the graph
-    if (bf16_out) {
+    if (bf16_in) {
+      be.batch_norm_forward_training_bf16_input(
+          rows, c, x.data<bfloat16>(), fptr(residual), relu_on, gamma.data<float>(),
+          beta.data<float>(), opts.eps, opts.momentum, fptr(running_mean), fptr(running_var),
+          bf16_out ? nullptr : y.data<float>(), bf16_out ? y.data<bfloat16>() : nullptr,
+          save_mean.data<float>(), save_invstd.data<float>());
+    } else if (bf16_out) {
       be.batch_norm_relu_forward_training_bf16(
           rows, c, x.data<float>(), gamma.data<float>(), beta.data<float>(), opts.eps,
           opts.momentum, fptr(running_mean), fptr(running_var), y.data<bfloat16>(),
@@ -1039,14 +1079,21 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
              // output's] in autograd.cc): dx, or with a residual the masked gradient, which is
              // the one the first pass writes as it reads g.
              const bool over_g = be.batch_norm_backward_in_place() && gradient_reusable(g);
-             Tensor dres = has_residual ? (over_g ? g : empty_like(x)) : Tensor();
-             Tensor dx = over_g && !has_residual ? g : empty_like(x);
+             Tensor dres = has_residual ? (over_g ? g : empty_like(g)) : Tensor();
+             Tensor dx = over_g && !has_residual ? g : empty_like(g);  // float32 whatever x's type
              Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
-             be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? fptr(out) : nullptr,
-                                    relu_on, g.data<float>(), gamma.data<float>(), beta.data<float>(),
-                                    save_mean.data<float>(), save_invstd.data<float>(), eps,
-                                    dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
-                                    fptr(dres));
+             if (x.dtype() == DType::kBFloat16)
+               be.batch_norm_backward_bf16_input(
+                   rows, c, x.data<bfloat16>(), relu_on ? fptr(out) : nullptr, relu_on, g.data<float>(),
+                   gamma.data<float>(), beta.data<float>(), save_mean.data<float>(),
+                   save_invstd.data<float>(), eps, dx.data<float>(), dgamma.data<float>(),
+                   dbeta.data<float>(), fptr(dres));
+             else
+               be.batch_norm_backward(rows, c, x.data<float>(), relu_on ? fptr(out) : nullptr,
+                                      relu_on, g.data<float>(), gamma.data<float>(), beta.data<float>(),
+                                      save_mean.data<float>(), save_invstd.data<float>(), eps,
+                                      dx.data<float>(), dgamma.data<float>(), dbeta.data<float>(),
+                                      fptr(dres));
              return std::vector<Tensor>{dx, dgamma, dbeta, dres};
            });
   }

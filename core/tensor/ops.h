@@ -41,9 +41,18 @@ class OpScope {
 };
 
 // ---- layers' ops ------------------------------------------------------------------------------
+// Which ops read an op's output: any (kAny), only convolutions (kConvolutions), or only a batch
+// norm (kBatchNorm).
+enum class OutputReaders { kAny, kConvolutions, kBatchNorm };
+
 struct Conv2dOptions {
   int stride = 1;
   int padding = 0;
+  // With kBatchNorm, conv2d stores its output as bfloat16 under bf16 precision, where the device
+  // supports(kBf16Activations): each value its float32 output rounded to nearest even, as
+  // PyTorch's autocast stores a convolution's output, for the batch norm that reads it (Note
+  // [bf16 convolution outputs] in ops.cc). The batch norm computes in float32 from it.
+  OutputReaders readers = OutputReaders::kAny;
 };
 // x [n, h, w, c_in], w [c_out, c_in, kh, kw], bias [c_out] or undefined -> [n, oh, ow, c_out].
 // x float32, or bfloat16 (batch_norm_relu's output for a convolution, Note [bf16 activations] in
@@ -64,9 +73,6 @@ Tensor add(const Tensor& a, const Tensor& b);  // same shapes
 Tensor mul(const Tensor& a, const Tensor& b);  // same shapes, elementwise
 Tensor scale(const Tensor& x, float alpha);    // alpha * x
 Tensor sum(const Tensor& x);                   // a one-element tensor [1]
-
-// Which ops read an op's output: any (kAny), or only convolutions (kConvolutions).
-enum class OutputReaders { kAny, kConvolutions };
 
 struct Pool2dOptions {
   int kernel = 2;
@@ -107,10 +113,13 @@ struct BatchNormOptions {
   // precision, where the device supports(kBf16Activations) and sync is null: the convolutions
   // round their input to bf16 anyway, so every result is the same, bit for bit, while the pass
   // writes, the convolution reads and the graph keeps half the bytes (Note [bf16 activations]
-  // in ops.cc). Ops other than conv2d reject a bfloat16 input.
+  // in ops.cc). Ops other than conv2d and the batch norms reject a bfloat16 input.
   OutputReaders readers = OutputReaders::kAny;
 };
 // Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
+// x float32, or bfloat16 (a convolution's output stored for it, Conv2dOptions::readers), read
+// exactly and computed on in float32; y and every gradient float32 (but batch_norm_relu's bf16
+// output, above).
 // In training, running_mean / running_var (if defined) are updated in place, with the unbiased
 // variance (PyTorch's rule; with sync, of the whole group's rows, so every member gets the same
 // values); they are never differentiated. With sync, dgamma and dbeta are this member's share

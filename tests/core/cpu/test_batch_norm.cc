@@ -319,6 +319,121 @@ TEST_CASE("batch norm + ReLU with a bf16 output: the fp32 output rounded, statis
   }
 }
 
+TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input widened, bit for bit",
+          "[cpu][bn][bf16]") {
+  // Every bit of every output: the same floats must come out (a -0 against a +0 would fail too).
+  auto same_bits = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    INFO(what);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i])) {
+        FAIL_CHECK("value " << i << ": " << got[i] << " against the float kernel's " << want[i]);
+        return;
+      }
+  };
+  for (int c : {16, 64, 13}) {  // whole vectors of channels (two register groups), and not
+    for (int threads : {1, 2}) {
+      INFO("c = " << c << ", threads = " << threads);
+      CpuContext ctx(threads);
+      const std::int64_t rows = kEdgeRows;
+      const std::size_t n = static_cast<std::size_t>(rows) * c;
+      // bf16 values (their low bits cut off the floats: the kernels read bits, not rounding),
+      // with a mean far from zero in some channels, and the widened floats they stand for.
+      auto x = random_vector(n, 70 + c);
+      for (std::size_t i = 0; i < n; ++i)
+        if (i % c % 3 == 1) x[i] = 50.0f + x[i];
+      std::vector<std::uint16_t> xb(n);
+      std::vector<float> xw(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        xb[i] = static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x[i]) >> 16);
+        xw[i] = std::bit_cast<float>(std::uint32_t{xb[i]} << 16);
+      }
+      const auto gamma = random_vector(c, 71), beta = random_vector(c, 72);
+      const auto residual = random_vector(n, 73), dy = random_vector(n, 74);
+      const float eps = 1e-5f;
+      std::vector<float> y(n), yw(n), mean(c), invstd(c), mean_w(c), invstd_w(c);
+
+      batch_norm_forward_training_bf16_input(ctx, rows, c, xb.data(), gamma.data(), beta.data(), eps,
+                                             y.data(), mean.data(), invstd.data());
+      batch_norm_forward_training(ctx, rows, c, xw.data(), gamma.data(), beta.data(), eps, yw.data(),
+                                  mean_w.data(), invstd_w.data());
+      same_bits(y, yw, "batch_norm_forward_training: y");
+      same_bits(mean, mean_w, "batch_norm_forward_training: mean");
+      same_bits(invstd, invstd_w, "batch_norm_forward_training: invstd");
+      // The statistics are right, not only the same: against the double reference.
+      const RefForward ref = ref_forward(rows, c, xw, gamma, beta, eps);
+      CHECK(compare(mean, ref.mean).max_error < 1e-5);
+      CHECK(compare(y, ref.y).max_error < 1e-4);
+
+      batch_norm_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), gamma.data(), beta.data(),
+                                                  eps, y.data(), mean.data(), invstd.data());
+      batch_norm_relu_forward_training(ctx, rows, c, xw.data(), gamma.data(), beta.data(), eps,
+                                       yw.data(), mean_w.data(), invstd_w.data());
+      same_bits(y, yw, "batch_norm_relu_forward_training: y");
+      same_bits(invstd, invstd_w, "batch_norm_relu_forward_training: invstd");
+
+      std::vector<std::uint16_t> yb(n, 0xffff), ybw(n, 0);
+      batch_norm_relu_forward_training_bf16_io(ctx, rows, c, xb.data(), gamma.data(), beta.data(),
+                                               eps, yb.data(), mean.data(), invstd.data());
+      batch_norm_relu_forward_training_bf16(ctx, rows, c, xw.data(), gamma.data(), beta.data(), eps,
+                                            ybw.data(), mean_w.data(), invstd_w.data());
+      CHECK(yb == ybw);
+      same_bits(mean, mean_w, "batch_norm_relu_forward_training_bf16: mean");
+
+      batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), residual.data(),
+                                                      gamma.data(), beta.data(), eps, y.data(),
+                                                      mean.data(), invstd.data());
+      batch_norm_add_relu_forward_training(ctx, rows, c, xw.data(), residual.data(), gamma.data(),
+                                           beta.data(), eps, yw.data(), mean_w.data(), invstd_w.data());
+      same_bits(y, yw, "batch_norm_add_relu_forward_training: y");
+
+      const auto rmean = random_vector(c, 75);
+      std::vector<float> rvar(c);
+      for (int ch = 0; ch < c; ++ch) rvar[ch] = 0.5f + 0.1f * ch;
+      std::vector<float> yi(n), yiw(n);
+      batch_norm_forward_inference_bf16_input(ctx, rows, c, xb.data(), gamma.data(), beta.data(),
+                                              rmean.data(), rvar.data(), eps, yi.data());
+      batch_norm_forward_inference(ctx, rows, c, xw.data(), gamma.data(), beta.data(), rmean.data(),
+                                   rvar.data(), eps, yiw.data());
+      same_bits(yi, yiw, "batch_norm_forward_inference: y");
+
+      // The backwards, with the add variant's statistics and output (y) saved above.
+      std::vector<float> dx(n), dxw(n), dg(c), dgw(c), db(c), dbw(c), dp(n), dpw(n);
+      batch_norm_backward_bf16_input(ctx, rows, c, xb.data(), dy.data(), gamma.data(), mean.data(),
+                                     invstd.data(), dx.data(), dg.data(), db.data());
+      batch_norm_backward(ctx, rows, c, xw.data(), dy.data(), gamma.data(), mean.data(), invstd.data(),
+                          dxw.data(), dgw.data(), dbw.data());
+      same_bits(dx, dxw, "batch_norm_backward: dx");
+      same_bits(dg, dgw, "batch_norm_backward: dgamma");
+      same_bits(db, dbw, "batch_norm_backward: dbeta");
+      std::vector<double> rdx, rdg, rdb;
+      const RefForward ref_add = ref_forward(rows, c, xw, gamma, beta, eps);
+      ref_backward(rows, c, xw, to_double(dy), gamma, ref_add, rdx, rdg, rdb);
+      CHECK(compare(dx, rdx).max_error < 1e-3);
+
+      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), y.data(), dy.data(), gamma.data(),
+                                          beta.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
+                                          db.data(), dp.data());
+      batch_norm_relu_backward(ctx, rows, c, xw.data(), y.data(), dy.data(), gamma.data(), beta.data(),
+                               mean.data(), invstd.data(), dxw.data(), dgw.data(), dbw.data(), dpw.data());
+      same_bits(dx, dxw, "batch_norm_relu_backward (mask from y): dx");
+      same_bits(dp, dpw, "batch_norm_relu_backward (mask from y): the residual's gradient");
+      same_bits(dg, dgw, "batch_norm_relu_backward (mask from y): dgamma");
+
+      // The mask recomputed from x, after the plain ReLU forward's statistics.
+      batch_norm_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), gamma.data(), beta.data(),
+                                                  eps, y.data(), mean.data(), invstd.data());
+      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), nullptr, dy.data(), gamma.data(),
+                                          beta.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
+                                          db.data(), nullptr);
+      batch_norm_relu_backward(ctx, rows, c, xw.data(), nullptr, dy.data(), gamma.data(), beta.data(),
+                               mean.data(), invstd.data(), dxw.data(), dgw.data(), dbw.data(), nullptr);
+      same_bits(dx, dxw, "batch_norm_relu_backward (mask from x): dx");
+      same_bits(db, dbw, "batch_norm_relu_backward (mask from x): dbeta");
+    }
+  }
+}
+
 TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {
   CpuContext ctx(2);
   const std::int64_t rows = 33;

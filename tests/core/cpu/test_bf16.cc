@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "core/cpu/bf16.h"
@@ -40,6 +41,31 @@ float round_bf16(float x) {  // an independent rounding: through the top 16 bits
 
 std::vector<float> rounded(std::vector<float> v) {
   for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// The bf16 bits of round_bf16(y).
+std::uint16_t bits_of_rounded(float y) {
+  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(round_bf16(y)) >> 16);
+}
+
+// Where bf16 outputs `got` (bf16.h's) differ from y rounded: "" where they do not. A denormal y
+// may come out as a zero of its sign (vcvtneps2bf16 flushes them).
+std::string bf16_output_mismatch(const std::vector<std::uint16_t>& got, const std::vector<float>& y) {
+  if (got.size() != y.size()) return "sizes differ";
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const std::uint16_t want = bits_of_rounded(y[i]);
+    const bool flushed = std::fpclassify(y[i]) == FP_SUBNORMAL && (got[i] & 0x7fffu) == 0;
+    if (got[i] != want && !flushed)
+      return "value " + std::to_string(i) + ": bits " + std::to_string(got[i]) + " for " +
+             std::to_string(y[i]) + ", want " + std::to_string(want);
+  }
+  return "";
+}
+
+std::vector<float> widened(const std::vector<std::uint16_t>& b) {
+  std::vector<float> v(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) v[i] = std::bit_cast<float>(std::uint32_t{b[i]} << 16);
   return v;
 }
 
@@ -139,6 +165,21 @@ TEST_CASE("bf16 convolutions equal fp32 on bf16-rounded operands, on every ResNe
       conv2d_backward_weight_bf16_input(ctx, s, xb.data(), dy.data(), dwb.data());
       CHECK(yb == y);
       CHECK(dwb == dw);
+      // y stored as bf16 (bf16.h's bf16 outputs), from either x: y rounded. oneDNN's kernel for a
+      // bf16 y may sum in another order than its fp32 y's: within a rounding of it there.
+      for (const bool x_bf16 : {false, true}) {
+        INFO("bf16 output, x " << (x_bf16 ? "bf16" : "fp32"));
+        std::vector<std::uint16_t> yo(yn, 0xffff);
+        if (x_bf16) conv2d_forward_bf16_output(ctx, s, xb.data(), w.data(), bias.data(), yo.data());
+        else conv2d_forward_bf16_output(ctx, s, x.data(), w.data(), bias.data(), yo.data());
+        if (k == Bf16Kernels::OneDnn) {
+          const auto e = compare(widened(yo), y);
+          INFO(e.describe());
+          CHECK(e.max_error <= 0x1p-8);
+        } else {
+          CHECK(bf16_output_mismatch(yo, y) == "");
+        }
+      }
       // dx added to a gradient as the kernels store it: that gradient plus the very dx, rounded
       // once; oneDNN has no such path and leaves it alone.
       std::vector<float> dxk(xn);
@@ -234,6 +275,12 @@ TEST_CASE("bf16 Winograd convolutions: near fp32 on the rounded operands, the sa
       REQUIRE(conv2d_backward_weight_bf16_winograd_with(k, ctx, s, xb.data(), dy.data(), dwb.data()));
       CHECK(yb == out[0][0]);
       CHECK(dwb == out[0][2]);
+      // y stored as bf16, from either x: the fp32 y rounded as it is stored.
+      std::vector<std::uint16_t> yo(yn, 0xffff), yob(yn, 0);
+      REQUIRE(conv2d_forward_bf16_winograd_with(k, ctx, s, x.data(), w.data(), bias.data(), yo.data()));
+      REQUIRE(conv2d_forward_bf16_winograd_with(k, ctx, s, xb.data(), w.data(), bias.data(), yob.data()));
+      CHECK(bf16_output_mismatch(yo, out[0][0]) == "");
+      CHECK(yob == yo);
       // The backward input added to a gradient as it is stored: that gradient plus the very dx,
       // rounded once, on 1 and 3 threads.
       const auto base = random_vector(xn, 38);

@@ -289,6 +289,88 @@ TEST_CASE("bf16 activations: batch norm stores bf16 for the convolution after it
   }
 }
 
+// Note [bf16 convolution outputs] in core/tensor/ops.cc: under bf16 precision, conv2d whose output
+// only a batch norm reads stores it as bfloat16, the float32 output rounded; the batch norm
+// computes on those values as on floats. So every result equals that of the same ops on a float32
+// copy of the stored values, bit for bit: the batch norm's output, statistics and gradients, and
+// the convolution's gradients for the batch norm's input gradient. On every bf16 path this CPU
+// runs, for the plain, ReLU (storing bf16 for a convolution), residual and inference forms.
+TEST_CASE("bf16 convolution outputs: stored rounded, and the batch norm computes on them as on floats",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  const Tensor none;
+  const Shape hs = {2, 9, 7, 16};
+  const auto host = [&](const std::vector<float>& v, const Shape& shape) { return Tensor::from_host(v, shape, cpu); };
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    const PrecisionScope bf16(Precision::Bf16);
+    const char* forms[] = {"batch norm", "+ ReLU, bf16 output", "+ residual + ReLU", "inference"};
+    for (int form = 0; form < 4; ++form) {
+      INFO("bf16 kernels: " << cpu::bf16_kernels_name(path) << "; " << forms[form]);
+      Tensor x = host(randn(2 * 9 * 7 * 5, 41), {2, 9, 7, 5}).set_requires_grad(true);
+      Tensor w1 = host(randn(16 * 5 * 9, 42), {16, 5, 3, 3}).set_requires_grad(true);
+      const Tensor w2 = host(randn(8 * 16 * 9, 43), {8, 16, 3, 3});
+      // The batch norm's input h, its parameters and what follows it, then the loss; the running
+      // statistics are returned in rm and rv.
+      const auto tail = [&](const Tensor& h, Tensor& gamma, Tensor& beta, Tensor& residual, Tensor& rm, Tensor& rv) {
+        gamma = host(randn(16, 44), {16}).set_requires_grad(true);
+        beta = host(randn(16, 45), {16}).set_requires_grad(true);
+        residual = host(randn(2 * 9 * 7 * 16, 46), hs).set_requires_grad(true);
+        rm = host(randn(16, 47), {16});
+        rv = Tensor::full({16}, 1.5f, cpu);
+        BatchNormOptions o{.training = form != 3};
+        Tensor y;
+        if (form == 0 || form == 3) y = batch_norm(h, gamma, beta, rm, rv, o);
+        if (form == 1) {
+          o.readers = OutputReaders::kConvolutions;
+          y = conv2d(batch_norm_relu(h, gamma, beta, rm, rv, o), w2, none, {.padding = 1});
+        }
+        if (form == 2) y = batch_norm_add_relu(h, residual, gamma, beta, rm, rv, o);
+        return sum(mul(y, host(randn(y.numel(), 48), y.shape())));
+      };
+      // The stored output: the float32 output rounded (oneDNN's kernel for it may sum in another
+      // order than its float32 one: within a rounding there).
+      const Tensor h = conv2d(x, w1, none, {.padding = 1, .readers = OutputReaders::kBatchNorm});
+      REQUIRE(h.dtype() == DType::kBFloat16);
+      const auto* bits = reinterpret_cast<const std::uint16_t*>(h.data<bfloat16>());
+      std::vector<float> stored(static_cast<std::size_t>(h.numel()));
+      for (std::size_t i = 0; i < stored.size(); ++i) stored[i] = std::bit_cast<float>(std::uint32_t{bits[i]} << 16);
+      const std::vector<float> h32 = conv2d(x.detach(), w1.detach(), none, {.padding = 1}).to_host();
+      double worst = 0.0;
+      std::size_t exact = 0;
+      for (std::size_t i = 0; i < stored.size(); ++i) {
+        worst = std::max(worst, std::abs(double(stored[i]) - h32[i]) / std::max(1e-3, std::abs(double(h32[i]))));
+        exact += std::bit_cast<std::uint32_t>(stored[i]) == (std::bit_cast<std::uint32_t>(cpu::round_to_bf16(h32[i])));
+      }
+      CHECK(worst <= 0x1p-8);
+      if (path != cpu::Bf16Kernels::OneDnn) CHECK(exact == stored.size());
+
+      Tensor gamma, beta, residual, rm, rv;
+      const Tensor loss = tail(h, gamma, beta, residual, rm, rv);
+      loss.backward();
+      // The same on a float32 copy of the stored values.
+      Tensor h_copy = host(stored, hs).set_requires_grad(true);
+      Tensor gamma2, beta2, residual2, rm2, rv2;
+      const Tensor loss2 = tail(h_copy, gamma2, beta2, residual2, rm2, rv2);
+      loss2.backward();
+      CHECK(loss.to_host() == loss2.to_host());
+      CHECK(rm.to_host() == rm2.to_host());
+      CHECK(rv.to_host() == rv2.to_host());
+      if (form != 3) {
+        CHECK(gamma.grad().to_host() == gamma2.grad().to_host());
+        CHECK(beta.grad().to_host() == beta2.grad().to_host());
+      }
+      if (form == 2) CHECK(residual.grad().to_host() == residual2.grad().to_host());
+      // The convolution's gradients for the copy's gradient.
+      Tensor x2 = x.detach().clone().set_requires_grad(true), w12 = w1.detach().clone().set_requires_grad(true);
+      sum(mul(conv2d(x2, w12, none, {.padding = 1}), h_copy.grad())).backward();
+      CHECK(x.grad().to_host() == x2.grad().to_host());
+      CHECK(w1.grad().to_host() == w12.grad().to_host());
+    }
+  }
+}
+
 // A ResNet block's input under bf16: read by a convolution and by the shortcut, whose gradient
 // comes first. Where the bf16 kernels add the convolution's input gradient as they store it (the
 // emulated, pair and AMX kernels; Note [Gradients summed in place] in autograd.cc), the sum has
@@ -580,4 +662,20 @@ TEST_CASE("bf16 activations: float32 outside bf16 training, and other ops reject
   CHECK_THROWS_WITH(relu(stored), Catch::Contains("bfloat16[4, 3, 3, 8]") &&
                                       Catch::Contains("OutputReaders::kAny"));
   CHECK_THROWS_AS(add(stored, stored), InvalidArgument);
+  // A convolution's output for a batch norm (Note [bf16 convolution outputs]): float32 outside
+  // bf16 precision, bfloat16 under it, which the batch norms read and other ops reject, as a
+  // batch norm's residual too.
+  const Tensor w = Tensor::from_host(randn(8 * 8 * 9, 22), {8, 8, 3, 3}, cpu);
+  const Conv2dOptions for_bn{.padding = 1, .readers = OutputReaders::kBatchNorm};
+  {
+    const PrecisionScope fp32(Precision::Fp32);
+    CHECK(conv2d(x, w, Tensor(), for_bn).dtype() == DType::kFloat32);
+  }
+  const Tensor h = conv2d(x, w, Tensor(), for_bn);
+  REQUIRE(h.dtype() == DType::kBFloat16);
+  CHECK(batch_norm(h, gamma, beta, rm, rv, {}).dtype() == DType::kFloat32);
+  CHECK(batch_norm(h, gamma, beta, rm, rv, eval).dtype() == DType::kFloat32);
+  CHECK_THROWS_WITH(relu(h), Catch::Contains("Conv2dOptions::readers"));
+  CHECK_THROWS_WITH(batch_norm_add_relu(x, h, gamma, beta, rm, rv, {}),
+                    Catch::Contains("FusedBatchNormAddRelu") && Catch::Contains("bfloat16"));
 }
