@@ -180,17 +180,19 @@ Tensor operand(const Tensor& t, Products p) {
 // PyTorch's autocast stores a convolution's output in bf16 and its batch norm reads that. Under
 // bf16 precision conv2d does the same where its caller says only a batch norm reads the output
 // (Conv2dOptions::readers = kBatchNorm: ResNet's conv1, conv2 and shortcut convolutions) and the
-// device supports(kBf16Activations): the kernels round their float32 sums to bf16 as they store
-// them (oneDNN's and the Winograd kernels; the others, the emulated path among them, round
-// their float32 output in a pass of their own, Backend::conv2d_forward_bf16_output, which also
-// rounds the operands emulated bf16 has rounded already, to the same values), and the batch norm widens each value as it
-// reads it (Backend::batch_norm_forward_training_bf16_input), computing in float32 as before, so
-// that the convolution writes, the batch norm reads twice and the graph keeps half the bytes.
-// Unlike bf16 activations (above), this is a rounding of its own: the batch norm normalises the
-// rounded values, as on GPUs (whose convolutions round their outputs to bf16 and back,
-// docs/precision.md) and under autocast. The gradients stay float32. A batch
-// norm in inference, or synchronised over towers, widens such an input into a float32 copy
-// first.
+// device supports(kBf16Activations) and multiplies in bf16 (kBf16Products): the kernels round
+// their float32 sums to bf16 as they store them (oneDNN's and the Winograd kernels; the others
+// round their float32 output in a pass of their own, Backend::conv2d_forward_bf16_output), and
+// the batch norm widens each value as it reads it (Backend::batch_norm_forward_training_bf16_input),
+// computing in float32 as before, so that the convolution writes, the batch norm reads twice and
+// the graph keeps half the bytes. Unlike bf16 activations (above), this is a rounding of its own:
+// the batch norm normalises the rounded values, as on GPUs (whose convolutions round their
+// outputs to bf16 and back, docs/precision.md) and under autocast. The gradients stay float32.
+// A batch norm in inference, or synchronised over towers, widens such an input into a float32
+// copy first. Where bf16 is emulated (operands rounded for the float32 kernels), outputs stay
+// float32: rounding them, and the operands once more inside the bf16 call, cost more than the
+// batch norm saved (ResNet-20 at 0.90x, TOWERFLOW_CPU_ISA=avx2 TOWERFLOW_BF16_KERNELS=emulated on
+// a 2-core Zen 4 EPYC).
 
 // A bfloat16 tensor widened to float32 on its device (exact: what rounding its float32
 // original to bf16 would give).
@@ -357,8 +359,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, Conv2dOption
   ConvForward f = conv_operands(d, x, w, opts);
   Backend& be = backend_for(d);
   Tensor y;
-  if (opts.readers == OutputReaders::kBatchNorm &&
-      (f.p == Products::Bf16Kernels || f.p == Products::Bf16Rounded) &&
+  if (opts.readers == OutputReaders::kBatchNorm && f.p == Products::Bf16Kernels &&
       be.supports(OpKind::kBf16Activations)) {  // Note [bf16 convolution outputs]
     y = Tensor::empty({f.s.n, f.s.out_h(), f.s.out_w(), f.s.c_out}, d, DType::kBFloat16);
     be.conv2d_forward_bf16_output(f.s, f.reads_bf16 ? nullptr : f.xo.data<float>(),
