@@ -188,7 +188,8 @@ bool conv2d_backward_weight_bf16_input_with(Bf16Kernels k, const CpuContext& ctx
 // Winograd kernels theirs (vcvtneps2bf16 on the instruction's build, which flushes denormals to
 // zero); the other kernels (the pair and AMX kernels' direct paths, the emulated path) write the
 // fp32 result into a scratch buffer that is then rounded (narrow_to_bf16). So on each kernel,
-// y is that kernel's fp32 y rounded, but for denormals, which may become zeros.
+// y is that kernel's fp32 y rounded, but for denormals, which may become zeros, and for oneDNN,
+// whose kernel for a bf16 y may sum in another order than its kernel for an fp32 one.
 
 // y[i] = the bits of round_to_bf16(x[i]) (its top half), for i < n.
 void narrow_to_bf16(std::int64_t n, const float* x, std::uint16_t* y);
