@@ -352,41 +352,22 @@ void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std:
                                residual, gamma, beta, eps, y, save_mean, save_invstd);
 }
 
-namespace {
-
-template <typename X>
-void inference_forward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c,
-                       const X* x, const float* gamma, const float* beta,
-                       const float* running_mean, const float* running_var, float eps, float* y) {
-  check_args(kernel, rows, c, eps);
+void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
+                                  const float* gamma, const float* beta,
+                                  const float* running_mean, const float* running_var, float eps,
+                                  float* y) {
+  check_args("batch_norm_forward_inference", rows, c, eps);
   float* scale = affine_scratch(c);
   for (int ch = 0; ch < c; ++ch) {
     if (!(running_var[ch] + eps > 0.0f))
-      raise<InvalidArgument>(kernel, ": running_var[", ch, "] + eps = ", running_var[ch] + eps,
+      raise<InvalidArgument>("batch_norm_forward_inference: running_var[", ch, "] + eps = ",
+                             running_var[ch] + eps,
                              " must be positive; the running statistics are corrupt or eps is 0");
     scale[ch] = static_cast<float>(gamma[ch] / std::sqrt(static_cast<double>(running_var[ch]) + eps));
   }
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
     forward_rows<false, false>(r0, r1, c, x, nullptr, running_mean, scale, beta, y);
   });
-}
-
-}  // namespace
-
-void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
-                                  const float* gamma, const float* beta,
-                                  const float* running_mean, const float* running_var, float eps,
-                                  float* y) {
-  inference_forward("batch_norm_forward_inference", ctx, rows, c, x, gamma, beta, running_mean,
-                    running_var, eps, y);
-}
-
-void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
-                                             const std::uint16_t* x, const float* gamma,
-                                             const float* beta, const float* running_mean,
-                                             const float* running_var, float eps, float* y) {
-  inference_forward("batch_norm_forward_inference_bf16_input", ctx, rows, c, x, gamma, beta,
-                    running_mean, running_var, eps, y);
 }
 
 namespace {

@@ -92,10 +92,6 @@ void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std:
                                                      const float* residual, const float* gamma,
                                                      const float* beta, float eps, float* y,
                                                      float* save_mean, float* save_invstd);
-void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
-                                             const std::uint16_t* x, const float* gamma,
-                                             const float* beta, const float* running_mean,
-                                             const float* running_var, float eps, float* y);
 void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
                                     const std::uint16_t* x, const float* dy, const float* gamma,
                                     const float* save_mean, const float* save_invstd, float* dx,

@@ -122,10 +122,6 @@ void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std:
   kernels().batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean, save_invstd);
 }
 
-void batch_norm_forward_inference_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* gamma, const float* beta, const float* running_mean, const float* running_var, float eps, float* y) {
-  kernels().batch_norm_forward_inference_bf16_input(ctx, rows, c, x, gamma, beta, running_mean, running_var, eps, y);
-}
-
 void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* dy, const float* gamma, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   kernels().batch_norm_backward_bf16_input(ctx, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
 }

@@ -54,7 +54,6 @@ namespace towerflow::cpu {
   X(batch_norm_relu_forward_training_bf16_input) \
   X(batch_norm_relu_forward_training_bf16_io) \
   X(batch_norm_add_relu_forward_training_bf16_input) \
-  X(batch_norm_forward_inference_bf16_input) \
   X(batch_norm_backward_bf16_input) \
   X(batch_norm_relu_backward_bf16_input) \
   X(batch_norm_moments) \
