@@ -8,8 +8,8 @@ using nn::BatchNorm2d;
 using nn::Conv2d;
 
 BasicBlock::BasicBlock(const Device& device, int in_channels, int out_channels, int stride,
-                       nn::InitRng& rng)
-    : Module(device) {
+                       nn::InitRng& rng, OutputReaders readers)
+    : Module(device), readers_(readers) {
   conv1_ = register_module("conv1", std::make_shared<Conv2d>(
                                         device,
                                         nn::Conv2dSpec{.in_channels = in_channels,
@@ -43,7 +43,8 @@ Tensor BasicBlock::forward(const Tensor& x) {
   // relu(bn1(conv1(x))) and relu(bn2(conv2(.)) + shortcut) each run as one fused batch-norm
   // pass, forward and backward: the block touches each activation twice less than unfused. Only
   // conv2 reads bn1's output, and only a batch norm each convolution's, which bf16 precision
-  // may therefore store in bf16.
+  // may therefore store in bf16; so may bn2's, where the caller says another block reads it
+  // (Note [bf16 block outputs] in core/tensor/ops.cc).
   // The projection shortcut runs first, so that its backward runs last: it then adds its input
   // gradient to conv1's as it stores it (Note [Gradients summed in place] in
   // core/tensor/autograd.cc), touching only the quarter of the pixels its 1x1 stride-2 kernel
@@ -52,7 +53,7 @@ Tensor BasicBlock::forward(const Tensor& x) {
   Tensor shortcut = down_conv_ ? down_bn_->forward(down_conv_->forward(x, OutputReaders::kBatchNorm)) : x;
   Tensor out = bn1_->forward_relu(conv1_->forward(x, OutputReaders::kBatchNorm), OutputReaders::kConvolutions);
   out = conv2_->forward(out, OutputReaders::kBatchNorm);
-  return bn2_->forward_add_relu(out, shortcut);
+  return bn2_->forward_add_relu(out, shortcut, readers_);
 }
 
 CifarResNet::CifarResNet(const Device& device, int depth, int num_classes, nn::InitRng& rng)
@@ -78,7 +79,11 @@ CifarResNet::CifarResNet(const Device& device, int depth, int num_classes, nn::I
                                  std::make_shared<nn::Sequential>(device));
     for (int i = 0; i < n; ++i) {
       const int stride = (s > 0 && i == 0) ? 2 : 1;
-      (*stages[s])->push_back(std::make_shared<BasicBlock>(device, in, widths[s], stride, rng));
+      // Every block's output but the last's goes to another block (Note [bf16 block outputs]).
+      const bool last = s == 2 && i == n - 1;
+      (*stages[s])->push_back(std::make_shared<BasicBlock>(
+          device, in, widths[s], stride, rng,
+          last ? OutputReaders::kAny : OutputReaders::kConvolutionsAndResidual));
       in = widths[s];
     }
   }
@@ -89,7 +94,8 @@ CifarResNet::CifarResNet(const Device& device, int depth, int num_classes, nn::I
 Tensor CifarResNet::forward(const Tensor& x) {
   if (x.ndim() != 4 || x.dim(3) != 3)
     raise<InvalidArgument>("ResNet input must be NHWC [n, h, w, 3], got ", x.describe());
-  Tensor y = bn1_->forward_relu(conv1_->forward(x, OutputReaders::kBatchNorm));
+  Tensor y = bn1_->forward_relu(conv1_->forward(x, OutputReaders::kBatchNorm),
+                                OutputReaders::kConvolutionsAndResidual);
   y = layer3_->forward(layer2_->forward(layer1_->forward(y)));
   {
     OpScope scope("avgpool");

@@ -13,12 +13,16 @@ namespace towerflow::models {
 
 class BasicBlock : public nn::Module {
  public:
+  // readers: which ops read the block's output (OutputReaders::kConvolutionsAndResidual when
+  // another block follows: bf16 precision may then store it in bf16, Note [bf16 block outputs]
+  // in core/tensor/ops.cc).
   BasicBlock(const Device& device, int in_channels, int out_channels, int stride,
-             nn::InitRng& rng);
+             nn::InitRng& rng, OutputReaders readers = OutputReaders::kAny);
   // [n, h, w, in] -> [n, h/stride, w/stride, out]
   Tensor forward(const Tensor& x) override;
 
  private:
+  OutputReaders readers_;
   std::shared_ptr<nn::Conv2d> conv1_, conv2_;
   std::shared_ptr<nn::BatchNorm2d> bn1_, bn2_;
   std::shared_ptr<nn::Conv2d> down_conv_;

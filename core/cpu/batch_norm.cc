@@ -239,12 +239,12 @@ inline void store_out(std::uint16_t* p, float v) {
 }
 
 // The forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
-// kResidual), through max(0, .) when kRelu; y float, or bf16 bits (std::uint16_t) rounded from
-// the same floats. With vectors where c is a multiple of kLanes: left to the auto-vectoriser,
+// kResidual), through max(0, .) when kRelu; the residual floats or bf16 bits (widened as x is);
+// y float, or bf16 bits (std::uint16_t) rounded from the same floats. With vectors where c is a multiple of kLanes: left to the auto-vectoriser,
 // each row's loop checks every pointer against y at run time (y may be x), which at ResNet's 16
 // channels costs about as much as the row's work.
-template <bool kRelu, bool kResidual, typename X, typename Out>
-void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const float* residual,
+template <bool kRelu, bool kResidual, typename X, typename Out, typename R = float>
+void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const std::type_identity_t<R>* residual,
                   const float* mean, const float* scale, const float* shift, Out* y) {
   static_assert(kRelu || std::is_same_v<Out, float>, "bf16 outputs come from a ReLU (no NaN)");
   if (c % kLanes == 0) {
@@ -253,7 +253,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const flo
       const std::int64_t o = r * c;
       for (int ch = 0; ch < c; ch += kLanes) {
         Vec8 v = pre_relu(load_x8(x + o + ch), load8(mean + ch), load8(scale + ch), load8(shift + ch));
-        if constexpr (kResidual) v += load8(residual + o + ch);
+        if constexpr (kResidual) v += load_x8(residual + o + ch);
         store_out8(y + o + ch, kRelu ? max8(v, zero) : v);
       }
     }
@@ -262,7 +262,7 @@ void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const flo
   for (std::int64_t r = r0; r < r1; ++r)
     for (int ch = 0; ch < c; ++ch) {
       float v = pre_relu(load_x(x + r * c + ch), mean[ch], scale[ch], shift[ch]);
-      if constexpr (kResidual) v += residual[r * c + ch];
+      if constexpr (kResidual) v += load_x(residual + r * c + ch);
       store_out(y + r * c + ch, kRelu ? std::max(0.0f, v) : v);
     }
 }
@@ -273,9 +273,9 @@ namespace {
 
 // The training forwards: statistics, then the elementwise pass with the saved mean and the scale
 // and shift they give (kernel names the caller in errors).
-template <bool kRelu, bool kResidual, typename X, typename Out>
+template <bool kRelu, bool kResidual, typename X, typename Out, typename R = float>
 void training_forward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c,
-                      const X* x, const float* residual, const float* gamma,
+                      const X* x, const std::type_identity_t<R>* residual, const float* gamma,
                       const float* beta, float eps, Out* y, float* save_mean,
                       float* save_invstd) {
   check_args(kernel, rows, c, eps);
@@ -283,7 +283,7 @@ void training_forward(const char* kernel, const CpuContext& ctx, std::int64_t ro
   float* shift = scale + c;
   training_stats(ctx, rows, c, x, gamma, beta, eps, save_mean, save_invstd, scale, shift);
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
-    forward_rows<kRelu, kResidual>(r0, r1, c, x, residual, save_mean, scale, shift, y);
+    forward_rows<kRelu, kResidual, X, Out, R>(r0, r1, c, x, residual, save_mean, scale, shift, y);
   });
 }
 
@@ -345,11 +345,26 @@ void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_
 
 void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows,
                                                      int c, const std::uint16_t* x,
-                                                     const float* residual, const float* gamma,
-                                                     const float* beta, float eps, float* y,
+                                                     const float* residual,
+                                                     const std::uint16_t* residual_bf16,
+                                                     const float* gamma, const float* beta,
+                                                     float eps, float* y, std::uint16_t* y_bf16,
                                                      float* save_mean, float* save_invstd) {
-  training_forward<true, true>("batch_norm_add_relu_forward_training_bf16_input", ctx, rows, c, x,
-                               residual, gamma, beta, eps, y, save_mean, save_invstd);
+  constexpr const char* kKernel = "batch_norm_add_relu_forward_training_bf16_input";
+  TW_CHECK((residual == nullptr) != (residual_bf16 == nullptr) && (y == nullptr) != (y_bf16 == nullptr),
+           kKernel, " takes one residual (float or bf16) and one output (float or bf16)");
+  using U16 = std::uint16_t;
+  if (residual_bf16 && y_bf16)
+    return training_forward<true, true, U16, U16, U16>(kKernel, ctx, rows, c, x, residual_bf16, gamma, beta,
+                                                       eps, y_bf16, save_mean, save_invstd);
+  if (residual_bf16)
+    return training_forward<true, true, U16, float, U16>(kKernel, ctx, rows, c, x, residual_bf16, gamma,
+                                                         beta, eps, y, save_mean, save_invstd);
+  if (y_bf16)
+    return training_forward<true, true, U16, U16>(kKernel, ctx, rows, c, x, residual, gamma, beta, eps,
+                                                  y_bf16, save_mean, save_invstd);
+  training_forward<true, true>(kKernel, ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean,
+                               save_invstd);
 }
 
 void batch_norm_forward_inference(const CpuContext& ctx, std::int64_t rows, int c, const float* x,
@@ -383,11 +398,11 @@ struct Affine {
 };
 
 // The gradient g of a vector of elements at offset o under the mask (vector loops); xv and m are
-// their x and mean, scale and shift the kFromX mask's.
-template <Mask kMask>
-inline Vec8 masked_grad8(Vec8 g, Vec8 xv, Vec8 m, const float* y, std::int64_t o, Vec8 scale, Vec8 shift) {
+// their x and mean, scale and shift the kFromX mask's; y (kFromY) floats or bf16 bits.
+template <Mask kMask, typename Y>
+inline Vec8 masked_grad8(Vec8 g, Vec8 xv, Vec8 m, const Y* y, std::int64_t o, Vec8 scale, Vec8 shift) {
   const Vec8 zero = splat8(0.0f);
-  if constexpr (kMask == Mask::kFromY) return load8(y + o) > zero ? g : zero;
+  if constexpr (kMask == Mask::kFromY) return load_x8(y + o) > zero ? g : zero;
   if constexpr (kMask == Mask::kFromX) return pre_relu(xv, m, scale, shift) > zero ? g : zero;
   return g;
 }
@@ -396,9 +411,9 @@ inline Vec8 masked_grad8(Vec8 g, Vec8 xv, Vec8 m, const float* y, std::int64_t o
 // (Note [Sums in registers]): acc[0..c) = sum of g, acc[c..2c) = sum of g * (x - mean), g = dy
 // masked as kMask says (and stored in dr when kStore; dr may be dy). The same per-channel order
 // of operations as the scalar loop.
-template <Mask kMask, bool kStore, int NV, typename X>
+template <Mask kMask, bool kStore, int NV, typename X, typename Y>
 void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const X* x,
-                        const float* y, const float* dy, const float* mean, Affine f, float* acc,
+                        const Y* y, const float* dy, const float* mean, Affine f, float* acc,
                         float* dr) {
   const Vec8 zero = splat8(0.0f);
   Vec8 s1[NV], s2[NV], m[NV], scale[NV] = {}, shift[NV] = {};
@@ -426,9 +441,9 @@ void backward_sums_rows(std::int64_t r0, std::int64_t r1, int c, int ch, const X
 }
 
 // The gradient of element ch of row r under the mask (scalar loops).
-template <Mask kMask, typename X>
-inline float masked_grad(const X* xr, const float* yr, const float* gr, const float* mean, Affine f, int ch) {
-  if constexpr (kMask == Mask::kFromY) return relu_grad(yr[ch], gr[ch]);
+template <Mask kMask, typename X, typename Y>
+inline float masked_grad(const X* xr, const Y* yr, const float* gr, const float* mean, Affine f, int ch) {
+  if constexpr (kMask == Mask::kFromY) return relu_grad(load_x(yr + ch), gr[ch]);
   if constexpr (kMask == Mask::kFromX)
     return pre_relu(load_x(xr + ch), mean[ch], f.scale[ch], f.shift[ch]) > 0.0f ? gr[ch] : 0.0f;
   return gr[ch];
@@ -436,9 +451,9 @@ inline float masked_grad(const X* xr, const float* yr, const float* gr, const fl
 
 // The backward's reduction: sums[0..c) = sum(g), sums[c..2c) = sum(g * (x - mean)), g the
 // gradient masked as kMask says (and then stored in d_pre_relu when that is not null).
-template <Mask kMask, typename X>
+template <Mask kMask, typename X, typename Y = float>
 void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
-                   const float* y, const float* dy, const float* save_mean, Affine f, double* sums,
+                   const std::type_identity_t<Y>* y, const float* dy, const float* save_mean, Affine f, double* sums,
                    float* d_pre_relu) {
   blocked_sums(ctx, rows, 2 * c, sums, [&](std::int64_t r0, std::int64_t r1, float* acc) {
     if (c % kLanes == 0) {
@@ -446,10 +461,10 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
       // itself, and the run-time overlap checks GCC emits for that case chose its scalar loop.
       if (!d_pre_relu || kMask == Mask::kNone)
         return for_vector_groups<2>(c, [&]<int NV>(int ch) {
-          backward_sums_rows<kMask, false, NV>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, nullptr);
+          backward_sums_rows<kMask, false, NV, X, Y>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, nullptr);
         });
       return for_vector_groups<2>(c, [&]<int NV>(int ch) {
-        backward_sums_rows<kMask, true, NV>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, d_pre_relu);
+        backward_sums_rows<kMask, true, NV, X, Y>(r0, r1, c, ch, x, y, dy, save_mean, f, acc, d_pre_relu);
       });
     }
     float* __restrict s1 = acc;
@@ -458,7 +473,7 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
     for (std::int64_t r = r0; r < r1; ++r) {
       const X* __restrict xr = x + r * c;
       const float* gr = dy + r * c;
-      const float* yr = y ? y + r * c : nullptr;
+      const Y* yr = y ? y + r * c : nullptr;
       if (kMask != Mask::kNone && d_pre_relu) {
         float* dr = d_pre_relu + r * c;  // may be dy itself: read before write, element-wise
         for (int ch = 0; ch < c; ++ch) {
@@ -479,8 +494,8 @@ void backward_sums(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
 }
 
 // backward_dx over rows [r0, r1) for c a multiple of kLanes, the same operations per element.
-template <Mask kMask, typename X>
-void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const float* y,
+template <Mask kMask, typename X, typename Y>
+void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const Y* y,
                       const float* dy, const float* mean, Affine f, const float* a,
                       const float* mean_g, const float* b, float* dx) {
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -500,19 +515,19 @@ void backward_dx_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const
 
 // The backward's elementwise pass: dx = a * ((g - mean_g) - (x - mean) * b), g as in
 // backward_sums.
-template <Mask kMask, typename X>
-void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const X* x, const float* y,
+template <Mask kMask, typename X, typename Y = float>
+void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const X* x, const std::type_identity_t<Y>* y,
                  const float* dy, const float* save_mean, Affine f, const float* a,
                  const float* mean_g, const float* b, float* dx) {
   rows_parallel(ctx, rows, c, [&](std::int64_t r0, std::int64_t r1) {
     // With vectors for the reason backward_sums has them (dx may be dy): the loop below
     // vectorises behind a run-time overlap check of every pointer against dx on every row,
     // which costs more than the row's work at ResNet's 16 and 32 channels.
-    if (c % kLanes == 0) return backward_dx_rows<kMask>(r0, r1, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
+    if (c % kLanes == 0) return backward_dx_rows<kMask, X, Y>(r0, r1, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
     for (std::int64_t r = r0; r < r1; ++r) {
       const X* xr = x + r * c;
       const float* gr = dy + r * c;
-      const float* yr = y ? y + r * c : nullptr;
+      const Y* yr = y ? y + r * c : nullptr;
       float* dr = dx + r * c;
       for (int ch = 0; ch < c; ++ch) {
         const float g = masked_grad<kMask>(xr, yr, gr, save_mean, f, ch);
@@ -524,9 +539,9 @@ void backward_dx(const CpuContext& ctx, std::int64_t rows, int c, const X* x, co
 
 // Shared by the plain and the ReLU backward. The incoming gradient is masked as kMask says (and
 // stored in d_pre_relu when that is not null) before batch norm's own backward; kFromX reads beta.
-template <Mask kMask, typename X>
+template <Mask kMask, typename X, typename Y = float>
 void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
-                   const float* y, const float* dy, const float* gamma, const float* beta,
+                   const std::type_identity_t<Y>* y, const float* dy, const float* gamma, const float* beta,
                    const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
                    float* dbeta, float* d_pre_relu) {
   // dx = gamma*invstd * ((g - mean(g)) - (x - mean) * invstd * mean(g * xhat)), kept in this
@@ -539,7 +554,7 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
   for (int ch = 0; ch < c; ++ch) a[ch] = static_cast<float>(gamma[ch] * static_cast<double>(save_invstd[ch]));
   const Affine f{a, beta};
   double* sums = reinterpret_cast<double*>(scratch(Scratch::kWeights, 2 * 2 * std::size_t(c)));
-  backward_sums<kMask>(ctx, rows, c, x, y, dy, save_mean, f, sums, d_pre_relu);
+  backward_sums<kMask, X, Y>(ctx, rows, c, x, y, dy, save_mean, f, sums, d_pre_relu);
   for (int ch = 0; ch < c; ++ch) {
     const double invstd = save_invstd[ch];
     const double sum_g = sums[ch], sum_gx = sums[c + ch];
@@ -551,7 +566,7 @@ void backward_impl(const CpuContext& ctx, std::int64_t rows, int c, const X* x,
   // With d_pre_relu the masked gradient is already in memory: read it instead of y and dy.
   if (d_pre_relu && kMask != Mask::kNone)
     return backward_dx<Mask::kNone>(ctx, rows, c, x, nullptr, d_pre_relu, save_mean, f, a, mean_g, b, dx);
-  backward_dx<kMask>(ctx, rows, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
+  backward_dx<kMask, X, Y>(ctx, rows, c, x, y, dy, save_mean, f, a, mean_g, b, dx);
 }
 
 }  // namespace
@@ -560,16 +575,20 @@ namespace {
 
 template <typename X>
 void relu_backward(const char* kernel, const CpuContext& ctx, std::int64_t rows, int c, const X* x,
-                   const float* y, const float* dy, const float* gamma, const float* beta,
-                   const float* save_mean, const float* save_invstd, float* dx, float* dgamma,
-                   float* dbeta, float* d_pre_relu) {
+                   const float* y, const std::uint16_t* y_bf16, const float* dy, const float* gamma,
+                   const float* beta, const float* save_mean, const float* save_invstd, float* dx,
+                   float* dgamma, float* dbeta, float* d_pre_relu) {
   check_args(kernel, rows, c, 0.0f);
-  if (!y && !beta)
+  if (y && y_bf16) raise<InvalidArgument>(kernel, ": y is given both as floats and as bf16; pass one");
+  if (!y && !y_bf16 && !beta)
     raise<InvalidArgument>(kernel, ": y and beta are both null; the ReLU mask needs the forward's "
                            "output y or beta to recompute it from x");
   if (y)
     return backward_impl<Mask::kFromY>(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd,
                                        dx, dgamma, dbeta, d_pre_relu);
+  if (y_bf16)
+    return backward_impl<Mask::kFromY, X, std::uint16_t>(ctx, rows, c, x, y_bf16, dy, gamma, beta, save_mean,
+                                                         save_invstd, dx, dgamma, dbeta, d_pre_relu);
   backward_impl<Mask::kFromX>(ctx, rows, c, x, nullptr, dy, gamma, beta, save_mean, save_invstd,
                               dx, dgamma, dbeta, d_pre_relu);
 }
@@ -597,17 +616,18 @@ void batch_norm_relu_backward(const CpuContext& ctx, std::int64_t rows, int c, c
                               const float* y, const float* dy, const float* gamma,
                               const float* beta, const float* save_mean, const float* save_invstd,
                               float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
-  relu_backward("batch_norm_relu_backward", ctx, rows, c, x, y, dy, gamma, beta, save_mean,
+  relu_backward("batch_norm_relu_backward", ctx, rows, c, x, y, nullptr, dy, gamma, beta, save_mean,
                 save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 
 void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
-                                         const std::uint16_t* x, const float* y, const float* dy,
+                                         const std::uint16_t* x, const float* y,
+                                         const std::uint16_t* y_bf16, const float* dy,
                                          const float* gamma, const float* beta,
                                          const float* save_mean, const float* save_invstd,
                                          float* dx, float* dgamma, float* dbeta,
                                          float* d_pre_relu) {
-  relu_backward("batch_norm_relu_backward_bf16_input", ctx, rows, c, x, y, dy, gamma, beta,
+  relu_backward("batch_norm_relu_backward_bf16_input", ctx, rows, c, x, y, y_bf16, dy, gamma, beta,
                 save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 

@@ -87,17 +87,26 @@ void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_
                                               const std::uint16_t* x, const float* gamma,
                                               const float* beta, float eps, std::uint16_t* y,
                                               float* save_mean, float* save_invstd);
+// The residual floats or bf16 bits (widened as x is: a block's output stored for the
+// convolutions and the batch norm that read it, Note [bf16 block outputs] in
+// core/tensor/ops.cc), exactly one of residual and residual_bf16 given; y floats or bf16 bits
+// (rounded as batch_norm_relu_forward_training_bf16 rounds them), exactly one of y and y_bf16.
 void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows,
                                                      int c, const std::uint16_t* x,
-                                                     const float* residual, const float* gamma,
-                                                     const float* beta, float eps, float* y,
+                                                     const float* residual,
+                                                     const std::uint16_t* residual_bf16,
+                                                     const float* gamma, const float* beta,
+                                                     float eps, float* y, std::uint16_t* y_bf16,
                                                      float* save_mean, float* save_invstd);
 void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
                                     const std::uint16_t* x, const float* dy, const float* gamma,
                                     const float* save_mean, const float* save_invstd, float* dx,
                                     float* dgamma, float* dbeta);
+// The mask from y as floats (y) or as bf16 bits (y_bf16, the add variant's bf16 output), at most
+// one of them given; from x when neither is.
 void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c,
-                                         const std::uint16_t* x, const float* y, const float* dy,
+                                         const std::uint16_t* x, const float* y,
+                                         const std::uint16_t* y_bf16, const float* dy,
                                          const float* gamma, const float* beta,
                                          const float* save_mean, const float* save_invstd,
                                          float* dx, float* dgamma, float* dbeta,

@@ -118,16 +118,16 @@ void batch_norm_relu_forward_training_bf16_io(const CpuContext& ctx, std::int64_
   kernels().batch_norm_relu_forward_training_bf16_io(ctx, rows, c, x, gamma, beta, eps, y, save_mean, save_invstd);
 }
 
-void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* residual, const float* gamma, const float* beta, float eps, float* y, float* save_mean, float* save_invstd) {
-  kernels().batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, x, residual, gamma, beta, eps, y, save_mean, save_invstd);
+void batch_norm_add_relu_forward_training_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* residual, const std::uint16_t* residual_bf16, const float* gamma, const float* beta, float eps, float* y, std::uint16_t* y_bf16, float* save_mean, float* save_invstd) {
+  kernels().batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, x, residual, residual_bf16, gamma, beta, eps, y, y_bf16, save_mean, save_invstd);
 }
 
 void batch_norm_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* dy, const float* gamma, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta) {
   kernels().batch_norm_backward_bf16_input(ctx, rows, c, x, dy, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
-void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* y, const float* dy, const float* gamma, const float* beta, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
-  kernels().batch_norm_relu_backward_bf16_input(ctx, rows, c, x, y, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
+void batch_norm_relu_backward_bf16_input(const CpuContext& ctx, std::int64_t rows, int c, const std::uint16_t* x, const float* y, const std::uint16_t* y_bf16, const float* dy, const float* gamma, const float* beta, const float* save_mean, const float* save_invstd, float* dx, float* dgamma, float* dbeta, float* d_pre_relu) {
+  kernels().batch_norm_relu_backward_bf16_input(ctx, rows, c, x, y, y_bf16, dy, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, d_pre_relu);
 }
 
 void batch_norm_moments(const CpuContext& ctx, std::int64_t rows, int c, const float* x, double* mean, double* m2) {

@@ -72,9 +72,11 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x, OutputReaders readers) {
   return batch_norm_relu(x, weight_, bias_, running_mean_, running_var_, opts);
 }
 
-Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual) {
+Tensor BatchNorm2d::forward_add_relu(const Tensor& x, const Tensor& residual, OutputReaders readers) {
   OpScope scope(path());
-  return batch_norm_add_relu(x, residual, weight_, bias_, running_mean_, running_var_, options());
+  BatchNormOptions opts = options();
+  opts.readers = readers;
+  return batch_norm_add_relu(x, residual, weight_, bias_, running_mean_, running_var_, opts);
 }
 
 // ---- Linear -----------------------------------------------------------------------------------

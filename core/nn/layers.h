@@ -71,10 +71,15 @@ class BatchNorm2d : public Module {
   BatchNorm2d(const Device& device, int channels, float eps = 1e-5f, float momentum = 0.1f);
   BatchNorm2d(const Device& device, int channels, BatchNorm2dSpec spec);
   Tensor forward(const Tensor& x) override;
-  // relu(bn(x)), fused. With OutputReaders::kConvolutions (only convolutions read the result),
-  // stored as bf16 under bf16 precision where the device can (BatchNormOptions::readers).
+  // relu(bn(x)), fused. With OutputReaders::kConvolutions or kConvolutionsAndResidual (only
+  // convolutions, or they and fused batch norms that add it, read the result), stored as bf16
+  // under bf16 precision where the device can (BatchNormOptions::readers).
   Tensor forward_relu(const Tensor& x, OutputReaders readers = OutputReaders::kAny);
-  Tensor forward_add_relu(const Tensor& x, const Tensor& residual);  // relu(bn(x) + r), fused
+  // relu(bn(x) + r), fused. With OutputReaders::kConvolutionsAndResidual (only convolutions and
+  // fused batch norms that add it read the result), stored as bf16 under bf16 precision where the
+  // device can (BatchNormOptions::readers).
+  Tensor forward_add_relu(const Tensor& x, const Tensor& residual,
+                          OutputReaders readers = OutputReaders::kAny);
   void set_sync(BatchNormSync* member) { sync_ = member; }
   BatchNormSync* sync() const { return sync_; }
 

@@ -161,16 +161,20 @@ class Backend {
   // Note [bf16 convolution outputs] in ops.cc: conv2d_forward_half in bf16 with y stored as bf16,
   // each value the float32 y rounded to nearest even (denormals may become zeros), x as float32
   // or (x_bf16 not null, x null) bf16; and the batch norm that reads such a y. Its training
-  // forward is batch_norm_forward_training's on x widened, with y float32, or with y_bf16 (relu,
-  // no residual) stored as batch_norm_relu_forward_training_bf16 stores it; exactly one of y and
-  // y_bf16 is not null. Its backward is batch_norm_backward's on x widened.
+  // forward is batch_norm_forward_training's on x widened, with y float32, or with y_bf16 (after
+  // the ReLU) stored as batch_norm_relu_forward_training_bf16 stores it; exactly one of y and
+  // y_bf16 is not null. The residual, where there is one, is float32 (residual) or bf16
+  // (residual_bf16, widened as x is: Note [bf16 block outputs] in ops.cc), at most one of them
+  // not null. Its backward is batch_norm_backward's on x widened, the ReLU's mask from y as
+  // float32 (y), as bf16 (y_bf16), or, both null, from x.
   virtual void conv2d_forward_bf16_output(const Conv2dShape& s, const float* x,
                                           const bfloat16* x_bf16, const float* w,
                                           const float* bias_or_null, bfloat16* y) {
     no_bf16_activations("conv2d_forward_bf16_output");
   }
   virtual void batch_norm_forward_training_bf16_input(std::int64_t rows, int c, const bfloat16* x,
-                                                      const float* residual, bool relu,
+                                                      const float* residual,
+                                                      const bfloat16* residual_bf16, bool relu,
                                                       const float* gamma, const float* beta,
                                                       float eps, float momentum,
                                                       float* running_mean, float* running_var,
@@ -179,7 +183,8 @@ class Backend {
     no_bf16_activations("batch_norm_forward_training_bf16_input");
   }
   virtual void batch_norm_backward_bf16_input(std::int64_t rows, int c, const bfloat16* x,
-                                              const float* y, bool relu, const float* dy,
+                                              const float* y, const bfloat16* y_bf16, bool relu,
+                                              const float* dy,
                                               const float* gamma, const float* beta,
                                               const float* save_mean, const float* save_invstd,
                                               float eps, float* dx, float* dgamma, float* dbeta,

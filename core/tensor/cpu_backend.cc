@@ -454,27 +454,32 @@ class CpuBackend final : public Backend {
     update_running(rows, c, eps, momentum, save_mean, save_invstd, running_mean, running_var);
   }
   void batch_norm_forward_training_bf16_input(std::int64_t rows, int c, const bfloat16* xb,
-                                              const float* residual, bool relu, const float* gamma,
-                                              const float* beta, float eps, float momentum,
-                                              float* running_mean, float* running_var, float* y,
-                                              bfloat16* y_bf16, float* save_mean,
-                                              float* save_invstd) override {
-    // x read twice in half a float each, the residual read, y written (in half a float as bf16).
-    const auto span = kernel_span(residual ? "batch_norm_add_relu_forward_bf16_input"
+                                              const float* residual, const bfloat16* residual_bf16,
+                                              bool relu, const float* gamma, const float* beta,
+                                              float eps, float momentum, float* running_mean,
+                                              float* running_var, float* y, bfloat16* y_bf16,
+                                              float* save_mean, float* save_invstd) override {
+    // x read twice in half a float each, the residual read (in half a float as bf16), y written
+    // (in half a float as bf16).
+    const bool add = residual || residual_bf16;
+    const auto span = kernel_span(add      ? "batch_norm_add_relu_forward_bf16_input"
                                   : y_bf16 ? "batch_norm_relu_forward_bf16_io"
                                   : relu   ? "batch_norm_relu_forward_bf16_input"
                                            : "batch_norm_forward_bf16_input",
-                                  (1.0 + (residual ? 1.0 : 0.0) + (y_bf16 ? 0.5 : 1.0)) * rows * c);
+                                  (1.0 + (residual ? 1.0 : residual_bf16 ? 0.5 : 0.0) + (y_bf16 ? 0.5 : 1.0)) *
+                                      rows * c);
     const auto* x = reinterpret_cast<const std::uint16_t*>(xb);
-    if (y_bf16) {
-      TW_CHECK(relu && !residual && !y, "batch norm stores bf16 only after a ReLU, without a residual");
+    TW_CHECK(!(residual && residual_bf16), "batch norm takes one residual, float32 or bf16");
+    TW_CHECK(!y_bf16 || (relu && !y), "batch norm stores bf16 only after a ReLU, and one output");
+    if (add) {
+      TW_CHECK(relu, "batch norm with a residual is only fused with relu");
+      cpu::batch_norm_add_relu_forward_training_bf16_input(
+          ctx_, rows, c, x, residual, reinterpret_cast<const std::uint16_t*>(residual_bf16), gamma, beta,
+          eps, y, reinterpret_cast<std::uint16_t*>(y_bf16), save_mean, save_invstd);
+    } else if (y_bf16) {
       cpu::batch_norm_relu_forward_training_bf16_io(ctx_, rows, c, x, gamma, beta, eps,
                                                     reinterpret_cast<std::uint16_t*>(y_bf16),
                                                     save_mean, save_invstd);
-    } else if (residual) {
-      TW_CHECK(relu, "batch norm with a residual is only fused with relu");
-      cpu::batch_norm_add_relu_forward_training_bf16_input(ctx_, rows, c, x, residual, gamma, beta,
-                                                           eps, y, save_mean, save_invstd);
     } else if (relu) {
       cpu::batch_norm_relu_forward_training_bf16_input(ctx_, rows, c, x, gamma, beta, eps, y,
                                                        save_mean, save_invstd);
@@ -559,20 +564,23 @@ class CpuBackend final : public Backend {
   }
 
   void batch_norm_backward_bf16_input(std::int64_t rows, int c, const bfloat16* xb, const float* y,
-                                      bool relu, const float* dy, const float* gamma,
-                                      const float* beta, const float* save_mean,
-                                      const float* save_invstd, float /*eps*/, float* dx,
-                                      float* dgamma, float* dbeta, float* d_pre_relu) override {
-    // batch_norm_backward's passes, x read in half a float each time.
+                                      const bfloat16* y_bf16, bool relu, const float* dy,
+                                      const float* gamma, const float* beta,
+                                      const float* save_mean, const float* save_invstd,
+                                      float /*eps*/, float* dx, float* dgamma, float* dbeta,
+                                      float* d_pre_relu) override {
+    // batch_norm_backward's passes, x read in half a float each time (and y, where the reduce
+    // reads it, in half a float as bf16).
     const auto span = kernel_span(!relu ? "batch_norm_backward_bf16_input"
                                   : d_pre_relu ? "batch_norm_add_relu_backward_bf16_input"
                                                : "batch_norm_relu_backward_bf16_input",
-                                  (relu && d_pre_relu ? 6.0 : 4.0) * rows * c);
+                                  (relu && d_pre_relu ? (y_bf16 ? 5.5 : 6.0) : 4.0) * rows * c);
     const auto* x = reinterpret_cast<const std::uint16_t*>(xb);
     if (relu) {
-      cpu::batch_norm_relu_backward_bf16_input(ctx_, rows, c, x, d_pre_relu ? y : nullptr, dy, gamma,
-                                               beta, save_mean, save_invstd, dx, dgamma, dbeta,
-                                               d_pre_relu);
+      cpu::batch_norm_relu_backward_bf16_input(ctx_, rows, c, x, d_pre_relu ? y : nullptr,
+                                               d_pre_relu ? reinterpret_cast<const std::uint16_t*>(y_bf16) : nullptr,
+                                               dy, gamma, beta, save_mean, save_invstd, dx, dgamma,
+                                               dbeta, d_pre_relu);
     } else {
       cpu::batch_norm_backward_bf16_input(ctx_, rows, c, x, dy, gamma, save_mean, save_invstd, dx,
                                           dgamma, dbeta);

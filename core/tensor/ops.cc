@@ -194,6 +194,23 @@ Tensor operand(const Tensor& t, Products p) {
 // batch norm saved (ResNet-20 at 0.90x, TOWERFLOW_CPU_ISA=avx2 TOWERFLOW_BF16_KERNELS=emulated on
 // a 2-core Zen 4 EPYC).
 
+// Note [bf16 block outputs]
+// A ResNet block's output, relu(bn2(conv2(.)) + shortcut), is read by the next block's
+// convolutions, which round it to bf16 anyway, and by that block's batch_norm_add_relu as its
+// residual. Under bf16 precision, where its caller says so (BatchNormOptions::readers =
+// kConvolutionsAndResidual: every block but the network's last, and the stem's batch norm) and
+// the batch norm reads a bf16 x (a convolution's bf16 output, above) or adds no residual, the
+// batch norm stores it in bf16, rounded to nearest even, and the next batch_norm_add_relu widens
+// the residual as it reads it. The convolutions multiply the same bf16 values as before; the
+// residual sum is what changes: it adds the rounded block output, a relative error of at most
+// 2^-9 per value, as Keras's mixed_bfloat16 policy stores every layer's output in bf16. The
+// pass then writes 2 bytes a value instead of 4, the next one reads 2 instead of 4, the
+// convolutions read them without a conversion of their own, and the backward reads the ReLU's
+// mask from the bf16 output (zero where the rounding made a positive value zero, which is the
+// derivative of what was stored). The gradients stay float32. Where no kernel reads bf16
+// (inference, synchronised batch norm, a device without kBf16Activations), the residual is
+// widened into a float32 copy first, as x is.
+
 // A bfloat16 tensor widened to float32 on its device (exact: what rounding its float32
 // original to bf16 would give).
 Tensor widened(const Tensor& t) {
@@ -965,7 +982,8 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x, &residual, &gamma, &beta, &running_mean, &running_var});
   if (x.dtype() != DType::kBFloat16) check_float(op, "input", x);  // Note [bf16 convolution outputs]
-  for (const Tensor* t : {&residual, &gamma, &beta, &running_mean, &running_var})
+  if (!residual.defined() || residual.dtype() != DType::kBFloat16) check_float(op, "residual", residual);  // Note [bf16 block outputs]
+  for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
     check_float(op, "argument", *t);
   if (x.ndim() < 1 || x.numel() == 0)
     raise<InvalidArgument>(op, ": input ", x.describe(), " must be non-empty [..., c]");
@@ -1010,10 +1028,15 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
 
   Backend& be = backend_for(d);
   const bool bf16_in = x.dtype() == DType::kBFloat16;
-  // A bf16 input where no kernel reads it as it is: widened (Note [bf16 convolution outputs]).
-  if (bf16_in && (!opts.training || synced || !be.supports(OpKind::kBf16Activations)))
-    return batch_norm_impl(op, widened_recorded(x), residual, relu_on, gamma, beta, running_mean,
-                           running_var, opts);
+  const bool bf16_residual = residual.defined() && residual.dtype() == DType::kBFloat16;
+  // A bf16 input or residual where no kernel reads it as it is: widened (Notes [bf16 convolution
+  // outputs] and [bf16 block outputs]). The kernels that read a bf16 residual read a bf16 x.
+  const bool reads_bf16 = opts.training && !synced && be.supports(OpKind::kBf16Activations);
+  const bool widen_x = bf16_in && !reads_bf16, widen_residual = bf16_residual && (widen_x || !bf16_in);
+  if (widen_x || widen_residual)
+    return batch_norm_impl(op, widen_x ? widened_recorded(x) : x,
+                           widen_residual ? widened_recorded(residual) : residual, relu_on, gamma, beta,
+                           running_mean, running_var, opts);
   if (!opts.training) {
     Tensor y = empty_like(x);
     be.batch_norm_forward_inference(rows, c, x.data<float>(), gamma.data<float>(),
@@ -1042,16 +1065,20 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
                                     running_mean, running_var, opts);
 
   Tensor save_mean = Tensor::empty({c}, d), save_invstd = Tensor::empty({c}, d);
-  const bool bf16_out = relu_on && !residual.defined() &&
-                        opts.readers == OutputReaders::kConvolutions &&
-                        current_precision() == Precision::Bf16 &&
+  // bf16 outputs: Notes [bf16 activations] and [bf16 block outputs]; with a residual, from a bf16
+  // x (the kernels that store them read one).
+  const bool bf16_out = relu_on &&
+                        (opts.readers == OutputReaders::kConvolutions ||
+                         opts.readers == OutputReaders::kConvolutionsAndResidual) &&
+                        (!residual.defined() || bf16_in) && current_precision() == Precision::Bf16 &&
                         be.supports(OpKind::kBf16Activations);
   Tensor y = Tensor::empty(x.shape(), d, bf16_out ? DType::kBFloat16 : DType::kFloat32);
   {
     NoGradGuard no_grad;  // running statistics are state, not part of the graph
     if (bf16_in) {
       be.batch_norm_forward_training_bf16_input(
-          rows, c, x.data<bfloat16>(), fptr(residual), relu_on, gamma.data<float>(),
+          rows, c, x.data<bfloat16>(), bf16_residual ? nullptr : fptr(residual),
+          bf16_residual ? residual.data<bfloat16>() : nullptr, relu_on, gamma.data<float>(),
           beta.data<float>(), opts.eps, opts.momentum, fptr(running_mean), fptr(running_var),
           bf16_out ? nullptr : y.data<float>(), bf16_out ? y.data<bfloat16>() : nullptr,
           save_mean.data<float>(), save_invstd.data<float>());
@@ -1070,11 +1097,12 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   }
   if (needs_grad({&x, &residual, &gamma, &beta})) {
     // The backward reads the forward's output for the ReLU's mask, except from a backend with
-    // bf16 activations, which recomputes it from x (Backend::batch_norm_backward): a bf16 output
-    // is not kept.
+    // bf16 activations, which recomputes it from x (Backend::batch_norm_backward) where there is
+    // no residual: a bf16 output is then not kept. With a residual it reads y, bf16 or not.
+    const bool keep_y = !(bf16_out && !residual.defined());
     record(y, std::string(op), {x, gamma, beta, residual},
            [rows, c, relu_on, x, gamma, beta, save_mean, save_invstd, eps = opts.eps,
-            out = bf16_out ? Tensor() : y.detach(), has_residual = residual.defined()](const Tensor& g) {
+            out = keep_y ? y.detach() : Tensor(), has_residual = residual.defined()](const Tensor& g) {
              Backend& be = backend_for(g.device());
              // Over g where the backend's kernels allow it (Note [Gradients written over the
              // output's] in autograd.cc): dx, or with a residual the masked gradient, which is
@@ -1083,9 +1111,11 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
              Tensor dres = has_residual ? (over_g ? g : empty_like(g)) : Tensor();
              Tensor dx = over_g && !has_residual ? g : empty_like(g);  // float32 whatever x's type
              Tensor dgamma = empty_like(gamma), dbeta = empty_like(gamma);
+             const bool out_bf16 = out.defined() && out.dtype() == DType::kBFloat16;
              if (x.dtype() == DType::kBFloat16)
                be.batch_norm_backward_bf16_input(
-                   rows, c, x.data<bfloat16>(), relu_on ? fptr(out) : nullptr, relu_on, g.data<float>(),
+                   rows, c, x.data<bfloat16>(), relu_on && !out_bf16 ? fptr(out) : nullptr,
+                   relu_on && out_bf16 ? out.data<bfloat16>() : nullptr, relu_on, g.data<float>(),
                    gamma.data<float>(), beta.data<float>(), save_mean.data<float>(),
                    save_invstd.data<float>(), eps, dx.data<float>(), dgamma.data<float>(),
                    dbeta.data<float>(), fptr(dres));

@@ -41,9 +41,11 @@ class OpScope {
 };
 
 // ---- layers' ops ------------------------------------------------------------------------------
-// Which ops read an op's output: any (kAny), only convolutions (kConvolutions), or only a batch
-// norm (kBatchNorm).
-enum class OutputReaders { kAny, kConvolutions, kBatchNorm };
+// Which ops read an op's output: any (kAny), only convolutions (kConvolutions), only a batch
+// norm (kBatchNorm), or only convolutions and fused batch norms that add it as their residual
+// (kConvolutionsAndResidual: a ResNet block's output, read by the next block's convolutions and
+// its batch_norm_add_relu).
+enum class OutputReaders { kAny, kConvolutions, kBatchNorm, kConvolutionsAndResidual };
 
 struct Conv2dOptions {
   int stride = 1;
@@ -114,12 +116,16 @@ struct BatchNormOptions {
   // round their input to bf16 anyway, so every result is the same, bit for bit, while the pass
   // writes, the convolution reads and the graph keeps half the bytes (Note [bf16 activations]
   // in ops.cc). Ops other than conv2d and the batch norms reject a bfloat16 input.
+  // With kConvolutionsAndResidual, batch_norm_relu and batch_norm_add_relu in training store
+  // their output as bfloat16 under the same conditions where x is bfloat16 (a convolution's
+  // output stored for them) or there is no residual; batch_norm_add_relu then reads such a
+  // residual as it is. The residual's rounding is one of its own (Note [bf16 block outputs]).
   OutputReaders readers = OutputReaders::kAny;
 };
 // Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
 // x float32, or bfloat16 (a convolution's output stored for it, Conv2dOptions::readers), read
-// exactly and computed on in float32; y and every gradient float32 (but batch_norm_relu's bf16
-// output, above).
+// exactly and computed on in float32; the residual float32 or bfloat16 (a block's output,
+// above), read exactly; y and every gradient float32 (but the bf16 outputs above).
 // In training, running_mean / running_var (if defined) are updated in place, with the unbiased
 // variance (PyTorch's rule; with sync, of the whole group's rows, so every member gets the same
 // values); they are never differentiated. With sync, dgamma and dbeta are this member's share

@@ -262,6 +262,29 @@ TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward
                     Catch::Contains("y and beta are both null"));
 }
 
+namespace {
+
+// Every bit of every output: the same floats must come out (a -0 against a +0 would fail too).
+void same_bits(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i])) {
+      FAIL_CHECK("value " << i << ": " << got[i] << " against the float kernel's " << want[i]);
+      return;
+    }
+}
+
+// v rounded to bf16 bits independently of the kernels: to nearest, ties to even, the largest
+// finite floats carrying into infinity, a NaN kept quiet.
+std::uint16_t round_bits(float v) {
+  const std::uint32_t b = std::bit_cast<std::uint32_t>(v);
+  if (std::isnan(v)) return static_cast<std::uint16_t>((b >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((std::uint64_t{b} + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+}  // namespace
+
 // The bf16 output (Note [bf16 activations] in core/tensor/ops.cc) is the fp32 kernel's output
 // rounded, each value checked against an independent rounding of its bits: to nearest, ties to
 // even, a carry into the exponent, overflow to infinity. gamma spans 1e-3 to 3e38 so that some
@@ -270,12 +293,6 @@ TEST_CASE("batch norm + ReLU backward: the mask recomputed from x is the forward
 // and without a whole vector of channels, one and two threads.
 TEST_CASE("batch norm + ReLU with a bf16 output: the fp32 output rounded, statistics unchanged",
           "[cpu][bn][bf16]") {
-  auto round_bits = [](float v) -> std::uint16_t {
-    const std::uint32_t b = std::bit_cast<std::uint32_t>(v);
-    if (std::isnan(v)) return static_cast<std::uint16_t>((b >> 16) | 0x40u);
-    const std::uint64_t r = (std::uint64_t{b} + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return static_cast<std::uint16_t>(r);  // the largest finite floats carry into infinity
-  };
   for (int c : {16, 64, 13}) {
     for (int threads : {1, 2}) {
       INFO("c = " << c << ", threads = " << threads);
@@ -321,16 +338,6 @@ TEST_CASE("batch norm + ReLU with a bf16 output: the fp32 output rounded, statis
 
 TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input widened, bit for bit",
           "[cpu][bn][bf16]") {
-  // Every bit of every output: the same floats must come out (a -0 against a +0 would fail too).
-  auto same_bits = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
-    INFO(what);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i)
-      if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i])) {
-        FAIL_CHECK("value " << i << ": " << got[i] << " against the float kernel's " << want[i]);
-        return;
-      }
-  };
   for (int c : {16, 64, 13}) {  // whole vectors of channels (two register groups), and not
     for (int threads : {1, 2}) {
       INFO("c = " << c << ", threads = " << threads);
@@ -380,8 +387,8 @@ TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input
       CHECK(yb == ybw);
       same_bits(mean, mean_w, "batch_norm_relu_forward_training_bf16: mean");
 
-      batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), residual.data(),
-                                                      gamma.data(), beta.data(), eps, y.data(),
+      batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), residual.data(), nullptr,
+                                                      gamma.data(), beta.data(), eps, y.data(), nullptr,
                                                       mean.data(), invstd.data());
       batch_norm_add_relu_forward_training(ctx, rows, c, xw.data(), residual.data(), gamma.data(),
                                            beta.data(), eps, yw.data(), mean_w.data(), invstd_w.data());
@@ -401,7 +408,7 @@ TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input
       ref_backward(rows, c, xw, to_double(dy), gamma, ref_add, rdx, rdg, rdb);
       CHECK(compare(dx, rdx).max_error < 1e-3);
 
-      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), y.data(), dy.data(), gamma.data(),
+      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), y.data(), nullptr, dy.data(), gamma.data(),
                                           beta.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
                                           db.data(), dp.data());
       batch_norm_relu_backward(ctx, rows, c, xw.data(), y.data(), dy.data(), gamma.data(), beta.data(),
@@ -413,7 +420,7 @@ TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input
       // The mask recomputed from x, after the plain ReLU forward's statistics.
       batch_norm_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), gamma.data(), beta.data(),
                                                   eps, y.data(), mean.data(), invstd.data());
-      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), nullptr, dy.data(), gamma.data(),
+      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), nullptr, nullptr, dy.data(), gamma.data(),
                                           beta.data(), mean.data(), invstd.data(), dx.data(), dg.data(),
                                           db.data(), nullptr);
       batch_norm_relu_backward(ctx, rows, c, xw.data(), nullptr, dy.data(), gamma.data(), beta.data(),
@@ -422,6 +429,101 @@ TEST_CASE("batch norm with a bf16 input: the float kernels' results on the input
       same_bits(db, dbw, "batch_norm_relu_backward (mask from x): dbeta");
     }
   }
+}
+
+// A ResNet block's output stored in bf16 for the next block (Note [bf16 block outputs] in
+// core/tensor/ops.cc): the add variant with a bf16 residual and/or a bf16 output gives the float
+// kernel's results on the widened values, the bf16 output that float output rounded (to nearest,
+// ties to even, checked against an independent rounding of its bits), and the backward's mask
+// read from the bf16 output gives what the float kernel gives with that output widened.
+TEST_CASE("batch norm + residual + ReLU with bf16 residuals and outputs: the float kernel's results rounded",
+          "[cpu][bn][bf16]") {
+  auto widen = [](std::uint16_t b) { return std::bit_cast<float>(std::uint32_t{b} << 16); };
+  auto cut = [](float v) { return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(v) >> 16); };
+  for (int c : {16, 64, 13}) {  // whole vectors of channels, and not
+    for (int threads : {1, 2}) {
+      INFO("c = " << c << ", threads = " << threads);
+      CpuContext ctx(threads);
+      const std::int64_t rows = kEdgeRows;
+      const std::size_t n = static_cast<std::size_t>(rows) * c;
+      const auto x = random_vector(n, 80 + c), r = random_vector(n, 81 + c), dy = random_vector(n, 82);
+      const auto gamma = random_vector(c, 83), beta = random_vector(c, 84);
+      std::vector<std::uint16_t> xb(n), rb(n);
+      std::vector<float> xw(n), rw(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        xb[i] = cut(x[i]);
+        rb[i] = cut(r[i]);
+        xw[i] = widen(xb[i]);
+        rw[i] = widen(rb[i]);
+      }
+      const float eps = 1e-5f;
+      std::vector<float> yw(n), mean_w(c), invstd_w(c), y(n), mean(c), invstd(c);
+      batch_norm_add_relu_forward_training(ctx, rows, c, xw.data(), rw.data(), gamma.data(), beta.data(), eps,
+                                           yw.data(), mean_w.data(), invstd_w.data());
+
+      // A bf16 residual, a float output.
+      batch_norm_add_relu_forward_training_bf16_input(ctx, rows, c, xb.data(), nullptr, rb.data(), gamma.data(),
+                                                      beta.data(), eps, y.data(), nullptr, mean.data(),
+                                                      invstd.data());
+      same_bits(y, yw, "bf16 residual: y");
+      same_bits(mean, mean_w, "bf16 residual: mean");
+      same_bits(invstd, invstd_w, "bf16 residual: invstd");
+
+      // bf16 outputs, from a bf16 and from a float residual.
+      std::int64_t inexact = 0, zeros = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        inexact += (std::bit_cast<std::uint32_t>(yw[i]) & 0xffffu) != 0;
+        zeros += yw[i] == 0.0f;
+      }
+      CHECK(inexact > static_cast<std::int64_t>(n) / 4);  // the rounding is exercised
+      CHECK(zeros > static_cast<std::int64_t>(n) / 8);    // and so is the ReLU
+      for (const bool bf16_residual : {true, false}) {
+        INFO((bf16_residual ? "bf16 residual" : "float residual"));
+        std::vector<std::uint16_t> yb(n, 0xffff);
+        batch_norm_add_relu_forward_training_bf16_input(
+            ctx, rows, c, xb.data(), bf16_residual ? nullptr : rw.data(), bf16_residual ? rb.data() : nullptr,
+            gamma.data(), beta.data(), eps, nullptr, yb.data(), mean.data(), invstd.data());
+        same_bits(mean, mean_w, "bf16 output: mean");
+        for (std::size_t i = 0; i < n; ++i)
+          if (yb[i] != round_bits(yw[i])) {
+            FAIL_CHECK("value " << i << ": fp32 " << yw[i] << " gave bits " << yb[i] << ", want "
+                                << round_bits(yw[i]));
+            break;
+          }
+      }
+
+      // The backward, its ReLU mask from the bf16 output: the float kernel's with that output
+      // widened, and the residual's gradient dy where the stored output is positive, else 0.
+      std::vector<std::uint16_t> yb(n);
+      for (std::size_t i = 0; i < n; ++i) yb[i] = round_bits(yw[i]);
+      std::vector<float> ybw(n);
+      for (std::size_t i = 0; i < n; ++i) ybw[i] = widen(yb[i]);
+      std::vector<float> dx(n), dxw(n), dg(c), dgw(c), db(c), dbw(c), dp(n), dpw(n);
+      batch_norm_relu_backward_bf16_input(ctx, rows, c, xb.data(), nullptr, yb.data(), dy.data(), gamma.data(),
+                                          beta.data(), mean_w.data(), invstd_w.data(), dx.data(), dg.data(),
+                                          db.data(), dp.data());
+      batch_norm_relu_backward(ctx, rows, c, xw.data(), ybw.data(), dy.data(), gamma.data(), beta.data(),
+                               mean_w.data(), invstd_w.data(), dxw.data(), dgw.data(), dbw.data(), dpw.data());
+      same_bits(dx, dxw, "mask from the bf16 output: dx");
+      same_bits(dg, dgw, "mask from the bf16 output: dgamma");
+      same_bits(db, dbw, "mask from the bf16 output: dbeta");
+      same_bits(dp, dpw, "mask from the bf16 output: the residual's gradient");
+      for (std::size_t i = 0; i < n; ++i)
+        if (dp[i] != (ybw[i] > 0.0f ? dy[i] : 0.0f)) {
+          FAIL_CHECK("value " << i << ": the residual's gradient " << dp[i] << " for output " << ybw[i]
+                              << " and dy " << dy[i]);
+          break;
+        }
+    }
+  }
+  CpuContext ctx(1);
+  float p[4] = {1, 1, 1, 1};
+  std::uint16_t b[4] = {0x3f80, 0x3f80, 0x3f80, 0x3f80};
+  CHECK_THROWS_WITH(batch_norm_add_relu_forward_training_bf16_input(ctx, 2, 2, b, p, b, p, p, 1e-5f, p, nullptr,
+                                                                    p, p),
+                    Catch::Contains("one residual"));
+  CHECK_THROWS_WITH(batch_norm_relu_backward_bf16_input(ctx, 2, 2, b, p, b, p, p, p, p, p, p, p, p, nullptr),
+                    Catch::Contains("both as floats and as bf16"));
 }
 
 TEST_CASE("batch norm inference uses the running statistics", "[cpu][bn]") {

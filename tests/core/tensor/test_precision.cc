@@ -325,8 +325,13 @@ TEST_CASE("bf16 convolution outputs: stored rounded, and the batch norm computes
       CHECK(batch_norm(h, gamma, beta, rm, rv, {}).dtype() == DType::kFloat32);
       CHECK(batch_norm(h, gamma, beta, rm, rv, {.training = false}).dtype() == DType::kFloat32);
       CHECK_THROWS_WITH(relu(h), Catch::Contains("Conv2dOptions::readers"));
-      CHECK_THROWS_WITH(batch_norm_add_relu(x0, h, gamma, beta, rm, rv, {}),
-                        Catch::Contains("FusedBatchNormAddRelu") && Catch::Contains("bfloat16"));
+      // As a residual, widened (Note [bf16 block outputs]): what a float32 copy gives.
+      const auto* hb = reinterpret_cast<const std::uint16_t*>(h.data<bfloat16>());
+      std::vector<float> hw(static_cast<std::size_t>(h.numel()));
+      for (std::size_t i = 0; i < hw.size(); ++i) hw[i] = std::bit_cast<float>(std::uint32_t{hb[i]} << 16);
+      Tensor rm2 = rm.clone(), rv2 = rv.clone();
+      CHECK(batch_norm_add_relu(x0, h, gamma, beta, rm, rv, {}).to_host() ==
+            batch_norm_add_relu(x0, host(hw, h.shape()), gamma, beta, rm2, rv2, {}).to_host());
     }
     const char* forms[] = {"batch norm", "+ ReLU, bf16 output", "+ residual + ReLU", "inference"};
     for (int form = 0; form < 4; ++form) {
@@ -393,6 +398,97 @@ TEST_CASE("bf16 convolution outputs: stored rounded, and the batch norm computes
     }
   }
   if (!any) WARN("SKIPPED: no bf16 path here multiplies in bf16 (bf16 is emulated on this CPU: " << cpu::describe_bf16_kernels() << ")");
+}
+
+// Note [bf16 block outputs] in core/tensor/ops.cc: under bf16 precision a ResNet block's output,
+// read by the next block's convolution and, as its residual, by its batch_norm_add_relu
+// (OutputReaders::kConvolutionsAndResidual), is stored as bfloat16, the float32 output rounded,
+// and the next batch norm adds it as it is. Checked on a stem (batch_norm_relu, bf16 output), a
+// block reading it twice and a convolution after the block: the block's output is the float32
+// block's on float32 copies of the stored values, rounded, and the loss and every gradient are
+// the float32 graph's on those copies, bit for bit. On every bf16 path this CPU runs; where bf16
+// is emulated the convolutions' outputs stay float32, and so does the block's (its batch norm
+// reads the stem's bf16 output widened).
+TEST_CASE("bf16 block outputs: stored rounded for the next block, whose batch norm adds them as floats",
+          "[precision][bf16]") {
+  const Device cpu = Device::cpu(0);
+  const Tensor none;
+  const Shape s = {2, 9, 7, 16};
+  const std::size_t n = 2 * 9 * 7 * 16;
+  const auto host = [&](const std::vector<float>& v, const Shape& shape) { return Tensor::from_host(v, shape, cpu); };
+  const auto values = [](const Tensor& t) {  // as floats, whatever the storage
+    if (t.dtype() == DType::kFloat32) return t.to_host();
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(t.data<bfloat16>());
+    std::vector<float> v(static_cast<std::size_t>(t.numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::bit_cast<float>(std::uint32_t{bits[i]} << 16);
+    return v;
+  };
+  const OutputReaders kBlock = OutputReaders::kConvolutionsAndResidual;
+  const testing::AutomaticBf16Kernels automatic;
+  for (const cpu::Bf16Kernels path : testing::bf16_paths()) {
+    cpu::force_bf16_kernels_for_testing(path);
+    INFO("bf16 kernels: " << cpu::bf16_kernels_name(path));
+    const PrecisionScope bf16(Precision::Bf16);
+    const bool products = has_kernel(cpu, OpKind::kBf16Products);
+    struct Params {
+      Tensor w1, w2, gamma, beta, rm, rv;
+    };
+    const auto params = [&] {
+      Params p{host(randn(16 * 16 * 9, 61), {16, 16, 3, 3}), host(randn(8 * 16 * 9, 62), {8, 16, 3, 3}),
+               host(randn(16, 63), {16}), host(randn(16, 64), {16}), host(randn(16, 65), {16}),
+               Tensor::full({16}, 1.5f, cpu)};
+      for (Tensor* t : {&p.w1, &p.w2, &p.gamma, &p.beta}) t->set_requires_grad(true);
+      return p;
+    };
+    const Tensor m = host(randn(2 * 9 * 7 * 8, 66), {2, 9, 7, 8});
+    // The stem's output, stored as bf16 for the block.
+    Tensor z = host(randn(n, 67), s).set_requires_grad(true);
+    const Tensor g0 = host(randn(16, 68), {16}), b0 = host(randn(16, 69), {16});
+    Tensor rm0 = Tensor::zeros({16}, cpu), rv0 = Tensor::full({16}, 1.0f, cpu);
+    const Tensor r = batch_norm_relu(z, g0, b0, rm0, rv0, {.readers = kBlock});
+    REQUIRE(r.dtype() == DType::kBFloat16);
+    // The block and the convolution after it.
+    Params a = params();
+    const Tensor h = conv2d(r, a.w1, none, {.padding = 1, .readers = OutputReaders::kBatchNorm});
+    const Tensor y = batch_norm_add_relu(h, r, a.gamma, a.beta, a.rm, a.rv, {.readers = kBlock});
+    CHECK(y.dtype() == (products ? DType::kBFloat16 : DType::kFloat32));
+    const Tensor loss = sum(mul(conv2d(y, a.w2, none, {.padding = 1}), m));
+    loss.backward();
+
+    // The float32 graph on copies of the stored r and h.
+    Tensor r_copy = host(values(r), s).set_requires_grad(true);
+    Params b = params();
+    Tensor h_copy = host(values(h), s).set_requires_grad(true);
+    const Tensor y_ref = batch_norm_add_relu(h_copy, r_copy, b.gamma, b.beta, b.rm, b.rv, {});
+    REQUIRE(y_ref.dtype() == DType::kFloat32);
+    const std::vector<float> got = values(y), want = y_ref.to_host();
+    std::size_t inexact = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const float rounded = products ? cpu::round_to_bf16(want[i]) : want[i];
+      inexact += rounded != want[i];
+      if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(rounded)) {
+        FAIL_CHECK("block output " << i << ": " << got[i] << ", the float32 block's rounded " << rounded);
+        break;
+      }
+    }
+    if (products) CHECK(inexact > want.size() / 4);  // the rounding did happen
+    const Tensor loss_ref = sum(mul(conv2d(y_ref, b.w2, none, {.padding = 1}), m));
+    loss_ref.backward();
+    // h's graph: the convolution of r, for h_copy's gradient.
+    sum(mul(conv2d(r_copy, b.w1, none, {.padding = 1}), h_copy.grad())).backward();
+    CHECK(loss.to_host() == loss_ref.to_host());
+    CHECK(a.w2.grad().to_host() == b.w2.grad().to_host());
+    CHECK(a.gamma.grad().to_host() == b.gamma.grad().to_host());
+    CHECK(a.beta.grad().to_host() == b.beta.grad().to_host());
+    CHECK(a.w1.grad().to_host() == b.w1.grad().to_host());
+    CHECK(a.rm.to_host() == b.rm.to_host());
+    CHECK(a.rv.to_host() == b.rv.to_host());
+    // r's gradient (the residual's and the convolution's, summed) through the stem.
+    Tensor z2 = z.detach().clone().set_requires_grad(true);
+    Tensor rm02 = Tensor::zeros({16}, cpu), rv02 = Tensor::full({16}, 1.0f, cpu);
+    sum(mul(batch_norm_relu(z2, g0, b0, rm02, rv02, {}), r_copy.grad())).backward();
+    CHECK(z.grad().to_host() == z2.grad().to_host());
+  }
 }
 
 // A ResNet block's input under bf16: read by a convolution and by the shortcut, whose gradient
