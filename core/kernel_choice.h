@@ -52,7 +52,8 @@ void set_kernel_choice_cache(std::string path);
 
 // One choice: where it was made, for what, what won and what each candidate took.
 struct KernelChoiceRecord {
-  std::string layer;    // the op scope of the first call ("conv1", "layer1.0.conv2"), or ""
+  std::string layer;    // the op scope of the first call ("conv1", "layer1.0.conv2"; a backward
+                        // pass runs in its forward's), or ""
   std::string pass;     // "forward", "backward input", "backward input, added", "backward weight",
                         // "matmul"
   std::string problem;  // e.g. "128x32x32x3 -> 64, 5x5, stride 1, pad 2" or "128x4096 * 4096x384"

@@ -63,7 +63,7 @@ namespace {
 std::shared_ptr<Node> new_node(std::string name, std::vector<Tensor> inputs) {
   auto node = std::make_shared<Node>();
   node->name = std::move(name);
-  if (trace::enabled()) node->scope = OpScope::current();
+  node->scope = OpScope::current();
   node->sequence = g_sequence.fetch_add(1, std::memory_order_relaxed);
   node->inputs = std::move(inputs);
   return node;
@@ -194,6 +194,7 @@ void backward(const Tensor& loss, const BackwardHooks& hooks) {
     }
     std::vector<Tensor> input_grads;
     {
+      const OpScope scope(n->scope, false);
       const trace::Span span("grad", n->name, n->scope);
       input_grads = n->backward(g, partial);
     }

@@ -18,7 +18,7 @@ namespace towerflow {
 
 struct Node {
   std::string name;          // the op's name, "Conv2D"
-  std::string scope;         // OpScope::current() when recorded, only while a trace is on
+  std::string scope;         // OpScope::current() when recorded: its gradient runs in it too
   std::uint64_t sequence;    // creation order
   std::vector<Tensor> inputs;  // the inputs gradients flow to (undefined entries allowed)
   // Gradients for `inputs`, in order; an undefined entry means "no gradient". Where sums_in_place,

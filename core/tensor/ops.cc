@@ -22,8 +22,8 @@ namespace {
 thread_local std::string t_scope;
 }
 
-OpScope::OpScope(std::string name) : previous_(std::move(t_scope)) {
-  if (trace::enabled()) span_.emplace("layer", name);
+OpScope::OpScope(std::string name, bool trace_span) : previous_(std::move(t_scope)) {
+  if (trace_span && trace::enabled()) span_.emplace("layer", name);
   t_scope = std::move(name);
 }
 OpScope::~OpScope() { t_scope = std::move(previous_); }

@@ -26,10 +26,12 @@ namespace towerflow {
 // Names the ops issued on this thread while it lives: "layer1.0.conv1" makes a convolution log
 // as "layer1.0.conv1/Conv2D". Scopes nest by replacement (the innermost wins). While a trace is
 // on (core/trace.h), a scope is also a "layer" span on the thread's track, and every op a span of
-// category "op" (its gradient, "grad") detailed with the scope.
+// category "op" (its gradient, "grad") detailed with the scope. The backward pass runs each op's
+// gradient in the scope its forward ran in (without a span of its own: trace_span false), so that
+// what the gradient's kernels report, such as the kernel choice's start-up block, names the layer.
 class OpScope {
  public:
-  explicit OpScope(std::string name);
+  explicit OpScope(std::string name, bool trace_span = true);
   ~OpScope();
   OpScope(const OpScope&) = delete;
   OpScope& operator=(const OpScope&) = delete;

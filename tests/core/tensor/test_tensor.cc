@@ -2,14 +2,17 @@
 // log_device_placement) with a stand-in device that lacks a kernel.
 
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <limits>
 #include <random>
 #include <thread>
 
 #include "core/error.h"
+#include "core/kernel_choice.h"
 #include "core/log.h"
 #include "core/memory/allocator.h"
 #include "core/platform/registry.h"
@@ -603,6 +606,69 @@ TEST_CASE("MacCounter counts the products the CPU runs on this thread, forward a
   CHECK(outer.total() == 0);
   (void)conv2d(x.detach(), w.detach(), Tensor(), {.stride = 2, .padding = 1});
   CHECK(outer.total() == conv_macs);  // the outer counter again, once the inner is gone
+}
+
+// The backward pass runs each op's gradient in the scope its forward ran in, without a "layer"
+// span of its own (OpScope): the kernel choice's start-up block names the layer of a backward
+// problem measured on its own (the forward ran on the fixed rule here, so no forward problem of
+// that shape lends it a name), the products counted in the backward carry it, and the caller's
+// scope is back after backward.
+TEST_CASE("a gradient runs in its forward's scope: kernel choices and products of every pass name the layer",
+          "[autograd][kernel_choice]") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  const auto randn = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& e : v) e = nd(rng);
+    return v;
+  };
+  Tensor x = Tensor::from_host(randn(2 * 8 * 8 * 8), {2, 8, 8, 8}, kCpu).set_requires_grad(true);
+  Tensor w = Tensor::from_host(randn(8 * 8 * 9), {8, 8, 3, 3}, kCpu).set_requires_grad(true);
+  Tensor b = Tensor::from_host(randn(8), {8}, kCpu).set_requires_grad(true);
+  const std::filesystem::path cache =
+      std::filesystem::temp_directory_path() / ("towerflow-scope-choices-" + std::to_string(::getpid()) + ".json");
+  std::filesystem::remove(cache);
+  reset_kernel_choices_for_testing();
+  set_kernel_choice_cache(cache.string());
+  MacCounter count;
+  Tensor y;
+  {
+    OpScope scope("net.conv");
+    y = conv2d(x, w, b, {.padding = 1});
+  }
+  set_kernel_choice(KernelChoice::kAuto);
+  const OpScope outer("caller");
+  trace::start();
+  sum(y).backward();
+  trace::stop();
+  CHECK(OpScope::current() == "caller");
+  const std::vector<KernelChoiceRecord> records = kernel_choices();
+  set_kernel_choice(KernelChoice::kFixed);
+  reset_kernel_choices_for_testing();
+  set_kernel_choice_cache("");
+  std::filesystem::remove(cache);
+  REQUIRE(count.rows().size() == 3);  // forward, backward input, backward weight
+  for (const auto& r : count.rows()) CHECK(r.scope == "net.conv");
+  std::size_t layer_spans = 0, conv_grads = 0;
+  for (const trace::Event& ev : trace::collect()) {
+    layer_spans += ev.category == "layer";
+    if (ev.category == "grad" && ev.name == "Conv2D") {
+      ++conv_grads;
+      CHECK(ev.detail == "net.conv");
+    }
+  }
+  CHECK(layer_spans == 0);
+  CHECK(conv_grads == 1);
+  if (kernel_choice_candidates().size() < 2) {
+    WARN("SKIPPED: one kernel candidate on this CPU and build, so nothing is measured or named");
+    return;
+  }
+  REQUIRE(records.size() == 2);  // backward input and weight
+  for (const KernelChoiceRecord& r : records) {
+    INFO(format_kernel_choice(r));
+    CHECK(r.layer == "net.conv");
+    CHECK(r.pass != "forward");
+  }
 }
 
 TEST_CASE("max_pool2d_relu equals max_pool2d of relu bit for bit, forward and backward", "[tensor][pool]") {
