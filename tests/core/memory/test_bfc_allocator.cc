@@ -1,7 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cctype>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -466,6 +470,69 @@ TEST_CASE("the destructor returns every region to the sub-allocator", "[memory]"
   }
   CHECK(log->held == 0);
   CHECK(log->frees == log->granted.size());
+}
+
+namespace {
+
+// The mapping of /proc/self/smaps that holds address p: its [start, end) and VmFlags line, or
+// start == end == 0 where there is none (or no /proc).
+struct Mapping {
+  std::uintptr_t start = 0, end = 0;
+  std::string flags;
+};
+Mapping mapping_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  Mapping m;
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const auto dash = line.find('-');
+    if (dash != std::string::npos && dash > 0 && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find(' ') > dash) {
+      const std::uintptr_t start = std::stoull(line.substr(0, dash), nullptr, 16);
+      const std::uintptr_t end = std::stoull(line.substr(dash + 1, line.find(' ') - dash - 1), nullptr, 16);
+      inside = start <= at && at < end;
+      if (inside) m = {start, end, ""};
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      m.flags = line;
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+// Note [Huge pages for regions] in core/memory/host_sub_allocator.cc: a host region of 2 MiB or
+// more starts on a 2 MiB boundary, is mapped exactly (the alignment's head and tail returned),
+// and is advised for huge pages where the kernel has them; smaller ones are plain pages. Every
+// byte is writable and freeing returns the mapping.
+TEST_CASE("host regions of 2 MiB or more start on a huge page and are advised for huge pages", "[memory]") {
+  const std::size_t huge = std::size_t{2} << 20;
+  const long page = sysconf(_SC_PAGESIZE);
+  auto sub = tw::make_host_sub_allocator();
+  const bool thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
+  for (const std::size_t bytes : {std::size_t{3} * MiB + 5, std::size_t{2} * MiB, std::size_t{100} * 1024}) {
+    INFO("bytes = " << bytes);
+    auto* p = static_cast<unsigned char*>(sub->alloc(bytes));
+    REQUIRE(p != nullptr);
+    const std::size_t len = (bytes + page - 1) / page * page;
+    CHECK(reinterpret_cast<std::uintptr_t>(p) % (bytes >= huge ? huge : page) == 0);
+    for (std::size_t i = 0; i < bytes; i += page) p[i] = static_cast<unsigned char>(i);
+    p[bytes - 1] = 1;
+    CHECK(p[0] == 0);
+    const Mapping m = mapping_of(p);
+    if (m.end != 0) {
+      CHECK(m.start == reinterpret_cast<std::uintptr_t>(p));
+      CHECK(m.end >= reinterpret_cast<std::uintptr_t>(p) + len);
+      if (bytes >= huge && thp) CHECK_THAT(m.flags, Catch::Contains(" hg"));
+      if (bytes < huge) CHECK_THAT(m.flags, !Catch::Contains(" hg"));
+    } else {
+      WARN("SKIPPED: no /proc/self/smaps here, the mapping's extent and advice are not checked");
+    }
+    sub->free(p, bytes);
+    CHECK(mapping_of(p).end == 0);
+  }
+  if (!thp) WARN("SKIPPED: this kernel has no transparent huge pages; the advice is not checked");
 }
 
 TEST_CASE("format_bytes uses binary units with one decimal", "[memory]") {
