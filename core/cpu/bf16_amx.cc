@@ -426,13 +426,14 @@ void amx_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, cons
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, l.c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_region(s, row_begin, row_end, store, img_dx, [&](int phase, const StridePhases::Region& p) {
+      const detail::Store st = g.zero_rows_to_add(s, row_begin, row_end, store, img_dx);  // Note [Phases into zeroed rows]
+      g.for_each_region(s, row_begin, row_end, st, img_dx, [&](int phase, const StridePhases::Region& p) {
         const int q = p.mb * l.c2, kc = chunk_of(q);
         tiles.configure(2 * kc);
         const ConvPlan plan{.kh = p.ma, .chunks = q / kc, .kc = kc, .row_step = row_step,
                             .w = wp + g.phase_offset[phase],
                             .wblock = std::int64_t{p.ma} * p.mb * half * kLanes, .c_out = s.c_in,
-                            .bias = nullptr, .add = store == detail::Store::kAdd};
+                            .bias = nullptr, .add = st == detail::Store::kAdd};
         run_grid(plan, {.img = buf + p.dy_row * row_step + p.dy_col * l.c2, .rows = p.rows,
                         .cols = p.cols, .wv = g.wp, .unit = l.c2,
                         .out = img_dx + (std::int64_t{p.ih0} * s.w + p.iw0) * s.c_in,

@@ -413,14 +413,15 @@ void pair_backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, con
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       bf16_rows(dy + n * image_out, g.oh, g.ow, s.c_out, s.c_out, c2, g.top, g.left, g.wp, 0, g.hp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, store, img_dx,
+      const detail::Store st = g.zero_rows_to_add(s, row_begin, row_end, store, img_dx);  // Note [Phases into zeroed rows]
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, half, kBlock, st, img_dx,
                                 [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
                                     const std::int64_t* out_offs, int cb, int lanes) {
                                   const std::int64_t wblock = std::int64_t{ma} * mb * half * kBlock;
                                   kPairTiles<V>[p - 1](buf, offs, row_step, ma, mb * half,
                                                        wp + g.phase_offset[phase] + cb * wblock, nullptr,
                                                        img_dx + cb * kBlock, out_offs, lanes,
-                                                       store == detail::Store::kAdd);
+                                                       st == detail::Store::kAdd);
                                 });
     });
   });

@@ -598,8 +598,8 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
 // u, u - 1, u - 2, ... with u = (ih + p - a) / s. So the dx pixels of one phase (a, b) form a
 // stride-1 correlation of dy with a sub-kernel of ceil((kh - a) / s) x ceil((kw - b) / s) taps
 // (flipped, channels swapped): the same register kernel as forward, fed with per-pixel input and
-// output offsets. No zeros are multiplied, nothing is scattered, and each dx element is written
-// once. dy is embedded in a zero frame (top = ceil(kh / s) - 1 rows, likewise left) so that every
+// output offsets. No zeros are multiplied, nothing is scattered, and each dx element is added
+// once into its zeroed row (Note [Phases into zeroed rows] in conv_impl.h). dy is embedded in a zero frame (top = ceil(kh / s) - 1 rows, likewise left) so that every
 // tap reads inside the buffer; phases with no taps (a 1x1 kernel at stride 2) are zero.
 
 template <int L, int V>
@@ -624,13 +624,14 @@ void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const fl
     for_image_rows(r0, r1, s.h, [&](std::int64_t n, int row_begin, int row_end) {
       embed_image(dy + n * image_out, g.oh, g.ow, s.c_out, g.top, g.left, g.hp, g.wp, buf);
       float* img_dx = dx + n * image_in;
-      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, store, img_dx,
+      const Store st = g.zero_rows_to_add(s, row_begin, row_end, store, img_dx);  // Note [Phases into zeroed rows]
+      g.for_each_phase_tile<kP>(s, row_begin, row_end, row_step, s.c_out, kBlock, st, img_dx,
                                 [&](int phase, int ma, int mb, int p, const std::int64_t* offs,
                                     const std::int64_t* out_offs, int cb, int lanes) {
                                   const std::int64_t wblock = std::int64_t{ma} * mb * s.c_out * kBlock;
                                   kConvTiles<L, V>[p - 1](buf, offs, row_step, ma, mb * s.c_out,
                                                           wp + g.phase_offset[phase] + cb * wblock, nullptr,
-                                                          img_dx + cb * kBlock, out_offs, lanes, store);
+                                                          img_dx + cb * kBlock, out_offs, lanes, st);
                                 });
     });
   });
