@@ -118,10 +118,10 @@ struct BatchNormOptions {
   // round their input to bf16 anyway, so every result is the same, bit for bit, while the pass
   // writes, the convolution reads and the graph keeps half the bytes (Note [bf16 activations]
   // in ops.cc). Ops other than conv2d and the batch norms reject a bfloat16 input.
-  // With kConvolutionsAndResidual, batch_norm_relu and batch_norm_add_relu in training store
-  // their output as bfloat16 under the same conditions where x is bfloat16 (a convolution's
-  // output stored for them) or there is no residual; batch_norm_add_relu then reads such a
-  // residual as it is. The residual's rounding is one of its own (Note [bf16 block outputs]).
+  // batch_norm_add_relu does the same where x is bfloat16 (a convolution's output stored for it).
+  // With kConvolutionsAndResidual, batch_norm_relu and batch_norm_add_relu store their output as
+  // bfloat16 under the same conditions, and the next batch_norm_add_relu reads such a residual
+  // as it is: the residual's rounding is one of its own (Note [bf16 block outputs]).
   OutputReaders readers = OutputReaders::kAny;
 };
 // Over the last dimension (channels) of x [..., c]; gamma, beta, running_mean, running_var [c].
