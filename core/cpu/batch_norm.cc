@@ -240,9 +240,9 @@ inline void store_out(std::uint16_t* p, float v) {
 
 // The forward's elementwise pass over rows [r0, r1): y = pre_relu(x) (+ residual when
 // kResidual), through max(0, .) when kRelu; the residual floats or bf16 bits (widened as x is);
-// y float, or bf16 bits (std::uint16_t) rounded from the same floats. With vectors where c is a multiple of kLanes: left to the auto-vectoriser,
-// each row's loop checks every pointer against y at run time (y may be x), which at ResNet's 16
-// channels costs about as much as the row's work.
+// y float, or bf16 bits (std::uint16_t) rounded from the same floats. With vectors where c is a
+// multiple of kLanes: left to the auto-vectoriser, each row's loop checks every pointer against y
+// at run time (y may be x), which at ResNet's 16 channels costs about as much as the row's work.
 template <bool kRelu, bool kResidual, typename X, typename Out, typename R = float>
 void forward_rows(std::int64_t r0, std::int64_t r1, int c, const X* x, const std::type_identity_t<R>* residual,
                   const float* mean, const float* scale, const float* shift, Out* y) {

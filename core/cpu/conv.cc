@@ -599,8 +599,9 @@ void weight_grad_rows(const CpuContext& ctx, const Conv2dShape& s, const float* 
 // stride-1 correlation of dy with a sub-kernel of ceil((kh - a) / s) x ceil((kw - b) / s) taps
 // (flipped, channels swapped): the same register kernel as forward, fed with per-pixel input and
 // output offsets. No zeros are multiplied, nothing is scattered, and each dx element is added
-// once into its zeroed row (Note [Phases into zeroed rows] in conv_impl.h). dy is embedded in a zero frame (top = ceil(kh / s) - 1 rows, likewise left) so that every
-// tap reads inside the buffer; phases with no taps (a 1x1 kernel at stride 2) are zero.
+// once into its zeroed row (Note [Phases into zeroed rows] in conv_impl.h). dy is embedded in a
+// zero frame (top = ceil(kh / s) - 1 rows, likewise left) so that every tap reads inside the
+// buffer; phases with no taps (a 1x1 kernel at stride 2) are zero.
 
 template <int L, int V>
 void backward_input_phases(const CpuContext& ctx, const Conv2dShape& s, const float* dy,

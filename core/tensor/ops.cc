@@ -982,7 +982,8 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
   const trace::Span trace_span("op", op, OpScope::current());
   const Device d = common_device(op, {&x, &residual, &gamma, &beta, &running_mean, &running_var});
   if (x.dtype() != DType::kBFloat16) check_float(op, "input", x);  // Note [bf16 convolution outputs]
-  if (!residual.defined() || residual.dtype() != DType::kBFloat16) check_float(op, "residual", residual);  // Note [bf16 block outputs]
+  // A bf16 residual: a block's output (Note [bf16 block outputs]).
+  if (!residual.defined() || residual.dtype() != DType::kBFloat16) check_float(op, "residual", residual);
   for (const Tensor* t : {&gamma, &beta, &running_mean, &running_var})
     check_float(op, "argument", *t);
   if (x.ndim() < 1 || x.numel() == 0)
@@ -1099,7 +1100,7 @@ Tensor batch_norm_impl(std::string_view op, const Tensor& x, const Tensor& resid
     // The backward reads the forward's output for the ReLU's mask, except from a backend with
     // bf16 activations, which recomputes it from x (Backend::batch_norm_backward) where there is
     // no residual: a bf16 output is then not kept. With a residual it reads y, bf16 or not.
-    const bool keep_y = !(bf16_out && !residual.defined());
+    const bool keep_y = residual.defined() || !bf16_out;
     record(y, std::string(op), {x, gamma, beta, residual},
            [rows, c, relu_on, x, gamma, beta, save_mean, save_invstd, eps = opts.eps,
             out = keep_y ? y.detach() : Tensor(), has_residual = residual.defined()](const Tensor& g) {
