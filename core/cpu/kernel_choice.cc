@@ -644,18 +644,35 @@ bool conv2d_backward_input_bf16_add_chosen(const CpuContext& ctx, const Conv2dSh
 }
 
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                                      const float* w, float* dx) {
-  const std::optional<std::string> settled =
-      settled_choice(backward_input_problem(s, false, ctx.threads()), candidates(false));
-  if (!settled || *settled == "onednn") return false;
-  const KernelTable& k = table_of_candidate(*settled);
-  if (family_of(*settled) == "winograd") {
-    if (k.conv2d_backward_input_add_winograd(ctx, s, dy, w, dx)) return true;
-    // A shape Winograd declines runs on the fixed choice, as run_chosen runs it.
-    conv2d_backward_input_add(ctx, s, dy, w, dx);
-    return true;
-  }
-  k.conv2d_backward_input_add(ctx, s, dy, w, dx);
+                                      const float* w, float* dx, std::string_view layer) {
+  const std::vector<std::string>& c = candidates(false);
+  const std::string problem = s.describe();
+  const ChoiceProblem p{.key = "conv backward input added " + problem, .pass = "backward input, added",
+                        .problem = problem, .bf16 = false, .threads = ctx.threads()};
+  // oneDNN stores its backward input: once chosen, it leaves the add to the caller.
+  if (const std::optional<std::string> settled = settled_choice(p, c); settled && *settled == "onednn")
+    return false;
+  const std::int64_t n = std::int64_t{s.n} * s.h * s.w * s.c_in;
+  std::vector<float> before;  // dx as the caller gave it, while the candidates are measured
+  std::vector<float> apart;   // oneDNN's backward input, before it is added
+  run_chosen(
+      p, layer, c,
+      [&](const std::string& name) {
+        if (name == "onednn") {
+          apart.resize(static_cast<std::size_t>(n));
+          if (!onednn::conv2d_backward_input(ctx, s, dy, w, apart.data(), onednn::Operands::kFp32)) return false;
+          axpy(ctx, n, 1.0f, apart.data(), dx);
+          return true;
+        }
+        const KernelTable& k = table_of_candidate(name);
+        if (family_of(name) == "winograd") return k.conv2d_backward_input_add_winograd(ctx, s, dy, w, dx);
+        k.conv2d_backward_input_add(ctx, s, dy, w, dx);
+        return true;
+      },
+      [&] {
+        if (before.empty()) before.assign(dx, dx + n);
+        else std::copy(before.begin(), before.end(), dx);
+      });
   return true;
 }
 

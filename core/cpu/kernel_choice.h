@@ -25,13 +25,14 @@ void conv2d_forward_chosen(const CpuContext& ctx, const Conv2dShape& s, const fl
                            std::string_view layer);
 void conv2d_backward_input_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
                                   const float* w, float* dx, bool bf16, std::string_view layer);
-// dx += the fp32 backward input (conv.h's conv2d_backward_input_add, or its Winograd twin) where
-// towerflow's direct or Winograd kernels are the settled choice of that problem; false, dx
-// untouched, where oneDNN is, or where the choice is still to be measured (measuring runs the
-// candidates more than once): the caller then computes the gradient with
-// conv2d_backward_input_chosen and adds it.
+// dx += the fp32 backward input, as a problem of its own ("backward input, added"), whose
+// candidates are towerflow's direct and Winograd kernels adding as they store (conv.h's
+// conv2d_backward_input_add and its Winograd twin) and oneDNN's backward input followed by an
+// add. False, dx untouched, where the problem is settled on oneDNN: the caller then computes the
+// gradient with conv2d_backward_input_chosen and adds it. While the problem is measured, dx is
+// restored before each candidate runs, and the call adds once.
 bool conv2d_backward_input_add_chosen(const CpuContext& ctx, const Conv2dShape& s, const float* dy,
-                                      const float* w, float* dx);
+                                      const float* w, float* dx, std::string_view layer);
 // dx += the bf16 backward input, as a problem of its own ("backward input, added"), whose
 // candidates are towerflow's kernels adding as they store (bf16.h's
 // conv2d_backward_input_bf16_add_with and its Winograd twin) and oneDNN's backward input followed

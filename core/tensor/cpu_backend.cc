@@ -279,11 +279,10 @@ class CpuBackend final : public Backend {
     count_conv("conv backward input", s);
     cpu::conv2d_backward_input_chosen(ctx_, s, dy, w, dx, false, OpScope::current());
   }
-  // towerflow's kernels add as they store; where the problem's choice is oneDNN, or not yet
-  // measured, the caller adds.
+  // towerflow's kernels add as they store; where the problem's choice is oneDNN, the caller adds.
   bool conv2d_backward_input_add(const Conv2dShape& s, const float* dy, const float* w,
                                  float* dx) override {
-    if (!cpu::conv2d_backward_input_add_chosen(ctx_, s, dy, w, dx)) return false;
+    if (!cpu::conv2d_backward_input_add_chosen(ctx_, s, dy, w, dx, OpScope::current())) return false;
     count_conv("conv backward input", s);
     return true;
   }
