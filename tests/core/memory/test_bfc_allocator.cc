@@ -522,7 +522,11 @@ TEST_CASE("host regions of 2 MiB or more start on a huge page and are advised fo
     CHECK(p[0] == 0);
     const Mapping m = mapping_of(p);
     if (m.end != 0) {
-      CHECK(m.start == reinterpret_cast<std::uintptr_t>(p));
+      // A plain region may share its mapping with an anonymous neighbour the kernel merged it
+      // with; an advised one (where the kernel has huge pages) has flags of its own, so its mapping
+      // starts where it does.
+      if (bytes >= huge && thp) CHECK(m.start == reinterpret_cast<std::uintptr_t>(p));
+      CHECK(m.start <= reinterpret_cast<std::uintptr_t>(p));
       CHECK(m.end >= reinterpret_cast<std::uintptr_t>(p) + len);
       if (bytes >= huge && thp) CHECK_THAT(m.flags, Catch::Contains(" hg"));
       if (bytes < huge) CHECK_THAT(m.flags, !Catch::Contains(" hg"));
