@@ -35,6 +35,9 @@ Sections, in the order they run:
                bf16 (median ratio and spread); on a CPU with AMX or AVX512-BF16 also towerflow's own
                AMX or AVX512-BF16 kernels against oneDNN's (--bf16-also)
                                                                  (towerflow_bench_train --precision)
+    trace_kernel  tfcnn and ResNet-20 in one traced process (fp32; bf16 too where the CPU
+               multiplies in bf16): each memory-bound kernel of the training step against the time
+               its bytes need at STREAM's triad on the same threads      (towerflow_bench_train --trace)
     allreduce, alloc, data   towerflow_bench_allreduce, _alloc, _data
     gpu_*      --gpu: the GPU benchmarks, only when nvidia-smi finds a GPU (training in fp32, bf16
                and fp16; the op benchmark's fp32, bf16 and fp16 rows)
@@ -65,10 +68,12 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPREAD_LIMIT = 0.15  # a comparison whose per-round ratios spread more than this is flagged
+BOUND_LIMIT = 1.5  # a memory-bound kernel of the training step slower than this times its bound is flagged
 ISA_FLAGS = ["sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
              "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"]
 
@@ -599,6 +604,42 @@ def compare_bf16(rec, a, limits, versions):
         rec.add("compare_bf16", **row)
 
 
+def native_bf16(limits):
+    """Whether the CPU's bf16 kernels multiply in bf16 (oneDNN's, or towerflow's AMX or AVX512-BF16
+    kernels), rather than emulate it on the fp32 kernels."""
+    kernels = limits.get("bf16_kernels", "unknown")
+    return kernels != "unknown" and not kernels.startswith("emulated")
+
+
+def trace_bounds(rec, a, limits):
+    """Per model, one process on all threads: a traced training run (towerflow_bench_train --trace),
+    in fp32 and, where the CPU multiplies in bf16, in bf16. After the trace bench_train measures
+    STREAM's triad on the same threads and sets each memory-bound kernel of the timed steps
+    (elementwise, ReLU, pooling, batch norm, bias, the optimizer's update, copies) against the time
+    its bytes need at that bandwidth (trace::bandwidth_rows); one row per kernel, per step."""
+    precisions = ["fp32"] + (["bf16"] if native_bf16(limits) else [])
+    with tempfile.TemporaryDirectory(prefix="towerflow-suite-") as tmp:
+        for model in a.models:
+            for precision in precisions:
+                base = tw_train_cmd(a, model, 1, "all_reduce", precision)
+                cmd = base + ["--trace", os.path.join(tmp, f"{model}-{precision}.json")]
+                shown = short_cmd(base + ["--trace", "trace.json"])
+                rc, out = rec.run(cmd)
+                rows = json_lines(out)
+                if rc != 0 or not rows or not rows[-1].get("memory_bound_kernels"):
+                    rec.add("error", what="trace", model=model, precision=precision, rc=rc, command=shown)
+                    continue
+                r = rows[-1]
+                steps = r.get("steps") or a.steps
+                for k in r["memory_bound_kernels"]:
+                    rec.add("trace_kernel", model=model, precision=precision, kernel=k["kernel"],
+                            calls_per_step=k["calls"] / steps, mib_per_call=k["bytes"] / k["calls"] / (1 << 20),
+                            ms_per_step=k["ms"] / steps, bound_ms_per_step=k["bound_ms"] / steps,
+                            gb_per_s=k["gb_per_s"], over_bound=k["over_bound"], in_cache=k["in_cache"],
+                            step_ms=r.get("ms_per_step"), img_per_s=r.get("img_per_s"),
+                            bound_gb_per_s=r.get("bandwidth_bound_gb_per_s"), command=shown)
+
+
 # ---------------------------------------------------------------------------------------------
 # All-reduce, allocator, data pipeline
 # ---------------------------------------------------------------------------------------------
@@ -780,6 +821,33 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                    + (f", `{r['command_peer']}`" if r.get("command_peer") else "")]
         md += [""]
 
+    if sec("trace_kernel"):
+        md += ["## Memory-bound kernels in a training step against their bound", "",
+               "One process on all threads, the timed steps traced (`--trace`). Each memory-bound kernel (elementwise, "
+               "ReLU, pooling, batch norm, bias, the optimizer's update, copies) against the time its bytes need at "
+               "STREAM's triad bandwidth, measured on the same threads right after the trace (`x bound`: 1 is at the "
+               "bound; bytes: each operand read or written once per pass, as `args.bytes` in the trace). Kernels "
+               "that move under 1 MiB a call run from the caches, where a call's cost rather than its bytes sets the "
+               f"time: listed, not judged. Beyond {BOUND_LIMIT}x is in **bold**.", ""]
+        groups = {}
+        for r in sec("trace_kernel"):
+            groups.setdefault((r["model"], r["precision"]), []).append(r)
+        for (model, precision), rows in groups.items():
+            first = rows[0]
+            far = [r for r in rows if not r["in_cache"] and r["over_bound"] > BOUND_LIMIT]
+            total = sum(r["ms_per_step"] for r in rows)
+            step = first.get("step_ms")
+            md += [f"**{model}, {precision}** ({fmt(first.get('img_per_s'))} img/s traced; triad "
+                   f"{fmt(first.get('bound_gb_per_s'))} GB/s; these kernels {fmt(total, '.2f')} ms of a "
+                   f"{fmt(step, '.1f')} ms step): "
+                   + (f"none beyond {BOUND_LIMIT}x" if not far else
+                      f"{len(far)} beyond {BOUND_LIMIT}x, {fmt(sum(r['ms_per_step'] for r in far), '.2f')} ms a step"),
+                   "", f"`{first['command']}`", ""]
+            body = [[r["kernel"] + (" (in cache)" if r["in_cache"] else ""), fmt(r["calls_per_step"], ".1f"),
+                     fmt(r["ms_per_step"], ".3f"), fmt(r["mib_per_call"], ".2f"), fmt(r["gb_per_s"]),
+                     (f"**{r['over_bound']:.2f}x**" if any(r is f for f in far) else f"{r['over_bound']:.2f}x")] for r in rows]
+            md += [table(["kernel", "calls/step", "ms/step", "MiB/call", "GB/s", "x bound"], body), ""]
+
     if sec("peak") or sec("bandwidth"):
         md += ["## The machine's limits", "",
                "An FMA loop per instruction set the CPU can run (each compiled for its own set, chosen by what the "
@@ -915,8 +983,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a smoke run on tiny settings (about a minute)")
     ap.add_argument("--peer-python", default=sys.executable, help="the Python that has torch / tensorflow")
     ap.add_argument("--no-peers", action="store_true", help="skip PyTorch and TensorFlow")
-    ap.add_argument("--only", default="kernels,train,peers,bf16,others",
-                    help="comma-separated parts: kernels, train, peers, bf16, others (the limits come with kernels); "
+    ap.add_argument("--only", default="kernels,train,peers,bf16,trace,others",
+                    help="comma-separated parts: kernels, train, peers, bf16, trace, others (the limits come with "
+                         "kernels); "
                          "straggler (auto-balanced towers against a real straggler, bench/straggler.py: about 8 "
                          "minutes, 2 or more CPUs) only when named")
     ap.add_argument("--bf16-also", default="auto",
@@ -984,6 +1053,8 @@ def main():
         compare(rec, a, limits, versions)
     if "bf16" in parts:
         compare_bf16(rec, a, limits, versions)
+    if "trace" in parts:
+        trace_bounds(rec, a, limits)
     if "others" in parts:
         others(rec, a, limits)
     if "straggler" in parts:

@@ -119,6 +119,29 @@ def main():
                     if r.get("check") != "ok":
                         problems.append(f"training row {model} {d} {red}: check {r.get('check')}")
 
+    # The traced steps' memory-bound kernels, each against its bound: the figures agree with one
+    # another (x bound = time over the bound's time; GB/s = bytes over time) and the kernels the
+    # models must run are there.
+    expected_kernels = {"tfcnn": ("max_pool_backward", "sgd_update"),
+                        "resnet20": ("batch_norm_relu_backward", "batch_norm_add_relu_backward", "sgd_update")}
+    for model in a.models.split(","):
+        got = [r for r in sec("trace_kernel") if r["model"] == model and r["precision"] == "fp32"]
+        names = {r["kernel"] for r in got}
+        for k in expected_kernels.get(model, ()):
+            if k not in names:
+                problems.append(f"no traced kernel {k} for {model} in fp32 (got {sorted(names)})")
+    for r in sec("trace_kernel"):
+        if not (r["ms_per_step"] > 0 and r["bound_ms_per_step"] > 0 and r["calls_per_step"] > 0):
+            problems.append(f"traced kernel row without time, bound or calls: {r}")
+            continue
+        if abs(r["over_bound"] - r["ms_per_step"] / r["bound_ms_per_step"]) > 1e-6 * max(1, r["over_bound"]):
+            problems.append(f"traced kernel row whose x bound is not its time over its bound's: {r}")
+        gbs = r["mib_per_call"] * r["calls_per_step"] * (1 << 20) / (r["ms_per_step"] * 1e6)
+        if abs(gbs - r["gb_per_s"]) > 1e-6 * max(1, gbs):
+            problems.append(f"traced kernel row whose GB/s is not its bytes over its time: {r}")
+        if r["in_cache"] != (r["mib_per_call"] < 1):
+            problems.append(f"traced kernel row in cache or not against its MiB a call: {r}")
+
     for s in ("allreduce", "alloc", "data"):
         if not sec(s):
             problems.append(f"no {s} rows")
@@ -137,7 +160,7 @@ def main():
         problems.append("report does not open with the CPU model")
     for heading in ("## towerflow against the peers", "## bf16 training", "## The machine's limits",
                     "## Training (towerflow)", "## Kernels", "## bf16 kernels", "## All-reduce", "## Allocator",
-                    "## Data pipeline"):
+                    "## Data pipeline", "## Memory-bound kernels in a training step against their bound"):
         if heading not in md:
             problems.append(f"report lacks the section '{heading}'")
     cells = lambda line: len(re.findall(r"(?<!\\)\|", line)) - 1
