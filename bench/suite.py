@@ -834,7 +834,8 @@ def report(rec, a, info, limits, versions, argv, elapsed):
             groups.setdefault((r["model"], r["precision"]), []).append(r)
         for (model, precision), rows in groups.items():
             first = rows[0]
-            far = [r for r in rows if not r["in_cache"] and r["over_bound"] > BOUND_LIMIT]
+            beyond = lambda r: not r["in_cache"] and r["over_bound"] > BOUND_LIMIT
+            far = [r for r in rows if beyond(r)]
             total = sum(r["ms_per_step"] for r in rows)
             step = first.get("step_ms")
             md += [f"**{model}, {precision}** ({fmt(first.get('img_per_s'))} img/s traced; triad "
@@ -845,7 +846,7 @@ def report(rec, a, info, limits, versions, argv, elapsed):
                    "", f"`{first['command']}`", ""]
             body = [[r["kernel"] + (" (in cache)" if r["in_cache"] else ""), fmt(r["calls_per_step"], ".1f"),
                      fmt(r["ms_per_step"], ".3f"), fmt(r["mib_per_call"], ".2f"), fmt(r["gb_per_s"]),
-                     (f"**{r['over_bound']:.2f}x**" if any(r is f for f in far) else f"{r['over_bound']:.2f}x")] for r in rows]
+                     (f"**{r['over_bound']:.2f}x**" if beyond(r) else f"{r['over_bound']:.2f}x")] for r in rows]
             md += [table(["kernel", "calls/step", "ms/step", "MiB/call", "GB/s", "x bound"], body), ""]
 
     if sec("peak") or sec("bandwidth"):
