@@ -274,13 +274,28 @@ void max_window(const Pool2dShape& s, const float* img, const Window& win, int c
   }
 }
 
+// Note [Pool windows of fixed size]
+// The code for windows and window counts of a size known at compile time (max_window's whole 2x2
+// and 3x3 windows, with_count's 1 and 2) is compiled where the target has 256-bit vectors, not
+// for the x86 baseline (x86-64-v2, CPUs without AVX), where each 8-lane vector is a pair of SSE
+// registers: there the loops of runtime size run, with the same results. Unrolled, the baseline's
+// pool.cc took 42 s to compile, 6 s without (a 2-core Zen 3 EPYC, one job alone), for CPUs
+// that no longer meet a training run.
+#if defined(__x86_64__) && !defined(__AVX__)
+constexpr bool kFixedWindows = false;
+#else
+constexpr bool kFixedWindows = true;
+#endif
+
 // max_window for the window's size: unrolled for a whole 2x2 or 3x3 window.
 template <bool Relu, bool kStreamIdx, int L, int K, typename Out>
 void max_window(const Pool2dShape& s, const float* img, const Window& win, int ch, Out* best,
                 std::int32_t* idx) {
   const int rows = win.h1 - win.h0, cols = win.w1 - win.w0;
-  if (rows == 3 && cols == 3) return max_window<Relu, kStreamIdx, L, K, 3, 3>(s, img, win, ch, best, idx);
-  if (rows == 2 && cols == 2) return max_window<Relu, kStreamIdx, L, K, 2, 2>(s, img, win, ch, best, idx);
+  if constexpr (kFixedWindows) {
+    if (rows == 3 && cols == 3) return max_window<Relu, kStreamIdx, L, K, 3, 3>(s, img, win, ch, best, idx);
+    if (rows == 2 && cols == 2) return max_window<Relu, kStreamIdx, L, K, 2, 2>(s, img, win, ch, best, idx);
+  }
   max_window<Relu, kStreamIdx, L, K, 0, 0>(s, img, win, ch, best, idx);
 }
 
@@ -309,11 +324,14 @@ constexpr std::int64_t kStreamingBytes = std::int64_t{4} << 20;
 // runs); the chunks' pools, whose input is in cache, 118-119 against 119-121.
 constexpr std::int64_t kStreamingArgmaxBytes = std::int64_t{1} << 20;
 
-// fn.template operator()<N>() with N = n where n is 1 or 2, else 0.
+// fn.template operator()<N>() with N = n where n is 1 or 2, else 0 (always 0 without
+// kFixedWindows).
 template <typename Fn>
 void with_count(int n, Fn&& fn) {
-  if (n == 1) return fn.template operator()<1>();
-  if (n == 2) return fn.template operator()<2>();
+  if constexpr (kFixedWindows) {
+    if (n == 1) return fn.template operator()<1>();
+    if (n == 2) return fn.template operator()<2>();
+  }
   fn.template operator()<0>();
 }
 
